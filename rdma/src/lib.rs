@@ -1,0 +1,2 @@
+pub mod verbs;
+pub mod block;

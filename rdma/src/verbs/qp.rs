@@ -1,0 +1,272 @@
+//! Reliable-connected queue pair: creation, RESET→INIT→RTR→RTS, posting writes and receives.
+
+use super::{CompletionQueue, MemoryRegion, ProtectionDomain, VerbsError};
+use rdma_sys::*;
+use std::sync::{Arc, Mutex};
+
+/// What one side tells the other to connect an RC queue pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpEndpoint {
+    pub qpn: u32,
+    pub psn: u32,
+    pub lid: u16,
+    pub gid: [u8; 16],
+    /// Active MTU of the port as the `ibv_mtu` enum value (1 = 256 ... 5 = 4096).
+    pub mtu: u32,
+}
+
+/// Path and retry parameters of an RC connection.
+#[derive(Debug, Clone, Copy)]
+pub struct RcParams {
+    pub port: u8,
+    pub gid_index: u8,
+    /// Use a global route header (always on RoCE).
+    pub use_grh: bool,
+    /// Local ACK timeout exponent: 4.096 µs × 2^timeout.
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    /// 7 = retry forever on receiver-not-ready.
+    pub rnr_retry: u8,
+    pub min_rnr_timer: u8,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QpState {
+    Reset,
+    Init,
+    Rtr,
+    Rts,
+    Error,
+}
+
+/// An RC queue pair. It keeps its PD, its CQ and every memory region it ever posted from
+/// alive until it is destroyed, so the NIC never touches freed or deregistered memory.
+pub struct QueuePair {
+    qp: *mut ibv_qp,
+    qpn: u32,
+    state: Mutex<QpState>,
+    // Dropped after the QP is destroyed in Drop::drop.
+    in_use: Mutex<Vec<Arc<MemoryRegion>>>,
+    _cq: Arc<CompletionQueue>,
+    _pd: Arc<ProtectionDomain>,
+}
+
+// SAFETY: posting and modifying a QP are thread-safe verbs; our own state is behind Mutexes.
+unsafe impl Send for QueuePair {}
+// SAFETY: as above.
+unsafe impl Sync for QueuePair {}
+
+impl QueuePair {
+    /// Creates an RC QP whose send and receive completions go to `cq`.
+    pub fn new(
+        pd: &Arc<ProtectionDomain>,
+        cq: &Arc<CompletionQueue>,
+        max_send_wr: u32,
+        max_recv_wr: u32,
+    ) -> Result<QueuePair, VerbsError> {
+        // SAFETY: ibv_qp_init_attr is plain old data; zero is valid (null pointers).
+        let mut a: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        a.send_cq = cq.cq;
+        a.recv_cq = cq.cq;
+        a.qp_type = ibv_qp_type::IBV_QPT_RC;
+        a.sq_sig_all = 0;
+        a.cap.max_send_wr = max_send_wr;
+        a.cap.max_recv_wr = max_recv_wr;
+        a.cap.max_send_sge = 1;
+        a.cap.max_recv_sge = 1;
+        a.cap.max_inline_data = 0;
+        // SAFETY: the PD and the CQ are alive (we keep Arcs); `a` is fully initialised.
+        let qp = unsafe { ibv_create_qp(pd.pd, &mut a) };
+        if qp.is_null() {
+            return Err(VerbsError::errno("ibv_create_qp"));
+        }
+        // SAFETY: qp is valid.
+        let qpn = unsafe { (*qp).qp_num };
+        Ok(QueuePair {
+            qp,
+            qpn,
+            state: Mutex::new(QpState::Reset),
+            in_use: Mutex::new(Vec::new()),
+            _cq: cq.clone(),
+            _pd: pd.clone(),
+        })
+    }
+
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    pub fn state(&self) -> QpState {
+        *self.state.lock().unwrap()
+    }
+
+    fn modify(&self, attr: &mut ibv_qp_attr, mask: ibv_qp_attr_mask, to: QpState) -> Result<(), VerbsError> {
+        // SAFETY: the QP is alive and `attr` is initialised for every bit in `mask`.
+        let rc = unsafe { ibv_modify_qp(self.qp, attr, mask.0 as i32) };
+        if rc != 0 {
+            return Err(VerbsError::code("ibv_modify_qp", rc));
+        }
+        *self.state.lock().unwrap() = to;
+        Ok(())
+    }
+
+    pub fn to_init(&self, p: &RcParams) -> Result<(), VerbsError> {
+        // SAFETY: ibv_qp_attr is plain old data; zero is valid.
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ibv_qp_state::IBV_QPS_INIT;
+        a.pkey_index = 0;
+        a.port_num = p.port;
+        a.qp_access_flags = (ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
+            | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
+            | ibv_access_flags::IBV_ACCESS_REMOTE_READ)
+            .0;
+        let m = ibv_qp_attr_mask::IBV_QP_STATE
+            | ibv_qp_attr_mask::IBV_QP_PKEY_INDEX
+            | ibv_qp_attr_mask::IBV_QP_PORT
+            | ibv_qp_attr_mask::IBV_QP_ACCESS_FLAGS;
+        self.modify(&mut a, m, QpState::Init)
+    }
+
+    pub fn to_rtr(&self, p: &RcParams, local_mtu: u32, remote: &QpEndpoint) -> Result<(), VerbsError> {
+        // SAFETY: ibv_qp_attr is plain old data; zero is valid.
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ibv_qp_state::IBV_QPS_RTR;
+        a.path_mtu = local_mtu.min(remote.mtu).max(1);
+        a.dest_qp_num = remote.qpn;
+        a.rq_psn = remote.psn;
+        a.max_dest_rd_atomic = 1;
+        a.min_rnr_timer = p.min_rnr_timer;
+        a.ah_attr.dlid = remote.lid;
+        a.ah_attr.sl = 0;
+        a.ah_attr.src_path_bits = 0;
+        a.ah_attr.port_num = p.port;
+        if p.use_grh {
+            a.ah_attr.is_global = 1;
+            a.ah_attr.grh.dgid.raw = remote.gid;
+            a.ah_attr.grh.sgid_index = p.gid_index;
+            a.ah_attr.grh.hop_limit = 64;
+            a.ah_attr.grh.flow_label = 0;
+            a.ah_attr.grh.traffic_class = 0;
+        }
+        let m = ibv_qp_attr_mask::IBV_QP_STATE
+            | ibv_qp_attr_mask::IBV_QP_AV
+            | ibv_qp_attr_mask::IBV_QP_PATH_MTU
+            | ibv_qp_attr_mask::IBV_QP_DEST_QPN
+            | ibv_qp_attr_mask::IBV_QP_RQ_PSN
+            | ibv_qp_attr_mask::IBV_QP_MAX_DEST_RD_ATOMIC
+            | ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER;
+        self.modify(&mut a, m, QpState::Rtr)
+    }
+
+    pub fn to_rts(&self, p: &RcParams, psn: u32) -> Result<(), VerbsError> {
+        // SAFETY: ibv_qp_attr is plain old data; zero is valid.
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ibv_qp_state::IBV_QPS_RTS;
+        a.timeout = p.timeout;
+        a.retry_cnt = p.retry_cnt;
+        a.rnr_retry = p.rnr_retry;
+        a.sq_psn = psn;
+        a.max_rd_atomic = 1;
+        let m = ibv_qp_attr_mask::IBV_QP_STATE
+            | ibv_qp_attr_mask::IBV_QP_TIMEOUT
+            | ibv_qp_attr_mask::IBV_QP_RETRY_CNT
+            | ibv_qp_attr_mask::IBV_QP_RNR_RETRY
+            | ibv_qp_attr_mask::IBV_QP_SQ_PSN
+            | ibv_qp_attr_mask::IBV_QP_MAX_QP_RD_ATOMIC;
+        self.modify(&mut a, m, QpState::Rts)
+    }
+
+    /// Moves the QP to the error state: outstanding work is flushed and the NIC stops
+    /// accessing this QP's buffers; the peer sees its operations fail.
+    pub fn to_error(&self) -> Result<(), VerbsError> {
+        // SAFETY: ibv_qp_attr is plain old data; zero is valid.
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ibv_qp_state::IBV_QPS_ERR;
+        self.modify(&mut a, ibv_qp_attr_mask::IBV_QP_STATE, QpState::Error)
+    }
+
+    fn keep(&self, mr: &Arc<MemoryRegion>) {
+        let mut v = self.in_use.lock().unwrap();
+        if !v.iter().any(|m| Arc::ptr_eq(m, mr)) {
+            v.push(mr.clone());
+        }
+    }
+
+    /// Posts one signaled RDMA write (with immediate data when `imm` is set) of
+    /// `[offset, offset + len)` of `mr` to `remote_addr`/`rkey`. The QP keeps `mr` alive
+    /// until it is destroyed; the caller must not modify the source bytes until the
+    /// completion of `wr_id` (that affects only what the peer receives, not memory safety).
+    pub fn post_write(
+        &self,
+        wr_id: u64,
+        mr: &Arc<MemoryRegion>,
+        offset: u64,
+        len: u32,
+        remote_addr: u64,
+        rkey: u32,
+        imm: Option<u32>,
+    ) -> Result<(), VerbsError> {
+        match offset.checked_add(len as u64) {
+            Some(end) if end <= mr.len() as u64 => {}
+            _ => {
+                return Err(VerbsError::Invalid(format!(
+                    "write source {offset}+{len} outside a region of {}",
+                    mr.len()
+                )))
+            }
+        }
+        self.keep(mr);
+        let mut sge = ibv_sge {
+            addr: mr.addr() + offset,
+            length: len,
+            lkey: mr.lkey(),
+        };
+        // SAFETY: ibv_send_wr is plain old data; zero is valid (null pointers).
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.sg_list = &mut sge;
+        wr.num_sge = if len == 0 { 0 } else { 1 };
+        wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+        match imm {
+            Some(v) => {
+                wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
+                wr.imm_data_invalidated_rkey_union.imm_data = v.to_be();
+            }
+            None => wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+        }
+        wr.wr.rdma = rdma_t { remote_addr, rkey };
+        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: the QP is alive; `wr` and `sge` live across the call (the provider copies
+        // them into the send queue); the source range is inside `mr`, kept alive above.
+        let rc = unsafe { ibv_post_send(self.qp, &mut wr, &mut bad) };
+        if rc != 0 {
+            return Err(VerbsError::code("ibv_post_send", rc));
+        }
+        Ok(())
+    }
+
+    /// Posts a receive with no buffer: it only absorbs one write-with-immediate.
+    pub fn post_recv(&self, wr_id: u64) -> Result<(), VerbsError> {
+        // SAFETY: ibv_recv_wr is plain old data; zero is valid.
+        let mut wr: ibv_recv_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.num_sge = 0;
+        wr.sg_list = std::ptr::null_mut();
+        let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
+        // SAFETY: the QP is alive; `wr` lives across the call and names no memory.
+        let rc = unsafe { ibv_post_recv(self.qp, &mut wr, &mut bad) };
+        if rc != 0 {
+            return Err(VerbsError::code("ibv_post_recv", rc));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        // SAFETY: nobody else holds the QP (we are in drop). After destroy returns the NIC
+        // no longer accesses any buffer of this QP; `in_use`, the CQ and the PD are released
+        // only after this, by field drops.
+        unsafe { ibv_destroy_qp(self.qp) };
+    }
+}

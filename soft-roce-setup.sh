@@ -1,0 +1,683 @@
+#!/usr/bin/env bash
+# soft-roce-setup.sh - bring up a Soft-RoCE (rdma_rxe) device for Phalanx's
+# RDMA verbs transport tests, either on this host or inside a throw-away QEMU
+# VM for kernels that have no RDMA support.
+#
+# Run `soft-roce-setup.sh --help` for the usage.  Overview of the modes:
+#
+#   host [NETDEV]   Load rdma_rxe/ib_uverbs/rdma_ucm and create an rxe device on
+#                   NETDEV (idempotent).  Without NETDEV a veth pair
+#                   rxenet0/rxenet1 with 10.181.0.1/24 on rxenet0 is used (the
+#                   same topology as inside the VM, so tests can always connect
+#                   to 10.181.0.1).
+#   vm -- CMD...    Boot a QEMU VM (TCG) whose root file system is the host's /
+#                   (read-only 9p + tmpfs overlay) with the current directory
+#                   shared read-write at the same path, set up rxe0 on rxenet0
+#                   (10.181.0.1), run CMD there and exit with CMD's status.
+#   deps            apt-get install everything the two modes and the Rust
+#                   build need (Debian/Ubuntu).
+#   packages        Print that package list.
+#
+# Internal mode (run by the VM itself, not by people): __guest CTLDIR.
+#
+# Exit codes of `vm`: CMD's own status; 124 when the VM ran longer than
+# --timeout (qemu is killed); 125 when the VM could not be set up (no kernel
+# with rdma_rxe, qemu failed, rxe0 did not become ACTIVE, ...).
+
+set -euo pipefail
+
+PROG=${0##*/}
+SELF=$(readlink -f -- "${BASH_SOURCE[0]}")
+
+# --- Constants shared by host mode and the guest -----------------------------
+readonly VETH0=rxenet0 VETH1=rxenet1
+readonly VETH_ADDR=10.181.0.1 VETH_PREFIX=24
+readonly DEFAULT_DEV=rxe0
+# 9p mount tags (at most 31 characters) used between qemu and the guest.
+readonly TAG_ROOT=hostroot TAG_CWD=hostcwd TAG_CTL=phalanxctl
+# Where the control share appears inside the guest.
+readonly GUEST_CTL=/run/phalanx-vm
+# Bump when the initramfs layout changes in a way the content hash below would
+# not notice (the /init text and module list are hashed already).
+readonly INITRAMFS_FORMAT=1
+
+# Debian packages: qemu + a kernel whose module tree has rdma_rxe.ko + the
+# initramfs tools + the RDMA user space and test tools + the Rust build deps.
+readonly DEB_PACKAGES=(
+    qemu-system-x86 linux-image-amd64 busybox-static cpio kmod iproute2
+    rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest
+    libibverbs-dev librdmacm-dev libclang-dev
+)
+
+# Environment variables handed to CMD inside the VM (in addition to --env).
+# Exact names, then prefixes (a trailing *).
+readonly PASS_ENV=(
+    PATH HOME USER LANG LC_ALL TERM NO_COLOR
+    'RUST_*' 'PHALANX_*' 'CARGO_*' 'NEXTEST_*'
+)
+
+usage() {
+    cat <<EOF
+Usage:
+  $PROG [host] [--name DEV] [--wait SECS] [NETDEV]
+  $PROG vm [--timeout SECS] [--mem MB] [--smp N] [--kernel VER]
+           [--accel tcg|kvm] [--env NAME[=VALUE]]... [--rebuild] [--verbose]
+           -- CMD [ARGS...]
+  $PROG deps
+  $PROG packages
+  $PROG --help
+
+host (default mode)
+  Needs root and a kernel with rdma_rxe.  Loads rdma_rxe, ib_uverbs and
+  rdma_ucm and creates the rxe device DEV (default $DEFAULT_DEV) on NETDEV.
+  If an rxe device already exists on NETDEV nothing is changed (exit 0).
+  Without NETDEV a veth pair $VETH0/$VETH1 is created (if missing) with
+  $VETH_ADDR/$VETH_PREFIX on $VETH0, and $VETH0 is used.  Then waits up to
+  --wait seconds (default 30) for ports/1/state to be ACTIVE.
+
+vm
+  For kernels without RDMA support: boots a throw-away QEMU VM (TCG by
+  default; /dev/kvm is not reliable on the CI machines) using the newest
+  installed kernel whose /lib/modules/VER has rdma_rxe.ko.  The guest's root
+  file system is the host's / (read-only, with a tmpfs overlay, so writes
+  outside the current directory vanish); the current directory is shared
+  read-write at the same path and is CMD's working directory, so binaries
+  built on the host (e.g. target/debug/deps/...) run in the guest and their
+  output files come back.  In the guest: $VETH0 ($VETH_ADDR/$VETH_PREFIX) <->
+  $VETH1 veth pair, $DEFAULT_DEV on $VETH0 (ACTIVE), ulimit -l unlimited;
+  client and server both use $DEFAULT_DEV and connect to $VETH_ADDR.
+  CMD also gets PHALANX_RXE_DEV, PHALANX_RXE_ADDR, PHALANX_RXE_NETDEV and
+  PHALANX_RXE_GID_INDEX (index of the IPv4-mapped RoCEv2 GID).
+  Passed through from the host environment: ${PASS_ENV[*]}.
+  CMD's stdout and stderr both go to this script's stdout (the VM console),
+  followed by a line "phalanx-vm: exit status N".  Exit status: CMD's status,
+  124 if the VM ran longer than --timeout, 125 if the VM could not be set up.
+
+  --timeout SECS  wall-clock limit for the whole VM run (default 1200,
+                  env PHALANX_VM_TIMEOUT)
+  --mem MB        guest memory (default 4096, env PHALANX_VM_MEM)
+  --smp N         guest CPUs (default: host CPUs, at most 4; env PHALANX_VM_SMP)
+  --kernel VER    use /boot/vmlinuz-VER and /lib/modules/VER
+  --accel A       qemu accelerator, tcg (default) or kvm (env PHALANX_VM_ACCEL)
+  --env N[=V]     pass variable N (with value V, or the host's value)
+  --rebuild       rebuild the cached initramfs
+  --verbose       show kernel boot messages and setup details
+
+  The initramfs is cached in \${XDG_CACHE_HOME:-\$HOME/.cache}/phalanx-vm/
+  (PHALANX_VM_CACHE overrides), keyed by kernel version.
+
+  Example (as a cargo runner):
+    CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="\$PWD/$PROG vm --" cargo test
+
+deps
+  apt-get update, then installs (no recommends): ${DEB_PACKAGES[*]}
+EOF
+}
+
+log() { printf '%s: %s\n' "$PROG" "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# ============================================================================
+# host mode: create an rxe device on a kernel that has rdma_rxe
+# ============================================================================
+
+# Print the name of the rxe/RDMA device bound to netdev $1 (empty if none).
+# `rdma link show` prints lines like
+#   link rxe0/1 state ACTIVE physical_state LINK_UP netdev rxenet0
+rdma_dev_on_netdev() {
+    rdma link show 2>/dev/null | awk -v nd="$1" '
+        { for (i = 1; i < NF; i++) if ($i == "netdev" && $(i + 1) == nd) {
+              split($2, a, "/"); print a[1]; exit } }'
+}
+
+# Create the veth pair rxenet0/rxenet1 with 10.181.0.1/24 on rxenet0 and bring
+# both ends up (the rxe port is ACTIVE only while the netdev has carrier, and
+# a veth has carrier only when both ends are up).  Idempotent.
+ensure_veth() {
+    if ! ip link show dev "$VETH0" >/dev/null 2>&1; then
+        modprobe veth 2>/dev/null || true   # may be built in
+        ip link add "$VETH0" type veth peer name "$VETH1"
+    fi
+    if ! ip -4 -o addr show dev "$VETH0" | grep -qF " $VETH_ADDR/"; then
+        ip addr add "$VETH_ADDR/$VETH_PREFIX" dev "$VETH0"
+    fi
+    ip link set dev "$VETH0" up
+    ip link set dev "$VETH1" up
+}
+
+# Wait until /sys/class/infiniband/$1/ports/1/state says ACTIVE, at most $2 s.
+wait_active() {
+    local dev=$1 secs=$2 state_file=/sys/class/infiniband/$1/ports/1/state
+    local tries=$((secs * 10)) state=''
+    while ((tries-- > 0)); do
+        state=$(cat "$state_file" 2>/dev/null || true)
+        [[ $state == *ACTIVE* ]] && return 0
+        sleep 0.1
+    done
+    log "$dev port 1 did not become ACTIVE within ${secs}s (state: ${state:-missing})"
+    return 1
+}
+
+# Print the GID table of port 1 of device $1 like rdma-core's show_gids
+# (index, GID, type, netdev), from sysfs.  Unused entries are skipped.
+print_gids() {
+    local dev=$1 d=/sys/class/infiniband/$1/ports/1 f i gid type ndev
+    for f in "$d"/gids/*; do
+        i=${f##*/}
+        gid=$(cat "$f" 2>/dev/null) || continue
+        [[ $gid == 0000:0000:0000:0000:0000:0000:0000:0000 ]] && continue
+        type=$(cat "$d/gid_attrs/types/$i" 2>/dev/null || echo '?')
+        ndev=$(cat "$d/gid_attrs/ndevs/$i" 2>/dev/null || echo '?')
+        printf '%s\t%s\t%s\t%s\t%s\n' "$dev" "$i" "$gid" "$type" "$ndev"
+    done | sort -t$'\t' -k2,2n
+}
+
+# Print the index of the first RoCEv2 GID of device $1 that is an IPv4-mapped
+# address (::ffff:a.b.c.d, in sysfs 0000:...:ffff:xxxx:xxxx).  Empty if none.
+ipv4_gid_index() {
+    print_gids "$1" | awk -F'\t' '
+        $3 ~ /^0000:0000:0000:0000:0000:ffff:/ && $4 ~ /v2/ { print $2; exit }'
+}
+
+host_mode() {
+    local name=$DEFAULT_DEV netdev='' wait_secs=30
+    while (($#)); do
+        case $1 in
+            --name) name=${2:?--name needs a value}; shift 2 ;;
+            --name=*) name=${1#*=}; shift ;;
+            --wait) wait_secs=${2:?--wait needs a value}; shift 2 ;;
+            --wait=*) wait_secs=${1#*=}; shift ;;
+            -h | --help) usage; exit 0 ;;
+            -*) die "host: unknown option $1 (see --help)" ;;
+            *) [[ -z $netdev ]] || die "host: more than one NETDEV given"
+               netdev=$1; shift ;;
+        esac
+    done
+    [[ $wait_secs =~ ^[0-9]+$ ]] || die "--wait must be a number of seconds"
+    ((EUID == 0)) || die "host mode needs root (modprobe, ip, rdma link add)"
+    for tool in modprobe ip rdma; do
+        command -v "$tool" >/dev/null ||
+            die "$tool not found; run '$PROG deps' (packages kmod, iproute2)"
+    done
+
+    # The kernel modules: the rxe driver, the verbs user interface
+    # (/dev/infiniband/uverbs*) and the RDMA-CM user interface (rdma_cm).
+    local mod
+    for mod in rdma_rxe ib_uverbs rdma_ucm; do
+        modprobe "$mod" || die "cannot load $mod: kernel $(uname -r) has no" \
+            "Soft-RoCE support; use '$PROG vm -- CMD' instead"
+    done
+
+    if [[ -z $netdev ]]; then
+        ensure_veth
+        netdev=$VETH0
+    fi
+    ip link show dev "$netdev" >/dev/null 2>&1 || die "no such netdev: $netdev"
+
+    local existing
+    existing=$(rdma_dev_on_netdev "$netdev")
+    if [[ -n $existing ]]; then
+        log "$existing already exists on $netdev (state:" \
+            "$(cat "/sys/class/infiniband/$existing/ports/1/state" 2>/dev/null || echo '?'));" \
+            "nothing to do"
+        return 0
+    fi
+    [[ ! -e /sys/class/infiniband/$name ]] ||
+        die "an RDMA device named $name already exists on another netdev; use --name"
+
+    ip link set dev "$netdev" up
+    rdma link add "$name" type rxe netdev "$netdev"
+    wait_active "$name" "$wait_secs" || exit 1
+    log "$name on $netdev is ACTIVE; IPv4-mapped GID index: $(ipv4_gid_index "$name")"
+}
+
+# ============================================================================
+# deps mode
+# ============================================================================
+
+deps_mode() {
+    ((EUID == 0)) || die "deps needs root (apt-get install)"
+    command -v apt-get >/dev/null || die "deps needs apt-get (Debian/Ubuntu)"
+    apt-get update
+    DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+        "${DEB_PACKAGES[@]}"
+}
+
+# ============================================================================
+# vm mode, host side
+# ============================================================================
+
+# Newest kernel that has both /boot/vmlinuz-VER and rdma_rxe.ko in
+# /lib/modules/VER (not necessarily the running kernel).
+pick_kernel() {
+    local dir ver
+    for dir in /lib/modules/*/; do
+        ver=${dir%/}; ver=${ver##*/}
+        [[ -r /boot/vmlinuz-$ver ]] || continue
+        find "$dir" -name 'rdma_rxe.ko*' -print -quit 2>/dev/null | grep -q . || continue
+        printf '%s\n' "$ver"
+    done | sort -V | tail -n 1
+}
+
+# Modules (paths in load order, deduplicated) the initramfs must insmod to
+# mount a virtio 9p share and an overlay.  Built-in ones are skipped.
+initramfs_modules() {
+    local ver=$1 m
+    for m in virtio_pci 9pnet_virtio 9p overlay; do
+        modprobe -S "$ver" --show-depends "$m" ||
+            die "modprobe -S $ver --show-depends $m failed"
+    done | awk '$1 == "insmod" && !seen[$2]++ { print $2 }'
+}
+
+# The initramfs /init (busybox sh).  It mounts the host's / (9p, read-only)
+# under a tmpfs overlay, adds a fresh /tmp and /run, mounts the control share
+# at /run/phalanx-vm and switch_roots into /run/phalanx-vm/stage2.sh (written
+# by the host for each run).  On failure it powers off; the host then reports
+# exit status 125 because no rc file was written.
+initramfs_init() {
+    cat <<EOF
+#!/bin/busybox sh
+# phalanx-vm initramfs /init (generated by soft-roce-setup.sh)
+/bin/busybox mkdir -p /dev /proc /sys
+/bin/busybox mount -t devtmpfs devtmpfs /dev
+exec </dev/console >/dev/console 2>&1
+/bin/busybox --install -s /bin
+export PATH=/bin
+fail() { echo "phalanx-vm initramfs: \$*"; poweroff -f; sleep 10; }
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+while read -r m; do
+    insmod "/mods/\$m" || fail "insmod \$m failed"
+done </mods/order
+mkdir -p /lower /rw /newroot
+# The virtio device may take a moment to be probed: retry for up to 5 s.
+i=0
+until mount -t 9p -o ro,trans=virtio,version=9p2000.L,msize=512000,cache=loose \\
+        $TAG_ROOT /lower 2>/dev/null; do
+    i=\$((i + 1)); [ \$i -lt 50 ] || fail "cannot mount the host root (9p $TAG_ROOT)"
+    sleep 0.1
+done
+mount -t tmpfs -o mode=0755 tmpfs /rw || fail "tmpfs"
+mkdir -p /rw/upper /rw/work
+mount -t overlay overlay -o lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work \\
+    /newroot || fail "cannot mount the overlay root"
+mount -t tmpfs -o mode=1777 tmpfs /newroot/tmp || fail "tmpfs /tmp"
+mount -t tmpfs -o mode=0755 tmpfs /newroot/run || fail "tmpfs /run"
+mkdir -p /newroot$GUEST_CTL
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 $TAG_CTL \\
+    /newroot$GUEST_CTL || fail "cannot mount the control share"
+for d in dev proc sys; do mount --move /\$d /newroot/\$d || fail "move /\$d"; done
+exec switch_root /newroot /bin/bash $GUEST_CTL/stage2.sh
+fail "switch_root failed"
+EOF
+}
+
+# Build (if missing or stale) the initramfs for kernel $1 into the cache and
+# print its path.  $2 = 1 forces a rebuild.
+ensure_initramfs() {
+    local ver=$1 force=$2 cache mods init key out stage m name
+    cache=${PHALANX_VM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/phalanx-vm}
+    mkdir -p "$cache"
+    mods=$(initramfs_modules "$ver")
+    init=$(initramfs_init)
+    key=$(printf '%s\n%s\n%s\n' "$INITRAMFS_FORMAT" "$mods" "$init" |
+        sha256sum | cut -c1-12)
+    out=$cache/initramfs-$ver-$key.cpio.gz
+    # Rebuild when forced, missing, or older than the kernel's module tree.
+    if ((force == 0)) && [[ -s $out && ! /lib/modules/$ver/modules.dep -nt $out ]]; then
+        printf '%s\n' "$out"
+        return 0
+    fi
+
+    local busybox
+    busybox=$(command -v busybox || true)
+    [[ -n $busybox ]] || die "busybox not found; run '$PROG deps' (busybox-static)"
+    if ldd "$busybox" 2>/dev/null | grep -q '=>'; then
+        die "$busybox is dynamically linked; install busybox-static"
+    fi
+    command -v cpio >/dev/null || die "cpio not found; run '$PROG deps'"
+
+    log "building initramfs for kernel $ver in $cache"
+    stage=$(mktemp -d "$cache/.build.XXXXXX")
+    # shellcheck disable=SC2064  # expand $stage now
+    trap "rm -rf '$stage'; trap - RETURN" RETURN
+    mkdir -p "$stage"/{bin,dev,proc,sys,mods}
+    cp "$busybox" "$stage/bin/busybox"
+    : >"$stage/mods/order"
+    while IFS= read -r m; do
+        [[ -n $m ]] || continue
+        name=${m##*/}
+        # busybox insmod wants plain .ko files; decompress if needed.
+        case $name in
+            *.ko.xz) xz -dc "$m" >"$stage/mods/${name%.xz}"; name=${name%.xz} ;;
+            *.ko.zst) zstd -qdc "$m" >"$stage/mods/${name%.zst}"; name=${name%.zst} ;;
+            *.ko.gz) gzip -dc "$m" >"$stage/mods/${name%.gz}"; name=${name%.gz} ;;
+            *) cp "$m" "$stage/mods/$name" ;;
+        esac
+        printf '%s\n' "$name" >>"$stage/mods/order"
+    done <<<"$mods"
+    printf '%s\n' "$init" >"$stage/init"
+    chmod 0755 "$stage/init"
+    (cd "$stage" && find . -mindepth 1 | LC_ALL=C sort |
+        cpio -o -H newc --quiet -R 0:0) | gzip -1 >"$stage/initramfs"
+    mv -f "$stage/initramfs" "$out"
+    # Drop older initramfs builds for the same kernel.
+    find "$cache" -maxdepth 1 -name "initramfs-$ver-*.cpio.gz" ! -path "$out" -delete
+    printf '%s\n' "$out"
+}
+
+# Does environment variable name $1 match the pass-through list?
+env_passes() {
+    local pat
+    for pat in "${PASS_ENV[@]}"; do
+        # shellcheck disable=SC2053  # $pat is a glob on purpose
+        [[ $1 == $pat ]] && return 0
+    done
+    return 1
+}
+
+# State for the cleanup trap of vm mode.
+VM_WORK='' QEMU_PID='' WATCHDOG_PID=''
+
+vm_cleanup() {
+    if [[ -n $WATCHDOG_PID ]]; then
+        kill "$WATCHDOG_PID" 2>/dev/null || true
+        wait "$WATCHDOG_PID" 2>/dev/null || true
+    fi
+    if [[ -n $QEMU_PID ]] && kill -0 "$QEMU_PID" 2>/dev/null; then
+        kill -TERM "$QEMU_PID" 2>/dev/null || true
+        local i
+        for i in $(seq 50); do
+            kill -0 "$QEMU_PID" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -KILL "$QEMU_PID" 2>/dev/null || true
+        wait "$QEMU_PID" 2>/dev/null || true
+    fi
+    [[ -z $VM_WORK ]] || rm -rf -- "$VM_WORK"
+}
+
+vm_mode() {
+    local timeout=${PHALANX_VM_TIMEOUT:-1200} mem=${PHALANX_VM_MEM:-4096}
+    local smp=${PHALANX_VM_SMP:-} accel=${PHALANX_VM_ACCEL:-tcg} ver=''
+    local rebuild=0 verbose=0 extra_env=()
+    while (($#)); do
+        case $1 in
+            --timeout) timeout=${2:?--timeout needs a value}; shift 2 ;;
+            --timeout=*) timeout=${1#*=}; shift ;;
+            --mem) mem=${2:?--mem needs a value}; shift 2 ;;
+            --mem=*) mem=${1#*=}; shift ;;
+            --smp) smp=${2:?--smp needs a value}; shift 2 ;;
+            --smp=*) smp=${1#*=}; shift ;;
+            --kernel) ver=${2:?--kernel needs a value}; shift 2 ;;
+            --kernel=*) ver=${1#*=}; shift ;;
+            --accel) accel=${2:?--accel needs a value}; shift 2 ;;
+            --accel=*) accel=${1#*=}; shift ;;
+            --env) extra_env+=("${2:?--env needs a value}"); shift 2 ;;
+            --env=*) extra_env+=("${1#*=}"); shift ;;
+            --rebuild) rebuild=1; shift ;;
+            --verbose) verbose=1; shift ;;
+            -h | --help) usage; exit 0 ;;
+            --) shift; break ;;
+            -*) die "vm: unknown option $1 (see --help)" ;;
+            *) break ;;   # the command starts here
+        esac
+    done
+    (($#)) || die "vm: no command given (usage: $PROG vm [options] -- CMD [ARGS...])"
+    [[ $timeout =~ ^[1-9][0-9]*$ ]] || die "--timeout must be a positive number of seconds"
+    [[ $mem =~ ^[1-9][0-9]*$ ]] || die "--mem must be a number of MB"
+    if [[ -z $smp ]]; then
+        smp=$(nproc 2>/dev/null || echo 2)
+        ((smp <= 4)) || smp=4
+    fi
+    [[ $smp =~ ^[1-9][0-9]*$ ]] || die "--smp must be a positive number"
+
+    command -v qemu-system-x86_64 >/dev/null ||
+        die "qemu-system-x86_64 not found; run '$PROG deps' (needs root)"
+    [[ -n $ver ]] || ver=$(pick_kernel)
+    [[ -n $ver ]] || die "no kernel with rdma_rxe.ko under /lib/modules and" \
+        "/boot/vmlinuz-VER; run '$PROG deps' (linux-image-amd64)"
+    [[ -r /boot/vmlinuz-$ver ]] || die "cannot read /boot/vmlinuz-$ver"
+
+    local cwd
+    cwd=$(pwd -P)
+    [[ $cwd != / ]] || die "refusing to share / read-write; cd to the project first"
+
+    local initrd
+    initrd=$(ensure_initramfs "$ver" "$rebuild")
+
+    # Work dir: ctl/ is shared with the guest (command, environment, exit
+    # status); the rest stays on the host.
+    trap vm_cleanup EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+    trap 'exit 129' HUP
+    VM_WORK=$(mktemp -d "${TMPDIR:-/tmp}/phalanx-vm.XXXXXX")
+    local ctl=$VM_WORK/ctl
+    mkdir -p "$ctl"
+    chmod 0755 "$VM_WORK" "$ctl"
+    cp "$SELF" "$ctl/soft-roce-setup.sh"
+
+    # Environment for the command, as a sourced bash file with quoted values.
+    {
+        local name entry
+        while IFS= read -r name; do
+            env_passes "$name" && printf 'export %s=%q\n' "$name" "${!name}"
+        done < <(compgen -e)
+        if ! [[ -t 1 ]]; then
+            # Guest stdout is the serial console (a tty); the host's is not,
+            # so ask programs for plain output.
+            printf 'export TERM=dumb NO_COLOR=1\n'
+        fi
+        for entry in "${extra_env[@]}"; do
+            name=${entry%%=*}
+            [[ $name =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || die "--env: bad name '$name'"
+            if [[ $entry == *=* ]]; then
+                printf 'export %s=%q\n' "$name" "${entry#*=}"
+            elif [[ -v $name ]]; then
+                printf 'export %s=%q\n' "$name" "${!name}"
+            fi
+        done
+    } >"$ctl/env.sh"
+
+    # The command line, quoted, as a script; run with bash in the guest.
+    {
+        printf '#!/bin/bash\n'
+        printf 'exec'
+        printf ' %q' "$@"
+        printf '\n'
+    } >"$ctl/cmd.sh"
+    printf '%s\n' "$cwd" >"$ctl/cwd"
+    printf '%s\n' "$timeout" >"$ctl/timeout"
+    printf '%s\n' "$verbose" >"$ctl/verbose"
+    # Stage 2 of the guest's boot: this script in __guest mode.
+    printf '#!/bin/bash\nexec /bin/bash %s/soft-roce-setup.sh __guest %s\n' \
+        "$GUEST_CTL" "$GUEST_CTL" >"$ctl/stage2.sh"
+
+    # qemu's -virtfs option is comma separated: double commas in paths.
+    local q_cwd=${cwd//,/,,} q_ctl=${ctl//,/,,} q_initrd=${initrd//,/,,}
+    local append="console=ttyS0 panic=-1 rdinit=/init"
+    ((verbose)) || append+=" quiet"
+    local accel_opt=$accel
+    [[ $accel != tcg ]] || accel_opt=tcg,thread=multi
+    local qemu=(
+        qemu-system-x86_64
+        -accel "$accel_opt" -cpu max -smp "$smp" -m "$mem"
+        -display none -no-reboot -nodefaults -monitor none
+        -serial stdio -nic none
+        -kernel "/boot/vmlinuz-$ver" -initrd "$q_initrd" -append "$append"
+        -virtfs "local,path=/,mount_tag=$TAG_ROOT,security_model=none,readonly=on,multidevs=remap"
+        -virtfs "local,path=$q_cwd,mount_tag=$TAG_CWD,security_model=none,multidevs=remap"
+        -virtfs "local,path=$q_ctl,mount_tag=$TAG_CTL,security_model=none"
+    )
+    ((verbose == 0)) || log "kernel $ver, initramfs $initrd; ${qemu[*]}"
+
+    # Run qemu in the background so that this shell can enforce the timeout
+    # and handle Ctrl-C (background jobs of a script ignore SIGINT; the traps
+    # above kill qemu).  stdin is /dev/null so that qemu leaves the terminal
+    # alone.
+    local start=$SECONDS
+    "${qemu[@]}" </dev/null &
+    QEMU_PID=$!
+    # Watchdog: after $timeout seconds note the timeout and stop qemu.
+    (
+        trap 'kill "$sleeper" 2>/dev/null; exit 0' TERM
+        sleep "$timeout" &
+        sleeper=$!
+        wait "$sleeper"
+        : >"$VM_WORK/timed-out"
+        kill -TERM "$QEMU_PID" 2>/dev/null || exit 0
+        sleep 5
+        kill -KILL "$QEMU_PID" 2>/dev/null || true
+    ) &
+    WATCHDOG_PID=$!
+
+    local qrc=0
+    wait "$QEMU_PID" || qrc=$?
+    QEMU_PID=''
+    kill "$WATCHDOG_PID" 2>/dev/null || true
+    wait "$WATCHDOG_PID" 2>/dev/null || true
+    WATCHDOG_PID=''
+    local elapsed=$((SECONDS - start))
+
+    if [[ -e $VM_WORK/timed-out ]]; then
+        log "timeout: the VM ran longer than ${timeout}s; killed qemu (exit 124)"
+        exit 124
+    fi
+    local rc=''
+    [[ -r $ctl/rc ]] && rc=$(<"$ctl/rc")
+    if ! [[ $rc =~ ^[0-9]+$ ]]; then
+        log "the VM exited (qemu status $qrc) without reporting an exit status;" \
+            "see the console output above (exit 125)"
+        exit 125
+    fi
+    ((verbose == 0)) || log "VM run took ${elapsed}s, command exit status $rc"
+    exit "$rc"
+}
+
+# ============================================================================
+# vm mode, guest side (runs as PID 1 after switch_root)
+# ============================================================================
+
+guest_poweroff() {
+    sync
+    # busybox (from busybox-static on the shared root) powers off directly;
+    # the host's poweroff is systemctl, which needs a running systemd.
+    busybox poweroff -f 2>/dev/null || true
+    echo o >/proc/sysrq-trigger 2>/dev/null || true
+    sleep 10
+    # Still here: exiting PID 1 panics, and panic=-1 + -no-reboot ends qemu.
+}
+
+guest_mode() {
+    local ctl=${1:?} rc_written=0 setup_log=/run/phalanx-vm-setup.log
+    export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+    export HOME=/root
+
+    # Whatever happens (setup failure under set -e included): report a status
+    # and power off.
+    # shellcheck disable=SC2317  # called through the EXIT trap
+    guest_exit() {
+        local st=$?
+        if ((rc_written == 0)); then
+            echo "phalanx-vm: setup failed (status $st)"
+            cat "$setup_log" 2>/dev/null || true
+            echo 125 >"$ctl/rc" 2>/dev/null || true
+            echo "phalanx-vm: exit status 125"
+        fi
+        guest_poweroff
+    }
+    trap guest_exit EXIT
+
+    local verbose timeout cwd
+    verbose=$(<"$ctl/verbose")
+    timeout=$(<"$ctl/timeout")
+    cwd=$(<"$ctl/cwd")
+
+    # Output goes to the serial console: no \n -> \r\n translation, so the
+    # host gets plain lines.
+    stty -onlcr 2>/dev/null || true
+
+    # What devtmpfs does not provide.
+    mkdir -p /dev/pts /dev/shm
+    mount -t devpts -o gid=5,mode=0620,ptmxmode=0666 devpts /dev/pts
+    mount -t tmpfs -o mode=1777 tmpfs /dev/shm
+    ln -sfn /proc/self/fd /dev/fd
+    ln -sfn /proc/self/fd/0 /dev/stdin
+    ln -sfn /proc/self/fd/1 /dev/stdout
+    ln -sfn /proc/self/fd/2 /dev/stderr
+    hostname phalanx-vm 2>/dev/null || true
+
+    # Backstop in case the host script was killed without killing qemu.
+    ( sleep $((timeout + 60)); echo "phalanx-vm: guest watchdog expired"; guest_poweroff ) &
+
+    ip link set dev lo up
+
+    # The current directory of the host, read-write at the same path.
+    mkdir -p "$cwd"
+    mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,cache=mmap \
+        "$TAG_CWD" "$cwd"
+
+    # Soft-RoCE: veth pair + rxe0 on rxenet0, waiting for ACTIVE (the same
+    # code as host mode).  Its messages go to a log that guest_exit prints if
+    # anything fails.
+    host_mode --name "$DEFAULT_DEV" --wait 30 >"$setup_log" 2>&1
+    # The IPv4-mapped GID appears when the address is known to the GID cache;
+    # give it a moment.
+    local gid_index='' i
+    for i in $(seq 50); do
+        gid_index=$(ipv4_gid_index "$DEFAULT_DEV")
+        [[ -z $gid_index ]] || break
+        sleep 0.1
+    done
+    if ((verbose)); then
+        rdma link show
+        print_gids "$DEFAULT_DEV"
+    fi
+
+    export PHALANX_RXE_DEV=$DEFAULT_DEV PHALANX_RXE_NETDEV=$VETH0
+    export PHALANX_RXE_ADDR=$VETH_ADDR PHALANX_RXE_GID_INDEX=$gid_index
+
+    # RDMA memory registration pins pages.
+    ulimit -l unlimited
+
+    local rc=0
+    cd "$cwd"
+    set +e
+    (
+        # shellcheck disable=SC1091
+        . "$ctl/env.sh"
+        exec /bin/bash "$ctl/cmd.sh"
+    ) </dev/null
+    rc=$?
+    set -e
+    sync
+    echo "$rc" >"$ctl/rc"
+    rc_written=1
+    sync
+    echo "phalanx-vm: exit status $rc"
+    exit "$rc"
+}
+
+# ============================================================================
+# main
+# ============================================================================
+
+main() {
+    local mode=host
+    if (($#)); then
+        case $1 in
+            host | vm | deps | packages | __guest) mode=$1; shift ;;
+            help | -h | --help) usage; exit 0 ;;
+        esac
+    fi
+    case $mode in
+        host) host_mode "$@" ;;
+        vm) vm_mode "$@" ;;
+        deps) deps_mode ;;
+        packages) printf '%s\n' "${DEB_PACKAGES[@]}" ;;
+        __guest) guest_mode "$@" ;;
+    esac
+}
+
+main "$@"

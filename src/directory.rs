@@ -1,0 +1,477 @@
+//! One shard of the object directory: per object its size, inline bytes for small objects,
+//! and its locations with a partial/complete flag. The shard hands each receiver one free
+//! source and withholds that source until the receiver reports back, so broadcast receivers
+//! arrange themselves into a tree. It is a plain state machine: messages in, messages out.
+
+use crate::protocol::{Located, LocationInfo, Msg, ObjectInfo, Reply, Rid};
+use crate::ObjectId;
+use phalanx_transport::NodeId;
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+
+/// How many deleted ids the shard remembers, to fail later lookups at once.
+const TOMBSTONES: usize = 1 << 16;
+/// How many source assignments the shard remembers for inspection.
+const LOG_LIMIT: usize = 1 << 16;
+
+#[derive(Debug, Clone, Copy)]
+struct Loc {
+    complete: bool,
+    serving: Option<NodeId>,
+    depends_on: Option<NodeId>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    size: u64,
+    inline: Option<Vec<u8>>,
+    locs: BTreeMap<NodeId, Loc>,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    node: NodeId,
+    rid: Rid,
+    exclude: Vec<NodeId>,
+}
+
+/// One decision of the shard: `receiver` was sent to pull `id` from `source`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assignment {
+    pub id: ObjectId,
+    pub source: NodeId,
+    pub receiver: NodeId,
+    pub source_complete: bool,
+}
+
+#[derive(Debug, Default)]
+pub struct Shard {
+    entries: HashMap<ObjectId, Entry>,
+    waiting: HashMap<ObjectId, VecDeque<Waiter>>,
+    subscribers: HashMap<ObjectId, Vec<(NodeId, Rid)>>,
+    tombstones: HashSet<ObjectId>,
+    tombstone_order: VecDeque<ObjectId>,
+    log: VecDeque<Assignment>,
+}
+
+type Out = Vec<(NodeId, Msg)>;
+
+fn reply(out: &mut Out, to: NodeId, rid: Rid, reply: Reply) {
+    out.push((to, Msg::Reply { rid, reply }));
+}
+
+impl Entry {
+    fn info(&self) -> ObjectInfo {
+        ObjectInfo {
+            size: self.size,
+            inline: self.inline.is_some(),
+            locations: self
+                .locs
+                .iter()
+                .map(|(&node, l)| LocationInfo {
+                    node,
+                    complete: l.complete,
+                    serving: l.serving,
+                    depends_on: l.depends_on,
+                })
+                .collect(),
+        }
+    }
+
+    /// Whether `requester` is on the chain of sources that `node`'s copy is filled from.
+    fn depends_on(&self, node: NodeId, requester: NodeId) -> bool {
+        let mut cur = node;
+        for _ in 0..=self.locs.len() {
+            match self.locs.get(&cur).and_then(|l| l.depends_on) {
+                Some(d) if d == requester => return true,
+                Some(d) => cur = d,
+                None => return false,
+            }
+        }
+        true // a cycle that does not pass through the requester: avoid it as well
+    }
+
+    /// A free source for `requester`: complete copies first, then partial ones; never the
+    /// requester itself, an excluded node, or a copy that depends on the requester.
+    fn pick(&self, requester: NodeId, exclude: &[NodeId]) -> Option<NodeId> {
+        self.locs
+            .iter()
+            .filter(|(&n, l)| {
+                n != requester
+                    && l.serving.is_none()
+                    && !exclude.contains(&n)
+                    && !self.depends_on(n, requester)
+            })
+            .min_by_key(|(&n, l)| (!l.complete, n))
+            .map(|(&n, _)| n)
+    }
+}
+
+impl Shard {
+    pub fn new() -> Shard {
+        Shard::default()
+    }
+
+    /// Recent source assignments, oldest first.
+    pub fn assignments(&self) -> Vec<Assignment> {
+        self.log.iter().cloned().collect()
+    }
+
+    pub fn info(&self, id: &ObjectId) -> Option<ObjectInfo> {
+        self.entries.get(id).map(Entry::info)
+    }
+
+    /// Handles one directory message from `from`, appending the messages to send.
+    pub fn handle(&mut self, from: NodeId, msg: Msg, out: &mut Out) {
+        match msg {
+            Msg::Publish {
+                id,
+                size,
+                node,
+                complete,
+            } => {
+                self.forget_tombstone(&id);
+                let e = self.entries.entry(id.clone()).or_insert(Entry {
+                    size,
+                    inline: None,
+                    locs: BTreeMap::new(),
+                });
+                let l = e.locs.entry(node).or_insert(Loc {
+                    complete,
+                    serving: None,
+                    depends_on: None,
+                });
+                l.complete |= complete;
+                if l.complete {
+                    l.depends_on = None;
+                }
+                self.notify(&id, out);
+                self.serve_waiters(&id, out);
+            }
+            Msg::PutInline { rid, id, node, data } => {
+                self.forget_tombstone(&id);
+                let mut locs = BTreeMap::new();
+                locs.insert(
+                    node,
+                    Loc {
+                        complete: true,
+                        serving: None,
+                        depends_on: None,
+                    },
+                );
+                self.entries.insert(
+                    id.clone(),
+                    Entry {
+                        size: data.len() as u64,
+                        inline: Some(data),
+                        locs,
+                    },
+                );
+                reply(out, from, rid, Reply::Ack);
+                self.notify(&id, out);
+                self.serve_waiters(&id, out);
+            }
+            Msg::Locate {
+                rid,
+                id,
+                wait,
+                exclude,
+            } => {
+                let w = Waiter {
+                    node: from,
+                    rid,
+                    exclude,
+                };
+                if let Some(w) = self.try_locate(&id, w, out) {
+                    if wait && !self.tombstones.contains(&id) {
+                        self.waiting.entry(id).or_default().push_back(w);
+                    } else {
+                        reply(out, from, w.rid, Reply::Located(Located::NotFound));
+                    }
+                }
+            }
+            Msg::TransferDone {
+                id,
+                source,
+                receiver,
+                ok,
+            } => {
+                if let Some(e) = self.entries.get_mut(&id) {
+                    if let Some(s) = e.locs.get_mut(&source) {
+                        if s.serving == Some(receiver) {
+                            s.serving = None;
+                        }
+                    }
+                    if ok {
+                        if let Some(r) = e.locs.get_mut(&receiver) {
+                            r.complete = true;
+                            r.depends_on = None;
+                        }
+                    }
+                }
+                self.serve_waiters(&id, out);
+            }
+            Msg::Withdraw { id, node } => {
+                if let Some(e) = self.entries.get_mut(&id) {
+                    e.locs.remove(&node);
+                    for l in e.locs.values_mut() {
+                        if l.serving == Some(node) {
+                            l.serving = None;
+                        }
+                    }
+                }
+                self.serve_waiters(&id, out);
+            }
+            Msg::Query { rid, id } => {
+                reply(out, from, rid, Reply::Info(self.info(&id)));
+            }
+            Msg::Subscribe { rid, id } => match self.entries.get(&id) {
+                Some(e) if e.inline.is_some() || !e.locs.is_empty() => {
+                    reply(out, from, rid, Reply::Info(Some(e.info())));
+                }
+                _ if self.tombstones.contains(&id) => reply(out, from, rid, Reply::Info(None)),
+                _ => self.subscribers.entry(id).or_default().push((from, rid)),
+            },
+            Msg::Delete { rid, id } => {
+                let nodes = self
+                    .entries
+                    .remove(&id)
+                    .map(|e| e.locs.keys().copied().collect())
+                    .unwrap_or_default();
+                self.remember_tombstone(id.clone());
+                for w in self.waiting.remove(&id).unwrap_or_default() {
+                    reply(out, w.node, w.rid, Reply::Located(Located::NotFound));
+                }
+                for (n, r) in self.subscribers.remove(&id).unwrap_or_default() {
+                    reply(out, n, r, Reply::Info(None));
+                }
+                reply(out, from, rid, Reply::Deleted(nodes));
+            }
+            other => {
+                tracing::warn!(from, "directory got a non-directory message {other:?}");
+            }
+        }
+    }
+
+    /// Forgets every location of a dead node and frees the copies it was receiving from.
+    pub fn node_down(&mut self, node: NodeId, out: &mut Out) {
+        let ids: Vec<ObjectId> = self.entries.keys().cloned().collect();
+        for id in &ids {
+            let e = self.entries.get_mut(id).expect("listed");
+            e.locs.remove(&node);
+            for l in e.locs.values_mut() {
+                if l.serving == Some(node) {
+                    l.serving = None;
+                }
+            }
+        }
+        for q in self.waiting.values_mut() {
+            q.retain(|w| w.node != node);
+        }
+        for s in self.subscribers.values_mut() {
+            s.retain(|(n, _)| *n != node);
+        }
+        for id in &ids {
+            self.serve_waiters(id, out);
+        }
+    }
+
+    /// Answers `w` if possible; gives it back otherwise.
+    fn try_locate(&mut self, id: &ObjectId, w: Waiter, out: &mut Out) -> Option<Waiter> {
+        let Some(e) = self.entries.get_mut(id) else {
+            return Some(w);
+        };
+        if let Some(data) = &e.inline {
+            reply(out, w.node, w.rid, Reply::Located(Located::Inline(data.clone())));
+            return None;
+        }
+        let source = e.pick(w.node, &w.exclude)?;
+        let source_complete = {
+            let s = e.locs.get_mut(&source).expect("picked");
+            s.serving = Some(w.node);
+            s.complete
+        };
+        let r = e.locs.entry(w.node).or_insert(Loc {
+            complete: false,
+            serving: None,
+            depends_on: None,
+        });
+        r.depends_on = Some(source);
+        r.complete = false;
+        let size = e.size;
+        if self.log.len() == LOG_LIMIT {
+            self.log.pop_front();
+        }
+        self.log.push_back(Assignment {
+            id: id.clone(),
+            source,
+            receiver: w.node,
+            source_complete,
+        });
+        reply(
+            out,
+            w.node,
+            w.rid,
+            Reply::Located(Located::Source { node: source, size }),
+        );
+        None
+    }
+
+    fn serve_waiters(&mut self, id: &ObjectId, out: &mut Out) {
+        let Some(mut q) = self.waiting.remove(id) else {
+            return;
+        };
+        let mut left = VecDeque::new();
+        while let Some(w) = q.pop_front() {
+            if let Some(w) = self.try_locate(id, w, out) {
+                left.push_back(w);
+            }
+        }
+        if !left.is_empty() {
+            self.waiting.insert(id.clone(), left);
+        }
+    }
+
+    fn notify(&mut self, id: &ObjectId, out: &mut Out) {
+        if let Some(subs) = self.subscribers.remove(id) {
+            let info = self.info(id);
+            for (n, rid) in subs {
+                reply(out, n, rid, Reply::Info(info.clone()));
+            }
+        }
+    }
+
+    fn remember_tombstone(&mut self, id: ObjectId) {
+        if self.tombstones.insert(id.clone()) {
+            self.tombstone_order.push_back(id);
+            if self.tombstone_order.len() > TOMBSTONES {
+                if let Some(old) = self.tombstone_order.pop_front() {
+                    self.tombstones.remove(&old);
+                }
+            }
+        }
+    }
+
+    fn forget_tombstone(&mut self, id: &ObjectId) {
+        if self.tombstones.remove(id) {
+            self.tombstone_order.retain(|t| t != id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn located(out: &Out, to: NodeId) -> Located {
+        out.iter()
+            .find_map(|(n, m)| match m {
+                Msg::Reply {
+                    reply: Reply::Located(l),
+                    ..
+                } if *n == to => Some(l.clone()),
+                _ => None,
+            })
+            .expect("a Located reply")
+    }
+
+    fn locate(s: &mut Shard, from: NodeId, exclude: Vec<NodeId>) -> Out {
+        let mut out = Vec::new();
+        s.handle(
+            from,
+            Msg::Locate {
+                rid: from as u64,
+                id: "x".into(),
+                wait: true,
+                exclude,
+            },
+            &mut out,
+        );
+        out
+    }
+
+    fn publish(s: &mut Shard, node: NodeId, complete: bool) -> Out {
+        let mut out = Vec::new();
+        s.handle(
+            node,
+            Msg::Publish {
+                id: "x".into(),
+                size: 100,
+                node,
+                complete,
+            },
+            &mut out,
+        );
+        out
+    }
+
+    #[test]
+    fn sources_serve_one_receiver_at_a_time_and_form_a_tree() {
+        let mut s = Shard::new();
+        // Receiver 1 arrives before the put: it waits.
+        assert!(locate(&mut s, 1, vec![]).is_empty());
+        let out = publish(&mut s, 0, false);
+        assert_eq!(located(&out, 1), Located::Source { node: 0, size: 100 });
+        // 0 is busy serving 1; 2 is sent to the partial copy at 1.
+        let out = locate(&mut s, 2, vec![]);
+        assert_eq!(located(&out, 2), Located::Source { node: 1, size: 100 });
+        // 0 and 1 busy, 2 free: 3 pulls from 2.
+        assert_eq!(located(&locate(&mut s, 3, vec![]), 3), Located::Source { node: 2, size: 100 });
+        // 0 completes its put and 1 finishes: both are free; 4 gets a complete copy first.
+        publish(&mut s, 0, true);
+        let mut out = Vec::new();
+        s.handle(1, Msg::TransferDone { id: "x".into(), source: 0, receiver: 1, ok: true }, &mut out);
+        assert_eq!(located(&locate(&mut s, 4, vec![]), 4), Located::Source { node: 0, size: 100 });
+        assert_eq!(located(&locate(&mut s, 5, vec![]), 5), Located::Source { node: 1, size: 100 });
+        let log = s.assignments();
+        assert_eq!(log.len(), 5);
+        assert!(log[3].source_complete && !log[1].source_complete);
+    }
+
+    #[test]
+    fn never_hands_a_source_that_depends_on_the_requester() {
+        let mut s = Shard::new();
+        publish(&mut s, 0, false);
+        locate(&mut s, 1, vec![]); // 1 <- 0
+        locate(&mut s, 2, vec![]); // 2 <- 1
+        // 0 dies: 1 must not be sent to 2, whose bytes come from 1.
+        let mut out = Vec::new();
+        s.node_down(0, &mut out);
+        assert!(out.is_empty());
+        assert!(locate(&mut s, 1, vec![]).is_empty(), "1 waits rather than loop through 2");
+        // A fresh complete copy appears at 3: 1 is served from it.
+        let out = publish(&mut s, 3, true);
+        assert_eq!(located(&out, 1), Located::Source { node: 3, size: 100 });
+    }
+
+    #[test]
+    fn inline_delete_and_tombstones() {
+        let mut s = Shard::new();
+        let mut out = Vec::new();
+        s.handle(0, Msg::PutInline { rid: 1, id: "x".into(), node: 0, data: vec![1, 2] }, &mut out);
+        assert_eq!(located(&locate(&mut s, 3, vec![]), 3), Located::Inline(vec![1, 2]));
+        let mut out = Vec::new();
+        s.handle(2, Msg::Delete { rid: 9, id: "x".into() }, &mut out);
+        assert_eq!(out, vec![(2, Msg::Reply { rid: 9, reply: Reply::Deleted(vec![0]) })]);
+        assert_eq!(located(&locate(&mut s, 3, vec![]), 3), Located::NotFound);
+        // Subscribers of a deleted id are answered with None.
+        let mut out = Vec::new();
+        s.handle(4, Msg::Subscribe { rid: 5, id: "x".into() }, &mut out);
+        assert_eq!(out, vec![(4, Msg::Reply { rid: 5, reply: Reply::Info(None) })]);
+    }
+
+    #[test]
+    fn subscribe_pushes_on_first_location() {
+        let mut s = Shard::new();
+        let mut out = Vec::new();
+        s.handle(4, Msg::Subscribe { rid: 5, id: "x".into() }, &mut out);
+        assert!(out.is_empty());
+        let out = publish(&mut s, 2, false);
+        match &out[..] {
+            [(4, Msg::Reply { rid: 5, reply: Reply::Info(Some(i)) })] => {
+                assert_eq!(i.locations[0].node, 2);
+                assert!(!i.locations[0].complete);
+            }
+            o => panic!("{o:?}"),
+        }
+    }
+}

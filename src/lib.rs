@@ -1,0 +1,23 @@
+//! Phalanx: a collective-communication object store for task-based distributed systems.
+//!
+//! Tasks `put` immutable objects and `get` them by id on any node. A sharded directory
+//! knows where every copy is, partial copies included; receivers pull from one source each,
+//! so broadcasts form trees on their own and every byte is forwarded while it still arrives.
+
+mod alloc;
+pub mod cluster;
+pub mod config;
+pub mod directory;
+mod error;
+mod id;
+mod node;
+pub mod protocol;
+pub mod store;
+mod transfer;
+
+pub use cluster::LocalCluster;
+pub use config::{ClusterConfig, NodeConfig, TransportKind, INLINE_LIMIT};
+pub use error::{Error, Result};
+pub use id::ObjectId;
+pub use node::{Node, ObjectReader, ObjectView, ServeRecord, TransferRecord};
+pub use phalanx_transport as transport;

@@ -1,0 +1,579 @@
+//! A node: store, directory shard, transfer engine and transport tied together, and the
+//! public API. One dispatcher thread handles every transport event and control message and
+//! never blocks on the network; application calls and transfers run on their own threads.
+
+use crate::config::{NodeConfig, INLINE_LIMIT};
+use crate::directory::{Assignment, Shard};
+use crate::protocol::{Msg, ObjectInfo, Reply, Rid};
+use crate::store::{CopyRef, CopyStatus, Store};
+use crate::{Error, ObjectId, Result};
+use crossbeam_channel::{select, Receiver, Sender};
+use phalanx_transport::{Arena, Event, NodeId, StreamId, Transport, TransportStats};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use tracing::{debug, error, warn};
+
+/// How a receiver's inbound stream ended.
+#[derive(Debug)]
+pub(crate) enum InboundEnd {
+    Complete,
+    Failed(String),
+}
+
+pub(crate) struct Inbound {
+    pub copy: CopyRef,
+    pub source: NodeId,
+    pub done: Sender<InboundEnd>,
+}
+
+/// One pull as the receiver saw it.
+#[derive(Debug, Clone)]
+pub struct TransferRecord {
+    pub id: ObjectId,
+    pub source: NodeId,
+    pub receiver: NodeId,
+    /// Offset the pull started at (non-zero after a resume).
+    pub from: u64,
+    /// Bytes that arrived in this pull.
+    pub bytes: u64,
+    pub start: Instant,
+    pub end: Instant,
+    pub ok: bool,
+}
+
+/// One pull as the source served it.
+#[derive(Debug, Clone)]
+pub struct ServeRecord {
+    pub id: ObjectId,
+    pub source: NodeId,
+    pub receiver: NodeId,
+    pub bytes: u64,
+    pub start: Instant,
+    pub end: Instant,
+}
+
+pub(crate) enum Local {
+    Msg(NodeId, Msg),
+    Stop,
+}
+
+pub(crate) struct Inner {
+    pub id: NodeId,
+    pub nodes: u32,
+    pub cfg: NodeConfig,
+    pub transport: Arc<dyn Transport>,
+    pub store: Arc<Store>,
+    pub shard: Mutex<Shard>,
+    local_tx: Sender<Local>,
+    pending: Mutex<HashMap<Rid, (NodeId, Sender<Result<Reply>>)>>,
+    next_rid: AtomicU64,
+    pub inbound: Mutex<HashMap<StreamId, Inbound>>,
+    next_stream: AtomicU64,
+    /// Cancel flags of the pulls this node serves, by (receiver, stream).
+    pub serving: Mutex<HashMap<(NodeId, StreamId), Arc<AtomicBool>>>,
+    pub recv_log: Mutex<Vec<TransferRecord>>,
+    pub serve_log: Mutex<Vec<ServeRecord>>,
+    closed: AtomicBool,
+}
+
+/// A Phalanx node. Cheap to clone; every clone is the same node.
+#[derive(Clone)]
+pub struct Node {
+    pub(crate) inner: Arc<Inner>,
+    dispatcher: Arc<Mutex<Option<JoinHandle<()>>>>,
+}
+
+/// A read-only view of a complete object; the copy stays in place while the view lives.
+pub enum ObjectView {
+    Arena(CopyRef),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for ObjectView {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            ObjectView::Arena(c) => c.as_slice().expect("views hold complete copies"),
+            ObjectView::Owned(v) => v,
+        }
+    }
+}
+
+/// Reads an object front to back while it is still arriving.
+pub struct ObjectReader {
+    src: Fetched,
+    pos: u64,
+    timeout: Duration,
+}
+
+pub(crate) enum Fetched {
+    Copy(CopyRef),
+    Owned(Vec<u8>),
+}
+
+impl ObjectReader {
+    /// Total size of the object.
+    pub fn size(&self) -> u64 {
+        match &self.src {
+            Fetched::Copy(c) => c.size(),
+            Fetched::Owned(v) => v.len() as u64,
+        }
+    }
+}
+
+impl std::io::Read for ObjectReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match &self.src {
+            Fetched::Owned(v) => {
+                let rest = &v[(self.pos as usize).min(v.len())..];
+                let n = rest.len().min(buf.len());
+                buf[..n].copy_from_slice(&rest[..n]);
+                self.pos += n as u64;
+                Ok(n)
+            }
+            Fetched::Copy(c) => {
+                if buf.is_empty() || self.pos >= c.size() && c.status() != CopyStatus::Pending {
+                    return Ok(0);
+                }
+                let wm = c
+                    .wait_beyond(self.pos, self.timeout)
+                    .map_err(std::io::Error::other)?;
+                let n = ((wm - self.pos) as usize).min(buf.len());
+                c.read_at(self.pos, &mut buf[..n]);
+                self.pos += n as u64;
+                Ok(n)
+            }
+        }
+    }
+}
+
+impl Node {
+    /// Starts a node on a connected transport: allocates and registers the arena, starts the
+    /// dispatcher.
+    pub fn start(
+        id: NodeId,
+        nodes: u32,
+        transport: Arc<dyn Transport>,
+        cfg: NodeConfig,
+    ) -> Result<Node> {
+        if id >= nodes {
+            return Err(Error::InvalidArgument(format!("node id {id} >= {nodes} nodes")));
+        }
+        let arena = Arc::new(Arena::new(cfg.arena_size as usize, cfg.huge_pages)?);
+        transport.register_arena(arena.clone())?;
+        let (local_tx, local_rx) = crossbeam_channel::unbounded();
+        let inner = Arc::new(Inner {
+            id,
+            nodes,
+            cfg,
+            store: Store::new(arena),
+            transport,
+            shard: Mutex::new(Shard::new()),
+            local_tx,
+            pending: Mutex::new(HashMap::new()),
+            next_rid: AtomicU64::new(1),
+            inbound: Mutex::new(HashMap::new()),
+            next_stream: AtomicU64::new(1),
+            serving: Mutex::new(HashMap::new()),
+            recv_log: Mutex::new(Vec::new()),
+            serve_log: Mutex::new(Vec::new()),
+            closed: AtomicBool::new(false),
+        });
+        let d = inner.clone();
+        let events = inner.transport.events();
+        let h = std::thread::Builder::new()
+            .name(format!("phx-node-{id}"))
+            .spawn(move || d.dispatch(events, local_rx))
+            .map_err(|e| Error::Config(format!("spawn: {e}")))?;
+        Ok(Node {
+            inner,
+            dispatcher: Arc::new(Mutex::new(Some(h))),
+        })
+    }
+
+    pub fn id(&self) -> NodeId {
+        self.inner.id
+    }
+
+    pub fn num_nodes(&self) -> u32 {
+        self.inner.nodes
+    }
+
+    pub fn config(&self) -> &NodeConfig {
+        &self.inner.cfg
+    }
+
+    pub fn transport(&self) -> &Arc<dyn Transport> {
+        &self.inner.transport
+    }
+
+    /// Where the node's transport listens, if it does.
+    pub fn listen_addr(&self) -> Option<std::net::SocketAddr> {
+        self.inner.transport.listen_addr()
+    }
+
+    pub fn transport_stats(&self) -> TransportStats {
+        self.inner.transport.stats()
+    }
+
+    /// Stores an immutable object. Small objects go inline into the directory; large ones are
+    /// published as a partial copy first, so receivers can stream them while they copy in.
+    pub fn put(&self, id: impl Into<ObjectId>, data: &[u8]) -> Result<()> {
+        let id = id.into();
+        let inner = &self.inner;
+        let (copy, evicted) = inner.store.create(&id, data.len() as u64, true)?;
+        inner.withdraw(&evicted);
+        let shard = inner.shard_of(&id);
+        if (data.len() as u64) < INLINE_LIMIT {
+            copy.append(data)?;
+            let r = inner.call(shard, |rid| Msg::PutInline {
+                rid,
+                id: id.clone(),
+                node: inner.id,
+                data: data.to_vec(),
+            });
+            if let Err(e) = r {
+                inner.store.delete(&id);
+                return Err(e);
+            }
+            return Ok(());
+        }
+        let size = data.len() as u64;
+        inner.send(shard, Msg::Publish { id: id.clone(), size, node: inner.id, complete: false })?;
+        for piece in data.chunks(inner.cfg.put_step.max(4096) as usize) {
+            copy.append(piece)?;
+        }
+        inner.send(shard, Msg::Publish { id, size, node: inner.id, complete: true })?;
+        Ok(())
+    }
+
+    /// Fetches a copy of the object's bytes, waiting for the object to be put if needed.
+    pub fn get(&self, id: impl Into<ObjectId>) -> Result<Vec<u8>> {
+        let mut r = self.get_stream(id)?;
+        let mut out = vec![0u8; r.size() as usize];
+        use std::io::Read;
+        r.read_exact(&mut out).map_err(|e| match e.into_inner() {
+            Some(inner) => match inner.downcast::<Error>() {
+                Ok(e) => *e,
+                Err(e) => Error::Protocol { peer: self.id(), what: e.to_string() },
+            },
+            None => Error::Protocol { peer: self.id(), what: "short read".into() },
+        })?;
+        Ok(out)
+    }
+
+    /// A zero-copy read-only view of the complete object in the local arena.
+    pub fn get_view(&self, id: impl Into<ObjectId>) -> Result<ObjectView> {
+        match self.inner.fetch(&id.into())? {
+            Fetched::Owned(v) => Ok(ObjectView::Owned(v)),
+            Fetched::Copy(c) => {
+                let size = c.size();
+                let mut wm = 0;
+                while wm < size || c.status() != CopyStatus::Complete {
+                    wm = c.wait_beyond(wm, self.inner.cfg.op_timeout)?;
+                }
+                Ok(ObjectView::Arena(c))
+            }
+        }
+    }
+
+    /// A reader that returns bytes as soon as they have arrived.
+    pub fn get_stream(&self, id: impl Into<ObjectId>) -> Result<ObjectReader> {
+        let src = self.inner.fetch(&id.into())?;
+        Ok(ObjectReader { src, pos: 0, timeout: self.inner.cfg.op_timeout })
+    }
+
+    /// Removes the object from every node and from the directory.
+    pub fn delete(&self, id: impl Into<ObjectId>) -> Result<()> {
+        let id = id.into();
+        let inner = &self.inner;
+        let nodes = match inner.call(inner.shard_of(&id), |rid| Msg::Delete { rid, id: id.clone() })? {
+            Reply::Deleted(n) => n,
+            r => return Err(inner.unexpected(r)),
+        };
+        inner.store.delete(&id);
+        for n in nodes.into_iter().filter(|&n| n != inner.id) {
+            match inner.call(n, |rid| Msg::Evict { rid, id: id.clone() }) {
+                Ok(_) | Err(Error::PeerDown(_)) | Err(Error::Transport(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Synchronous location query: the directory entry as it stands now.
+    pub fn locate(&self, id: impl Into<ObjectId>) -> Result<Option<ObjectInfo>> {
+        let id = id.into();
+        match self.inner.call(self.inner.shard_of(&id), |rid| Msg::Query { rid, id: id.clone() })? {
+            Reply::Info(i) => Ok(i),
+            r => Err(self.inner.unexpected(r)),
+        }
+    }
+
+    /// Asynchronous location query: the receiver yields the entry once the object has a
+    /// location (`None` if it is deleted first).
+    pub fn subscribe(&self, id: impl Into<ObjectId>) -> Result<Receiver<Result<Option<ObjectInfo>>>> {
+        let id = id.into();
+        let inner = self.inner.clone();
+        let rx = inner.call_async(inner.shard_of(&id), |rid| Msg::Subscribe { rid, id: id.clone() })?;
+        let (tx, out) = crossbeam_channel::bounded(1);
+        std::thread::Builder::new()
+            .name("phx-subscribe".into())
+            .spawn(move || {
+                let r = match rx.recv() {
+                    Ok(Ok(Reply::Info(i))) => Ok(i),
+                    Ok(Ok(r)) => Err(inner.unexpected(r)),
+                    Ok(Err(e)) => Err(e),
+                    Err(_) => Err(Error::Shutdown),
+                };
+                let _ = tx.send(r);
+            })
+            .map_err(|e| Error::Config(format!("spawn: {e}")))?;
+        Ok(out)
+    }
+
+    /// Local copy state of `id` on this node, if any.
+    pub fn local_copy(&self, id: impl Into<ObjectId>) -> Option<crate::store::CopyInfo> {
+        self.inner.store.info(&id.into())
+    }
+
+    /// Pulls this node received, in order.
+    pub fn transfer_log(&self) -> Vec<TransferRecord> {
+        self.inner.recv_log.lock().unwrap().clone()
+    }
+
+    /// Pulls this node served, in order.
+    pub fn serve_log(&self) -> Vec<ServeRecord> {
+        self.inner.serve_log.lock().unwrap().clone()
+    }
+
+    /// Source assignments made by this node's directory shard.
+    pub fn shard_assignments(&self) -> Vec<Assignment> {
+        self.inner.shard.lock().unwrap().assignments()
+    }
+
+    /// Free bytes of the arena.
+    pub fn arena_free(&self) -> u64 {
+        self.inner.store.free_bytes()
+    }
+
+    /// Stops the node cleanly: peers see a goodbye.
+    pub fn shutdown(&self) {
+        self.stop(false);
+    }
+
+    /// Test hook: the node dies abruptly (links dropped without goodbye).
+    pub fn kill(&self) {
+        self.stop(true);
+    }
+
+    fn stop(&self, abrupt: bool) {
+        if self.inner.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if abrupt {
+            self.inner.transport.kill();
+        } else {
+            self.inner.transport.shutdown();
+        }
+        let _ = self.inner.local_tx.send(Local::Stop);
+        if let Some(h) = self.dispatcher.lock().unwrap().take() {
+            let _ = h.join();
+        }
+        for (_, (_, tx)) in self.inner.pending.lock().unwrap().drain() {
+            let _ = tx.send(Err(Error::Shutdown));
+        }
+        for (_, ib) in self.inner.inbound.lock().unwrap().drain() {
+            let _ = ib.done.send(InboundEnd::Failed("node shut down".into()));
+        }
+    }
+}
+
+impl Inner {
+    pub fn shard_of(&self, id: &ObjectId) -> NodeId {
+        (id.stable_hash() % self.nodes as u64) as NodeId
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    pub fn next_stream(&self) -> StreamId {
+        self.next_stream.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Sends a control message; messages to ourselves take the local queue.
+    pub fn send(&self, to: NodeId, msg: Msg) -> Result<()> {
+        if to == self.id {
+            self.local_tx.send(Local::Msg(self.id, msg)).map_err(|_| Error::Shutdown)
+        } else {
+            self.transport.send(to, &msg.encode()).map_err(|e| match e {
+                phalanx_transport::TransportError::PeerUnavailable(p)
+                | phalanx_transport::TransportError::PeerFailed { peer: p, .. } => Error::PeerDown(p),
+                e => Error::Transport(e),
+            })
+        }
+    }
+
+    pub fn call_async(&self, to: NodeId, make: impl FnOnce(Rid) -> Msg) -> Result<Receiver<Result<Reply>>> {
+        if self.is_closed() {
+            return Err(Error::Shutdown);
+        }
+        let rid = self.next_rid.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.pending.lock().unwrap().insert(rid, (to, tx));
+        if let Err(e) = self.send(to, make(rid)) {
+            self.pending.lock().unwrap().remove(&rid);
+            return Err(e);
+        }
+        Ok(rx)
+    }
+
+    /// A request/reply exchange, bounded by the operation timeout.
+    pub fn call(&self, to: NodeId, make: impl FnOnce(Rid) -> Msg) -> Result<Reply> {
+        let rx = self.call_async(to, make)?;
+        match rx.recv_timeout(self.cfg.op_timeout) {
+            Ok(Ok(Reply::Error(e))) => Err(Error::Protocol { peer: to, what: e }),
+            Ok(r) => r,
+            Err(_) => Err(Error::Timeout(self.cfg.op_timeout, format!("a reply from node {to}"))),
+        }
+    }
+
+    pub fn unexpected(&self, r: Reply) -> Error {
+        Error::Protocol { peer: self.id, what: format!("unexpected reply {r:?}") }
+    }
+
+    /// Tells the directory that evicted copies are gone.
+    pub fn withdraw(&self, ids: &[ObjectId]) {
+        for id in ids {
+            let _ = self.send(self.shard_of(id), Msg::Withdraw { id: id.clone(), node: self.id });
+        }
+    }
+
+    fn dispatch(self: Arc<Self>, events: Receiver<Event>, local: Receiver<Local>) {
+        loop {
+            select! {
+                recv(events) -> ev => match ev {
+                    Ok(ev) => self.on_event(ev),
+                    Err(_) => break,
+                },
+                recv(local) -> m => match m {
+                    Ok(Local::Msg(from, msg)) => self.on_msg(from, msg),
+                    Ok(Local::Stop) | Err(_) => break,
+                },
+            }
+        }
+        debug!(node = self.id, "dispatcher stopped");
+    }
+
+    fn on_event(self: &Arc<Self>, ev: Event) {
+        match ev {
+            Event::Ctrl { peer, msg } => match Msg::decode(&msg) {
+                Ok(m) => self.on_msg(peer, m),
+                Err(e) => error!(node = self.id, peer, "undecodable control message dropped: {e}"),
+            },
+            Event::Data { peer, stream, offset, len } => self.on_data(peer, stream, offset, len),
+            Event::PeerUp { .. } => {}
+            Event::PeerDown { peer, reason } => self.on_peer_down(peer, &reason),
+        }
+    }
+
+    fn on_data(&self, peer: NodeId, stream: StreamId, offset: u64, len: u64) {
+        let mut inbound = self.inbound.lock().unwrap();
+        let Some(ib) = inbound.get(&stream) else {
+            error!(node = self.id, peer, stream, "data for an unknown stream");
+            return;
+        };
+        let wm = ib.copy.watermark();
+        if ib.source != peer || offset != wm {
+            error!(node = self.id, peer, stream, offset, wm, "out-of-order data, stream dropped");
+            let ib = inbound.remove(&stream).expect("present");
+            let _ = ib.done.send(InboundEnd::Failed("out-of-order data".into()));
+            return;
+        }
+        ib.copy.advance_to(offset + len);
+        if offset + len >= ib.copy.size() {
+            let ib = inbound.remove(&stream).expect("present");
+            let _ = ib.done.send(InboundEnd::Complete);
+        }
+    }
+
+    fn on_peer_down(self: &Arc<Self>, peer: NodeId, reason: &str) {
+        warn!(node = self.id, peer, "peer down: {reason}");
+        let mut out = Vec::new();
+        self.shard.lock().unwrap().node_down(peer, &mut out);
+        self.send_all(out);
+        let failed: Vec<_> = {
+            let mut p = self.pending.lock().unwrap();
+            let rids: Vec<Rid> = p.iter().filter(|(_, (to, _))| *to == peer).map(|(r, _)| *r).collect();
+            rids.into_iter().filter_map(|r| p.remove(&r)).collect()
+        };
+        for (_, tx) in failed {
+            let _ = tx.send(Err(Error::PeerDown(peer)));
+        }
+        let mut inbound = self.inbound.lock().unwrap();
+        let streams: Vec<StreamId> = inbound.iter().filter(|(_, ib)| ib.source == peer).map(|(s, _)| *s).collect();
+        for s in streams {
+            let ib = inbound.remove(&s).expect("listed");
+            let _ = ib.done.send(InboundEnd::Failed(format!("source {peer} down: {reason}")));
+        }
+        drop(inbound);
+        for ((r, _), flag) in self.serving.lock().unwrap().iter() {
+            if *r == peer {
+                flag.store(true, Ordering::Release);
+            }
+        }
+    }
+
+    fn send_all(&self, out: Vec<(NodeId, Msg)>) {
+        for (to, m) in out {
+            if let Err(e) = self.send(to, m) {
+                debug!(node = self.id, to, "directory reply not delivered: {e}");
+            }
+        }
+    }
+
+    fn on_msg(self: &Arc<Self>, from: NodeId, msg: Msg) {
+        match msg {
+            Msg::Reply { rid, reply } => {
+                if let Some((_, tx)) = self.pending.lock().unwrap().remove(&rid) {
+                    let _ = tx.send(Ok(reply));
+                }
+            }
+            Msg::Pull { id, stream, dst, from: offset } => {
+                let me = self.clone();
+                let spawned = std::thread::Builder::new()
+                    .name(format!("phx-serve-{}", self.id))
+                    .spawn(move || me.serve(from, id, stream, dst, offset));
+                if spawned.is_err() {
+                    let _ = self.send(from, Msg::PullEnd { stream, ok: false });
+                }
+            }
+            Msg::CancelPull { stream } => {
+                if let Some(f) = self.serving.lock().unwrap().get(&(from, stream)) {
+                    f.store(true, Ordering::Release);
+                }
+            }
+            Msg::PullEnd { stream, ok } => {
+                if let Some(ib) = self.inbound.lock().unwrap().remove(&stream) {
+                    let why = if ok { "source ended early" } else { "source refused or aborted" };
+                    let _ = ib.done.send(InboundEnd::Failed(why.into()));
+                }
+            }
+            Msg::Evict { rid, id } => {
+                self.store.delete(&id);
+                let _ = self.send(from, Msg::Reply { rid, reply: Reply::Ack });
+            }
+            dir => {
+                let mut out = Vec::new();
+                self.shard.lock().unwrap().handle(from, dir, &mut out);
+                self.send_all(out);
+            }
+        }
+    }
+}
+
+

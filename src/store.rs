@@ -1,0 +1,502 @@
+//! The node's object store: copies carved out of the registered arena, each with a filled
+//! watermark. Bytes below the watermark are final and may be read (and forwarded) while the
+//! rest is still being written; that is what lets a copy in progress serve others.
+//!
+//! Memory safety rests on two rules. Only the copy's filler (a `put` or one inbound transfer)
+//! writes, and only above the watermark; readers read only below it. A copy's range is freed
+//! only when it is deleted, failed or evicted *and* no [`CopyRef`] holds it: senders,
+//! readers, views and inbound transfers (whose writer may still be in flight) all hold one.
+
+use crate::alloc::RangeAllocator;
+use crate::{Error, ObjectId, Result};
+use phalanx_transport::Arena;
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyStatus {
+    /// Announced (a transfer is being set up) but size and memory not known yet.
+    Pending,
+    /// Memory allocated; `watermark` bytes are valid.
+    Filling,
+    Complete,
+    /// The filler gave up; readers see an error.
+    Failed,
+}
+
+#[derive(Debug)]
+struct CopyState {
+    id: ObjectId,
+    offset: u64,
+    size: u64,
+    watermark: u64,
+    status: CopyStatus,
+    pinned: bool,
+    users: u32,
+    /// Detached from the name index (deleted, failed or evicted); freed when unused.
+    detached: bool,
+    /// Whether `offset`/`size` name an arena range (not yet for a pending copy).
+    allocated: bool,
+    last_use: u64,
+}
+
+#[derive(Debug)]
+struct State {
+    alloc: RangeAllocator,
+    by_id: HashMap<ObjectId, u64>,
+    copies: HashMap<u64, CopyState>,
+    next_key: u64,
+    tick: u64,
+}
+
+/// A summary of one copy, for tests and introspection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CopyInfo {
+    pub size: u64,
+    pub watermark: u64,
+    pub status: CopyStatus,
+    pub pinned: bool,
+}
+
+pub struct Store {
+    arena: Arc<Arena>,
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+/// A counted reference to one copy; while it lives the copy's memory is not reused.
+pub struct CopyRef {
+    store: Arc<Store>,
+    key: u64,
+}
+
+impl Store {
+    pub fn new(arena: Arc<Arena>) -> Arc<Store> {
+        let cap = arena.len() as u64;
+        Arc::new(Store {
+            arena,
+            state: Mutex::new(State {
+                alloc: RangeAllocator::new(cap),
+                by_id: HashMap::new(),
+                copies: HashMap::new(),
+                next_key: 1,
+                tick: 0,
+            }),
+            changed: Condvar::new(),
+        })
+    }
+
+    pub fn arena(&self) -> &Arc<Arena> {
+        &self.arena
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap()
+    }
+
+    fn new_ref(self: &Arc<Self>, st: &mut State, key: u64) -> CopyRef {
+        st.tick += 1;
+        let tick = st.tick;
+        let c = st.copies.get_mut(&key).expect("live copy");
+        c.users += 1;
+        c.last_use = tick;
+        CopyRef {
+            store: self.clone(),
+            key,
+        }
+    }
+
+    /// Allocates `size` bytes, evicting least-recently-used unpinned idle complete copies as
+    /// needed. Returns the offset and the ids evicted (to withdraw from the directory).
+    fn allocate(st: &mut State, size: u64) -> Result<(u64, Vec<ObjectId>)> {
+        let mut evicted = Vec::new();
+        loop {
+            if let Some(off) = st.alloc.alloc(size) {
+                return Ok((off, evicted));
+            }
+            let victim = st
+                .copies
+                .iter()
+                .filter(|(_, c)| {
+                    c.status == CopyStatus::Complete && !c.pinned && c.users == 0 && !c.detached
+                })
+                .min_by_key(|(_, c)| c.last_use)
+                .map(|(k, _)| *k);
+            let Some(k) = victim else {
+                return Err(Error::OutOfMemory {
+                    requested: size,
+                    free: st.alloc.free_bytes(),
+                    capacity: st.alloc.capacity(),
+                });
+            };
+            let c = st.copies.remove(&k).expect("victim exists");
+            st.by_id.remove(&c.id);
+            st.alloc.free(c.offset, c.size);
+            evicted.push(c.id);
+        }
+    }
+
+    /// Creates a copy of `size` bytes for a local `put` (pinned until delete) or an inbound
+    /// transfer. Fails with `AlreadyExists` when the node has a copy already.
+    pub fn create(
+        self: &Arc<Self>,
+        id: &ObjectId,
+        size: u64,
+        pinned: bool,
+    ) -> Result<(CopyRef, Vec<ObjectId>)> {
+        let mut st = self.lock();
+        if st.by_id.contains_key(id) {
+            return Err(Error::AlreadyExists(id.clone()));
+        }
+        let (offset, evicted) = Self::allocate(&mut st, size)?;
+        let key = st.next_key;
+        st.next_key += 1;
+        st.copies.insert(
+            key,
+            CopyState {
+                id: id.clone(),
+                offset,
+                size,
+                watermark: 0,
+                status: if size == 0 {
+                    CopyStatus::Complete
+                } else {
+                    CopyStatus::Filling
+                },
+                pinned,
+                users: 0,
+                detached: false,
+                allocated: true,
+                last_use: 0,
+            },
+        );
+        st.by_id.insert(id.clone(), key);
+        let r = self.new_ref(&mut st, key);
+        Ok((r, evicted))
+    }
+
+    /// Announces that a copy of `id` is coming (size unknown yet), so that a peer sent here
+    /// by the directory waits for it instead of being refused. Returns the existing copy if
+    /// there is one.
+    pub fn announce(self: &Arc<Self>, id: &ObjectId) -> CopyRef {
+        let mut st = self.lock();
+        if let Some(&k) = st.by_id.get(id) {
+            return self.new_ref(&mut st, k);
+        }
+        let key = st.next_key;
+        st.next_key += 1;
+        st.copies.insert(
+            key,
+            CopyState {
+                id: id.clone(),
+                offset: 0,
+                size: 0,
+                watermark: 0,
+                status: CopyStatus::Pending,
+                pinned: false,
+                users: 0,
+                detached: false,
+                allocated: false,
+                last_use: 0,
+            },
+        );
+        st.by_id.insert(id.clone(), key);
+        self.new_ref(&mut st, key)
+    }
+
+    /// Gives an announced copy its size and memory.
+    pub fn allocate_announced(&self, r: &CopyRef, size: u64) -> Result<Vec<ObjectId>> {
+        let mut st = self.lock();
+        let c = &st.copies[&r.key];
+        if c.status != CopyStatus::Pending {
+            return Ok(Vec::new());
+        }
+        let (offset, evicted) = Self::allocate(&mut st, size)?;
+        let c = st.copies.get_mut(&r.key).expect("live copy");
+        c.offset = offset;
+        c.size = size;
+        c.allocated = true;
+        c.status = if size == 0 {
+            CopyStatus::Complete
+        } else {
+            CopyStatus::Filling
+        };
+        self.changed.notify_all();
+        Ok(evicted)
+    }
+
+    /// A reference to the local copy of `id`, if any (partial copies included).
+    pub fn lookup(self: &Arc<Self>, id: &ObjectId) -> Option<CopyRef> {
+        let mut st = self.lock();
+        let k = *st.by_id.get(id)?;
+        Some(self.new_ref(&mut st, k))
+    }
+
+    pub fn info(&self, id: &ObjectId) -> Option<CopyInfo> {
+        let st = self.lock();
+        let c = &st.copies[st.by_id.get(id)?];
+        Some(CopyInfo {
+            size: c.size,
+            watermark: c.watermark,
+            status: c.status,
+            pinned: c.pinned,
+        })
+    }
+
+    /// Ids of every copy held (complete or not).
+    pub fn ids(&self) -> Vec<ObjectId> {
+        self.lock().by_id.keys().cloned().collect()
+    }
+
+    /// Removes `id` from this node; memory returns once the last reference is gone.
+    /// Returns whether a copy existed.
+    pub fn delete(&self, id: &ObjectId) -> bool {
+        let mut st = self.lock();
+        let Some(k) = st.by_id.remove(id) else {
+            return false;
+        };
+        Self::detach(&mut st, k);
+        self.changed.notify_all();
+        true
+    }
+
+    fn detach(st: &mut State, k: u64) {
+        let c = st.copies.get_mut(&k).expect("live copy");
+        c.detached = true;
+        if c.users == 0 {
+            let c = st.copies.remove(&k).expect("live copy");
+            if c.allocated {
+                st.alloc.free(c.offset, c.size);
+            }
+        }
+    }
+
+    pub fn free_bytes(&self) -> u64 {
+        self.lock().alloc.free_bytes()
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.lock().alloc.capacity()
+    }
+
+    fn release(&self, key: u64) {
+        let mut st = self.lock();
+        let c = st.copies.get_mut(&key).expect("live copy");
+        c.users -= 1;
+        if c.users == 0 && c.detached {
+            let c = st.copies.remove(&key).expect("live copy");
+            if c.allocated {
+                st.alloc.free(c.offset, c.size);
+            }
+        }
+    }
+}
+
+impl CopyRef {
+    fn with<T>(&self, f: impl FnOnce(&CopyState) -> T) -> T {
+        f(&self.store.lock().copies[&self.key])
+    }
+
+    pub fn id(&self) -> ObjectId {
+        self.with(|c| c.id.clone())
+    }
+
+    pub fn size(&self) -> u64 {
+        self.with(|c| c.size)
+    }
+
+    /// Arena offset of the copy's first byte.
+    pub fn offset(&self) -> u64 {
+        self.with(|c| c.offset)
+    }
+
+    pub fn watermark(&self) -> u64 {
+        self.with(|c| c.watermark)
+    }
+
+    pub fn status(&self) -> CopyStatus {
+        self.with(|c| c.status)
+    }
+
+    /// Whether this copy was removed from the store (deleted, failed or evicted).
+    pub fn is_detached(&self) -> bool {
+        self.with(|c| c.detached)
+    }
+
+    /// Appends bytes at the watermark (the filler's path for a local put).
+    pub fn append(&self, data: &[u8]) -> Result<()> {
+        let (off, wm, size) = self.with(|c| (c.offset, c.watermark, c.size));
+        if wm + data.len() as u64 > size {
+            return Err(Error::InvalidArgument(format!(
+                "append of {} bytes at {wm} overflows a copy of {size}",
+                data.len()
+            )));
+        }
+        // SAFETY: in bounds (checked above, copy lies in the arena); bytes above the watermark
+        // are written only by this copy's single filler and read by nobody.
+        unsafe { self.store.arena.slice_mut(off + wm, data.len() as u64) }.copy_from_slice(data);
+        self.advance_to(wm + data.len() as u64);
+        Ok(())
+    }
+
+    /// Moves the watermark to `wm` (bytes below it are final) and wakes readers.
+    pub fn advance_to(&self, wm: u64) {
+        let mut st = self.store.lock();
+        let c = st.copies.get_mut(&self.key).expect("live copy");
+        debug_assert!(wm >= c.watermark && wm <= c.size);
+        c.watermark = wm.min(c.size);
+        if c.watermark == c.size && c.status == CopyStatus::Filling {
+            c.status = CopyStatus::Complete;
+        }
+        self.store.changed.notify_all();
+    }
+
+    /// Marks the copy failed and detaches it; readers waiting on it get an error.
+    pub fn fail(&self) {
+        let mut st = self.store.lock();
+        let c = st.copies.get_mut(&self.key).expect("live copy");
+        c.status = CopyStatus::Failed;
+        let id = c.id.clone();
+        if st.by_id.get(&id) == Some(&self.key) {
+            st.by_id.remove(&id);
+        }
+        Store::detach(&mut st, self.key);
+        self.store.changed.notify_all();
+    }
+
+    /// Blocks until the watermark passes `from` (or the copy is complete), then returns the
+    /// watermark. Errors if the copy failed or was deleted, or after `timeout`.
+    pub fn wait_beyond(&self, from: u64, timeout: Duration) -> Result<u64> {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.store.lock();
+        loop {
+            let c = &st.copies[&self.key];
+            match c.status {
+                CopyStatus::Failed => return Err(Error::NotFound(c.id.clone())),
+                _ if c.detached && c.status != CopyStatus::Complete => {
+                    return Err(Error::NotFound(c.id.clone()))
+                }
+                CopyStatus::Complete => return Ok(c.size),
+                CopyStatus::Filling if c.watermark > from => return Ok(c.watermark),
+                _ => {}
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Timeout(timeout, format!("bytes of {}", c.id)));
+            }
+            st = self.store.changed.wait_timeout(st, deadline - now).unwrap().0;
+        }
+    }
+
+    /// Copies `buf.len()` bytes at `at` out of the copy; they must be below the watermark.
+    pub fn read_at(&self, at: u64, buf: &mut [u8]) {
+        let (off, wm) = self.with(|c| (c.offset, c.watermark));
+        assert!(at + buf.len() as u64 <= wm, "read above the watermark");
+        // SAFETY: below the watermark bytes are final and never written again; our reference
+        // keeps the range allocated.
+        buf.copy_from_slice(unsafe { self.store.arena.slice(off + at, buf.len() as u64) });
+    }
+
+    /// The whole copy as a slice; only for a complete copy.
+    pub fn as_slice(&self) -> Option<&[u8]> {
+        let (off, size, status) = self.with(|c| (c.offset, c.size, c.status));
+        if status != CopyStatus::Complete {
+            return None;
+        }
+        // SAFETY: a complete copy is immutable and stays allocated while this reference lives
+        // (the returned slice borrows it).
+        Some(unsafe { self.store.arena.slice(off, size) })
+    }
+}
+
+impl Clone for CopyRef {
+    fn clone(&self) -> Self {
+        let mut st = self.store.lock();
+        self.store.new_ref(&mut st, self.key)
+    }
+}
+
+impl Drop for CopyRef {
+    fn drop(&mut self) {
+        self.store.release(self.key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(cap: usize) -> Arc<Store> {
+        Store::new(Arc::new(Arena::new(cap, false).unwrap()))
+    }
+
+    #[test]
+    fn put_read_and_watermark() {
+        let s = store(1 << 20);
+        let id = ObjectId::new("a");
+        let (r, _) = s.create(&id, 10, true).unwrap();
+        r.append(&[1, 2, 3]).unwrap();
+        assert_eq!(r.wait_beyond(0, Duration::from_millis(10)).unwrap(), 3);
+        assert!(r.wait_beyond(3, Duration::from_millis(10)).is_err());
+        r.append(&[4; 7]).unwrap();
+        assert_eq!(r.status(), CopyStatus::Complete);
+        assert_eq!(r.as_slice().unwrap(), &[1, 2, 3, 4, 4, 4, 4, 4, 4, 4]);
+        assert!(matches!(
+            s.create(&id, 1, true),
+            Err(Error::AlreadyExists(_))
+        ));
+        assert!(r.append(&[0]).is_err());
+    }
+
+    #[test]
+    fn lru_eviction_spares_pinned_and_used_copies() {
+        let s = store(4096);
+        let (pinned, _) = s.create(&"p".into(), 1024, true).unwrap();
+        pinned.append(&[1; 1024]).unwrap();
+        for name in ["a", "b"] {
+            let (r, _) = s.create(&name.into(), 1024, false).unwrap();
+            r.append(&[2; 1024]).unwrap();
+        }
+        let held = s.lookup(&"b".into()).unwrap();
+        // Touch "a" after "b" so "a" is the most recent; still it is the only candidate.
+        let (c, evicted) = s.create(&"c".into(), 2048, false).unwrap();
+        assert_eq!(evicted, vec![ObjectId::new("a")]);
+        drop(c);
+        assert!(s.lookup(&"a".into()).is_none());
+        assert_eq!(held.as_slice().unwrap(), &[2; 1024][..]);
+        // Nothing evictable is left for another 2 KiB: clear error, nobody harmed.
+        let e = s.create(&"d".into(), 2048, false).err().unwrap();
+        assert!(matches!(e, Error::OutOfMemory { requested: 2048, .. }), "{e}");
+        assert_eq!(pinned.as_slice().unwrap(), &[1; 1024][..]);
+        assert!(s.lookup(&"c".into()).is_some());
+    }
+
+    #[test]
+    fn delete_defers_free_until_unused() {
+        let s = store(2048);
+        let (r, _) = s.create(&"x".into(), 2048, true).unwrap();
+        r.append(&[9; 2048]).unwrap();
+        assert!(s.delete(&"x".into()));
+        assert!(s.lookup(&"x".into()).is_none());
+        assert_eq!(s.free_bytes(), 0, "range still held by a reference");
+        assert_eq!(r.as_slice().unwrap()[0], 9);
+        drop(r);
+        assert_eq!(s.free_bytes(), 2048);
+    }
+
+    #[test]
+    fn announced_copy_waits_for_size() {
+        let s = store(4096);
+        let a = s.announce(&"y".into());
+        let b = s.lookup(&"y".into()).unwrap();
+        let t = std::thread::spawn(move || b.wait_beyond(0, Duration::from_secs(5)));
+        std::thread::sleep(Duration::from_millis(20));
+        s.allocate_announced(&a, 100).unwrap();
+        a.append(&[5; 60]).unwrap();
+        assert_eq!(t.join().unwrap().unwrap(), 60);
+        a.fail();
+        assert!(a.wait_beyond(0, Duration::from_millis(1)).is_err());
+        assert!(s.lookup(&"y".into()).is_none());
+    }
+}

@@ -1,0 +1,218 @@
+//! The pull engine: a receiver asks the directory for one source and pulls from it; a
+//! source streams whatever it has (its copy may itself be partial) chunk by chunk. A failed
+//! or refused source is replaced and the pull resumes at the receiver's watermark.
+
+use crate::node::{Fetched, Inbound, InboundEnd, Inner, ServeRecord, TransferRecord};
+use crate::protocol::{Located, Msg, Reply};
+use crate::store::{CopyRef, CopyStatus};
+use crate::{Error, ObjectId, Result};
+use phalanx_transport::{NodeId, RemoteRegion, StreamId};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+use tracing::{debug, warn};
+
+impl Inner {
+    /// Finds the object: the local copy (maybe partial), inline bytes from the directory, or a
+    /// new local copy being pulled by a background driver.
+    pub(crate) fn fetch(self: &Arc<Self>, id: &ObjectId) -> Result<Fetched> {
+        if let Some(c) = self.store.lookup(id) {
+            return Ok(Fetched::Copy(c));
+        }
+        // Announce first: the directory may send another receiver here before our first
+        // byte lands, and it must wait for us rather than be refused.
+        let copy = self.store.announce(id);
+        if copy.status() != CopyStatus::Pending {
+            return Ok(Fetched::Copy(copy));
+        }
+        match self.locate(id, &[]) {
+            Ok(Located::Inline(data)) => {
+                copy.fail();
+                Ok(Fetched::Owned(data))
+            }
+            Ok(Located::NotFound) => {
+                copy.fail();
+                Err(Error::NotFound(id.clone()))
+            }
+            Ok(Located::Source { node, size }) => {
+                let evicted = match self.store.allocate_announced(&copy, size) {
+                    Ok(e) => e,
+                    Err(e) => {
+                        self.abandon(id, node, &copy);
+                        return Err(e);
+                    }
+                };
+                self.withdraw(&evicted);
+                let me = self.clone();
+                let driver_copy = copy.clone();
+                let id2 = id.clone();
+                std::thread::Builder::new()
+                    .name(format!("phx-pull-{}", self.id))
+                    .spawn(move || me.drive(id2, driver_copy, node))
+                    .map_err(|e| Error::Config(format!("spawn: {e}")))?;
+                Ok(Fetched::Copy(copy))
+            }
+            Err(e) => {
+                copy.fail();
+                Err(e)
+            }
+        }
+    }
+
+    fn locate(&self, id: &ObjectId, exclude: &[NodeId]) -> Result<Located> {
+        let r = self.call(self.shard_of(id), |rid| Msg::Locate {
+            rid,
+            id: id.clone(),
+            wait: true,
+            exclude: exclude.to_vec(),
+        })?;
+        match r {
+            Reply::Located(l) => Ok(l),
+            r => Err(self.unexpected(r)),
+        }
+    }
+
+    /// Gives up a copy we could not fill: release the source and withdraw our location.
+    fn abandon(&self, id: &ObjectId, source: NodeId, copy: &CopyRef) {
+        let shard = self.shard_of(id);
+        let _ = self.send(shard, Msg::TransferDone { id: id.clone(), source, receiver: self.id, ok: false });
+        let _ = self.send(shard, Msg::Withdraw { id: id.clone(), node: self.id });
+        copy.fail();
+    }
+
+    /// Pulls the copy to completion, replacing failed sources; runs on its own thread.
+    fn drive(self: Arc<Self>, id: ObjectId, copy: CopyRef, first: NodeId) {
+        let mut source = first;
+        let mut exclude: Vec<NodeId> = Vec::new();
+        loop {
+            let from = copy.watermark();
+            let start = Instant::now();
+            let outcome = self.pull_once(&id, &copy, source, from);
+            let bytes = copy.watermark() - from;
+            let ok = matches!(outcome, Ok(()));
+            self.recv_log.lock().unwrap().push(TransferRecord {
+                id: id.clone(),
+                source,
+                receiver: self.id,
+                from,
+                bytes,
+                start,
+                end: Instant::now(),
+                ok,
+            });
+            let shard = self.shard_of(&id);
+            let _ = self.send(shard, Msg::TransferDone { id: id.clone(), source, receiver: self.id, ok });
+            let reason = match outcome {
+                Ok(()) => return,
+                Err(e) => e,
+            };
+            if copy.is_detached() || self.is_closed() {
+                debug!(node = self.id, %id, "pull stopped: copy deleted or node closing");
+                copy.fail();
+                return;
+            }
+            warn!(node = self.id, %id, source, at = copy.watermark(), "pull failed ({reason}); finding another source");
+            if self.transport.is_connected(source) {
+                // It refused (no copy any more); a dead source leaves the directory by itself.
+                exclude.push(source);
+            }
+            match self.locate(&id, &exclude) {
+                Ok(Located::Source { node, .. }) => source = node,
+                Ok(Located::Inline(_)) | Ok(Located::NotFound) | Err(_) => {
+                    let _ = self.send(shard, Msg::Withdraw { id: id.clone(), node: self.id });
+                    copy.fail();
+                    return;
+                }
+            }
+        }
+    }
+
+    /// One pull from `source` starting at `from`; Ok once the copy is complete.
+    fn pull_once(&self, id: &ObjectId, copy: &CopyRef, source: NodeId, from: u64) -> Result<(), String> {
+        let size = copy.size();
+        if from >= size {
+            return Ok(());
+        }
+        let dst: RemoteRegion = self
+            .transport
+            .remote_region(copy.offset(), size)
+            .map_err(|e| e.to_string())?;
+        let stream = self.next_stream();
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.inbound.lock().unwrap().insert(stream, Inbound { copy: copy.clone(), source, done: tx });
+        if let Err(e) = self.send(source, Msg::Pull { id: id.clone(), stream, dst, from }) {
+            self.inbound.lock().unwrap().remove(&stream);
+            return Err(e.to_string());
+        }
+        // Progress is watched through the watermark; a stall as long as the op timeout
+        // cancels the pull.
+        let mut last = from;
+        loop {
+            match rx.recv_timeout(self.cfg.op_timeout) {
+                Ok(InboundEnd::Complete) => return Ok(()),
+                Ok(InboundEnd::Failed(why)) => return Err(why),
+                Err(_) => {
+                    let wm = copy.watermark();
+                    if wm > last {
+                        last = wm;
+                        continue;
+                    }
+                    // Keep the inbound entry (and its memory) until the source confirms it
+                    // stopped writing, or dies.
+                    let _ = self.send(source, Msg::CancelPull { stream });
+                    return match rx.recv_timeout(self.cfg.op_timeout) {
+                        Ok(InboundEnd::Complete) => Ok(()),
+                        _ => Err(format!("no progress from {source} for {:?}", self.cfg.op_timeout)),
+                    };
+                }
+            }
+        }
+    }
+
+    /// Serves one pull: writes `[from, size)` of the local copy into `dst` as it fills.
+    pub(crate) fn serve(self: Arc<Self>, receiver: NodeId, id: ObjectId, stream: StreamId, dst: RemoteRegion, from: u64) {
+        let cancel = Arc::new(AtomicBool::new(false));
+        self.serving.lock().unwrap().insert((receiver, stream), cancel.clone());
+        let start = Instant::now();
+        let result = self.serve_inner(receiver, &id, stream, &dst, from, &cancel);
+        self.serving.lock().unwrap().remove(&(receiver, stream));
+        let ok = result.is_ok();
+        match &result {
+            Ok(bytes) => self.serve_log.lock().unwrap().push(ServeRecord {
+                id: id.clone(),
+                source: self.id,
+                receiver,
+                bytes: *bytes,
+                start,
+                end: Instant::now(),
+            }),
+            Err(e) => debug!(node = self.id, receiver, %id, "serve ended: {e}"),
+        }
+        let _ = self.send(receiver, Msg::PullEnd { stream, ok });
+    }
+
+    fn serve_inner(&self, receiver: NodeId, id: &ObjectId, stream: StreamId, dst: &RemoteRegion, from: u64, cancel: &AtomicBool) -> Result<u64> {
+        let copy = self.store.lookup(id).ok_or_else(|| Error::NotFound(id.clone()))?;
+        let chunk = self.cfg.chunk_size.max(4096);
+        let mut off = from;
+        loop {
+            let wm = copy.wait_beyond(off, self.cfg.op_timeout)?;
+            let size = copy.size();
+            if dst.len != size {
+                return Err(Error::Protocol { peer: receiver, what: format!("region of {} for an object of {size}", dst.len) });
+            }
+            let base = copy.offset();
+            while off < wm {
+                if cancel.load(Ordering::Acquire) || self.is_closed() {
+                    return Err(Error::Shutdown);
+                }
+                let n = (wm - off).min(chunk);
+                self.transport.write(receiver, stream, base + off, dst, off, n)?;
+                off += n;
+            }
+            if off >= size {
+                return Ok(off - from);
+            }
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! Phalanx transports: the [`Transport`] trait, registered memory, and the TCP transport.
+//!
+//! A transport links the nodes of a cluster with three services:
+//! - ordered **control messages** ([`Transport::send`]),
+//! - **data writes** from the local registered arena into a peer's [`RemoteRegion`]
+//!   ([`Transport::write`]); the receiver sees [`Event::Data`] in order per stream, each
+//!   saying which bytes have landed, so it can advance a contiguous watermark,
+//! - **failure events** ([`Event::PeerDown`]) within a bounded, configurable time.
+//!
+//! The write shape is that of a one-sided RDMA write: the receiver names the destination
+//! (`RemoteRegion`, carrying addr/rkey for verbs) inside its own pre-registered arena, and
+//! the sender moves bytes there with no intermediate copy. Every node registers one arena,
+//! once, before any transfer.
+
+mod error;
+mod frame;
+mod memory;
+pub mod tcp;
+
+pub use error::TransportError;
+pub use frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN, MAX_CTRL_LEN};
+pub use memory::{Arena, RemoteRegion};
+pub use tcp::{TcpConfig, TcpTransport};
+
+use crossbeam_channel::Receiver;
+use std::sync::Arc;
+
+/// Index of a node in the cluster.
+pub type NodeId = u32;
+
+/// Identifies one inbound data stream at its receiver; chosen by the receiver.
+pub type StreamId = u64;
+
+/// What a transport reports to the node above it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A control message from `peer`, in the order the peer sent it.
+    Ctrl { peer: NodeId, msg: Vec<u8> },
+    /// Bytes `[offset, offset + len)` of the region that `stream` writes into (offsets relative
+    /// to the `RemoteRegion` the receiver handed out) have landed in the local arena. Events
+    /// of one stream arrive in the order of the writes.
+    Data {
+        peer: NodeId,
+        stream: StreamId,
+        offset: u64,
+        len: u64,
+    },
+    /// A link to `peer` came up (first connection or a rejoin after a restart).
+    PeerUp { peer: NodeId },
+    /// `peer` is unreachable: reset, EOF without goodbye, malformed input or heartbeat timeout.
+    /// Every operation towards it fails from now on until it rejoins.
+    PeerDown { peer: NodeId, reason: String },
+}
+
+/// Counters every transport keeps, for tests and benchmarks.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct TransportStats {
+    pub ctrl_sent: u64,
+    pub ctrl_received: u64,
+    pub data_bytes_sent: u64,
+    pub data_bytes_received: u64,
+    /// Bytes of payload copied through an intermediate buffer (eager path of verbs).
+    pub payload_bytes_copied: u64,
+    /// Memory registrations done (the arena counts once).
+    pub registrations: u64,
+    pub peers_down: u64,
+    pub malformed_frames: u64,
+}
+
+/// A reliable, connection-oriented link between the nodes of one cluster.
+///
+/// Ordering: all operations issued to the same peer from one thread are delivered in the
+/// order issued (a control message sent after a write is seen after that write's data event).
+pub trait Transport: Send + Sync + 'static {
+    /// Short name for tables and JSON records ("tcp", "rdma").
+    fn name(&self) -> &'static str;
+
+    /// This node's id.
+    fn local_id(&self) -> NodeId;
+
+    /// Registers the node's arena. Called once, before any data write; the arena stays
+    /// registered until [`Transport::shutdown`].
+    fn register_arena(&self, arena: Arc<Arena>) -> Result<(), TransportError>;
+
+    /// A descriptor of `[offset, offset + len)` of the local registered arena, to hand to a
+    /// peer that will write there.
+    fn remote_region(&self, offset: u64, len: u64) -> Result<RemoteRegion, TransportError>;
+
+    /// Sends one control message (at most [`MAX_CTRL_LEN`] bytes).
+    fn send(&self, peer: NodeId, msg: &[u8]) -> Result<(), TransportError>;
+
+    /// Writes `len` bytes from the local arena at `src_offset` into `dst` at `dst_offset`,
+    /// tagged with the receiver's `stream`. Returns once the source bytes may be reused.
+    /// The caller keeps the source range allocated and unchanged until then.
+    fn write(
+        &self,
+        peer: NodeId,
+        stream: StreamId,
+        src_offset: u64,
+        dst: &RemoteRegion,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<(), TransportError>;
+
+    /// The event stream. Every call returns a handle to the same channel.
+    fn events(&self) -> Receiver<Event>;
+
+    /// The address peers connect to (for tools and tests); None if not applicable.
+    fn listen_addr(&self) -> Option<std::net::SocketAddr> {
+        None
+    }
+
+    /// Whether a live link to `peer` exists.
+    fn is_connected(&self, peer: NodeId) -> bool;
+
+    /// Counters since start.
+    fn stats(&self) -> TransportStats;
+
+    /// Closes every link with a goodbye (peers see no failure) and stops the threads.
+    fn shutdown(&self);
+
+    /// Test hook: drops every link abruptly, as if the process died (peers see failure).
+    fn kill(&self);
+}
