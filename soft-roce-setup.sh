@@ -359,8 +359,8 @@ ensure_initramfs() {
     printf '%s\n' "$init" >"$stage/init"
     chmod 0755 "$stage/init"
     (cd "$stage" && find . -mindepth 1 | LC_ALL=C sort |
-        cpio -o -H newc --quiet -R 0:0) | gzip -1 >"$stage/initramfs"
-    mv -f "$stage/initramfs" "$out"
+        cpio -o -H newc --quiet -R 0:0) | gzip -1 >"$out.tmp.$$"
+    mv -f "$out.tmp.$$" "$out"
     # Drop older initramfs builds for the same kernel.
     find "$cache" -maxdepth 1 -name "initramfs-$ver-*.cpio.gz" ! -path "$out" -delete
     printf '%s\n' "$out"
@@ -560,7 +560,9 @@ vm_mode() {
 # ============================================================================
 
 guest_poweroff() {
+    echo "DBG $(cat /proc/uptime) before sync"
     sync
+    echo "DBG $(cat /proc/uptime) after sync"
     # busybox (from busybox-static on the shared root) powers off directly;
     # the host's poweroff is systemctl, which needs a running systemd.
     busybox poweroff -f 2>/dev/null || true

@@ -284,7 +284,9 @@ impl Shard {
             reply(out, w.node, w.rid, Reply::Located(Located::Inline(data.clone())));
             return None;
         }
-        let source = e.pick(w.node, &w.exclude)?;
+        let Some(source) = e.pick(w.node, &w.exclude) else {
+            return Some(w);
+        };
         let source_complete = {
             let s = e.locs.get_mut(&source).expect("picked");
             s.serving = Some(w.node);
@@ -421,7 +423,8 @@ mod tests {
         let mut out = Vec::new();
         s.handle(1, Msg::TransferDone { id: "x".into(), source: 0, receiver: 1, ok: true }, &mut out);
         assert_eq!(located(&locate(&mut s, 4, vec![]), 4), Located::Source { node: 0, size: 100 });
-        assert_eq!(located(&locate(&mut s, 5, vec![]), 5), Located::Source { node: 1, size: 100 });
+        // 1 is complete but still serving 2; the lowest free partial copy is 3.
+        assert_eq!(located(&locate(&mut s, 5, vec![]), 5), Located::Source { node: 3, size: 100 });
         let log = s.assignments();
         assert_eq!(log.len(), 5);
         assert!(log[3].source_complete && !log[1].source_complete);

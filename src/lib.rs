@@ -5,6 +5,7 @@
 //! so broadcasts form trees on their own and every byte is forwarded while it still arrives.
 
 mod alloc;
+pub mod bench;
 pub mod cluster;
 pub mod config;
 pub mod directory;

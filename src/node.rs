@@ -7,8 +7,8 @@ use crate::directory::{Assignment, Shard};
 use crate::protocol::{Msg, ObjectInfo, Reply, Rid};
 use crate::store::{CopyRef, CopyStatus, Store};
 use crate::{Error, ObjectId, Result};
-use crossbeam_channel::{select, Receiver, Sender};
-use phalanx_transport::{Arena, Event, NodeId, StreamId, Transport, TransportStats};
+use crossbeam_channel::{Receiver, Sender};
+use phalanx_transport::{Arena, Event, EventHandler, NodeId, StreamId, Transport, TransportStats};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -57,6 +57,7 @@ pub struct ServeRecord {
 
 pub(crate) enum Local {
     Msg(NodeId, Msg),
+    Event(Event),
     Stop,
 }
 
@@ -183,11 +184,30 @@ impl Node {
             closed: AtomicBool::new(false),
         });
         let d = inner.clone();
-        let events = inner.transport.events();
         let h = std::thread::Builder::new()
             .name(format!("phx-node-{id}"))
-            .spawn(move || d.dispatch(events, local_rx))
+            .spawn(move || d.dispatch(local_rx))
             .map_err(|e| Error::Config(format!("spawn: {e}")))?;
+        // Replies and data events are handled on the transport's threads (no hand-off);
+        // everything that may send goes to the dispatcher. Weak: the transport must not keep
+        // the node alive.
+        let weak = Arc::downgrade(&inner);
+        let handler: EventHandler = Arc::new(move |ev| {
+            if let Some(i) = weak.upgrade() {
+                i.on_transport_event(ev);
+            }
+        });
+        if !inner.transport.set_event_handler(handler.clone()) {
+            let events = inner.transport.events();
+            std::thread::Builder::new()
+                .name(format!("phx-events-{id}"))
+                .spawn(move || {
+                    for ev in events {
+                        handler(ev);
+                    }
+                })
+                .map_err(|e| Error::Config(format!("spawn: {e}")))?;
+        }
         Ok(Node {
             inner,
             dispatcher: Arc::new(Mutex::new(Some(h))),
@@ -302,6 +322,25 @@ impl Node {
             }
         }
         Ok(())
+    }
+
+    /// Drops this node's copy of `id` unless it is a pinned `put` copy, and withdraws it from
+    /// the directory; returns whether a copy was dropped. Other copies are untouched.
+    pub fn evict_local(&self, id: impl Into<ObjectId>) -> bool {
+        let id = id.into();
+        match self.inner.store.info(&id) {
+            Some(i) if !i.pinned && i.status == CopyStatus::Complete => {
+                self.inner.store.delete(&id);
+                self.inner.withdraw(std::slice::from_ref(&id));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The node that holds the directory entry of `id`.
+    pub fn shard_of(&self, id: impl Into<ObjectId>) -> NodeId {
+        self.inner.shard_of(&id.into())
     }
 
     /// Synchronous location query: the directory entry as it stands now.
@@ -453,31 +492,38 @@ impl Inner {
         }
     }
 
-    fn dispatch(self: Arc<Self>, events: Receiver<Event>, local: Receiver<Local>) {
-        loop {
-            select! {
-                recv(events) -> ev => match ev {
-                    Ok(ev) => self.on_event(ev),
-                    Err(_) => break,
-                },
-                recv(local) -> m => match m {
-                    Ok(Local::Msg(from, msg)) => self.on_msg(from, msg),
-                    Ok(Local::Stop) | Err(_) => break,
-                },
+    fn dispatch(self: Arc<Self>, local: Receiver<Local>) {
+        for m in local {
+            match m {
+                Local::Msg(from, msg) => self.on_msg(from, msg),
+                Local::Event(Event::PeerDown { peer, reason }) => self.on_peer_down(peer, &reason),
+                Local::Event(_) => {}
+                Local::Stop => break,
             }
         }
         debug!(node = self.id, "dispatcher stopped");
     }
 
-    fn on_event(self: &Arc<Self>, ev: Event) {
+    /// Runs on transport threads: must not block on the network.
+    fn on_transport_event(&self, ev: Event) {
         match ev {
             Event::Ctrl { peer, msg } => match Msg::decode(&msg) {
-                Ok(m) => self.on_msg(peer, m),
+                Ok(Msg::Reply { rid, reply }) => self.complete(rid, reply),
+                Ok(m) => {
+                    let _ = self.local_tx.send(Local::Msg(peer, m));
+                }
                 Err(e) => error!(node = self.id, peer, "undecodable control message dropped: {e}"),
             },
             Event::Data { peer, stream, offset, len } => self.on_data(peer, stream, offset, len),
-            Event::PeerUp { .. } => {}
-            Event::PeerDown { peer, reason } => self.on_peer_down(peer, &reason),
+            ev => {
+                let _ = self.local_tx.send(Local::Event(ev));
+            }
+        }
+    }
+
+    fn complete(&self, rid: Rid, reply: Reply) {
+        if let Some((_, tx)) = self.pending.lock().unwrap().remove(&rid) {
+            let _ = tx.send(Ok(reply));
         }
     }
 
@@ -502,7 +548,11 @@ impl Inner {
     }
 
     fn on_peer_down(self: &Arc<Self>, peer: NodeId, reason: &str) {
-        warn!(node = self.id, peer, "peer down: {reason}");
+        if reason == phalanx_transport::PEER_LEFT {
+            debug!(node = self.id, peer, "peer left");
+        } else {
+            warn!(node = self.id, peer, "peer down: {reason}");
+        }
         let mut out = Vec::new();
         self.shard.lock().unwrap().node_down(peer, &mut out);
         self.send_all(out);
@@ -538,11 +588,7 @@ impl Inner {
 
     fn on_msg(self: &Arc<Self>, from: NodeId, msg: Msg) {
         match msg {
-            Msg::Reply { rid, reply } => {
-                if let Some((_, tx)) = self.pending.lock().unwrap().remove(&rid) {
-                    let _ = tx.send(Ok(reply));
-                }
-            }
+            Msg::Reply { rid, reply } => self.complete(rid, reply),
             Msg::Pull { id, stream, dst, from: offset } => {
                 let me = self.clone();
                 let spawned = std::thread::Builder::new()

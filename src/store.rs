@@ -452,20 +452,21 @@ mod tests {
     #[test]
     fn lru_eviction_spares_pinned_and_used_copies() {
         let s = store(4096);
+        let (a, _) = s.create(&"a".into(), 2048, false).unwrap();
+        a.append(&[3; 2048]).unwrap();
+        drop(a);
         let (pinned, _) = s.create(&"p".into(), 1024, true).unwrap();
         pinned.append(&[1; 1024]).unwrap();
-        for name in ["a", "b"] {
-            let (r, _) = s.create(&name.into(), 1024, false).unwrap();
-            r.append(&[2; 1024]).unwrap();
-        }
-        let held = s.lookup(&"b".into()).unwrap();
-        // Touch "a" after "b" so "a" is the most recent; still it is the only candidate.
+        let (b, _) = s.create(&"b".into(), 1024, false).unwrap();
+        b.append(&[2; 1024]).unwrap();
+        // "b" is in use (a reader holds it), "p" is pinned: only "a" may go.
         let (c, evicted) = s.create(&"c".into(), 2048, false).unwrap();
         assert_eq!(evicted, vec![ObjectId::new("a")]);
         drop(c);
         assert!(s.lookup(&"a".into()).is_none());
-        assert_eq!(held.as_slice().unwrap(), &[2; 1024][..]);
-        // Nothing evictable is left for another 2 KiB: clear error, nobody harmed.
+        assert_eq!(b.as_slice().unwrap(), &[2; 1024][..]);
+        // Nothing evictable is left for another 2 KiB ("c" is still filling): a clear error,
+        // and nobody harmed.
         let e = s.create(&"d".into(), 2048, false).err().unwrap();
         assert!(matches!(e, Error::OutOfMemory { requested: 2048, .. }), "{e}");
         assert_eq!(pinned.as_slice().unwrap(), &[1; 1024][..]);

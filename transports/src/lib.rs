@@ -25,6 +25,9 @@ pub use tcp::{TcpConfig, TcpTransport};
 use crossbeam_channel::Receiver;
 use std::sync::Arc;
 
+/// The `PeerDown` reason of a peer that said goodbye (a clean shutdown, not a failure).
+pub const PEER_LEFT: &str = "peer left";
+
 /// Index of a node in the cluster.
 pub type NodeId = u32;
 
@@ -51,6 +54,9 @@ pub enum Event {
     /// Every operation towards it fails from now on until it rejoins.
     PeerDown { peer: NodeId, reason: String },
 }
+
+/// A callback for transport events, see [`Transport::set_event_handler`].
+pub type EventHandler = Arc<dyn Fn(Event) + Send + Sync>;
 
 /// Counters every transport keeps, for tests and benchmarks.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -104,6 +110,14 @@ pub trait Transport: Send + Sync + 'static {
 
     /// The event stream. Every call returns a handle to the same channel.
     fn events(&self) -> Receiver<Event>;
+
+    /// Delivers events by calling `handler` on the transport's own threads instead of through
+    /// [`Transport::events`], saving a thread hand-off per message. The handler must not block
+    /// on the network. Returns false if the transport does not support it (then use `events`).
+    fn set_event_handler(&self, handler: EventHandler) -> bool {
+        let _ = handler;
+        false
+    }
 
     /// The address peers connect to (for tools and tests); None if not applicable.
     fn listen_addr(&self) -> Option<std::net::SocketAddr> {

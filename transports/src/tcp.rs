@@ -4,11 +4,12 @@
 
 use crate::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
 use crate::{
-    Arena, Event, NodeId, RemoteRegion, StreamId, Transport, TransportError, TransportStats,
+    Arena, Event, EventHandler, NodeId, RemoteRegion, StreamId, Transport, TransportError,
+    TransportStats,
 };
 use crossbeam_channel::{Receiver, Sender};
 use std::collections::HashMap;
-use std::io::{ErrorKind, IoSlice, Read, Write};
+use std::io::{BufReader, ErrorKind, IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -70,6 +71,7 @@ struct Inner {
     conns_changed: Condvar,
     events_tx: Sender<Event>,
     events_rx: Receiver<Event>,
+    handler: OnceLock<EventHandler>,
     counters: Counters,
     closing: AtomicBool,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -103,6 +105,7 @@ impl TcpTransport {
             conns_changed: Condvar::new(),
             events_tx,
             events_rx,
+            handler: OnceLock::new(),
             counters: Counters::default(),
             closing: AtomicBool::new(false),
             threads: Mutex::new(Vec::new()),
@@ -172,6 +175,16 @@ impl TcpTransport {
 impl Inner {
     fn now_ns(&self) -> u64 {
         self.epoch.elapsed().as_nanos() as u64
+    }
+
+    fn emit(&self, ev: Event) -> Result<(), ()> {
+        match self.handler.get() {
+            Some(h) => {
+                h(ev);
+                Ok(())
+            }
+            None => self.events_tx.send(ev).map_err(|_| ()),
+        }
     }
 
     fn tune(&self, s: &TcpStream) -> std::io::Result<()> {
@@ -296,7 +309,7 @@ impl Inner {
             self.conns_changed.notify_all();
         }
         info!(node = self.id, peer, "link up");
-        let _ = self.events_tx.send(Event::PeerUp { peer });
+        let _ = self.emit(Event::PeerUp { peer });
         let me = self.clone();
         let h = std::thread::Builder::new()
             .name(format!("phx-rx-{}-{peer}", self.id))
@@ -307,8 +320,11 @@ impl Inner {
         Ok(())
     }
 
-    fn read_loop(self: Arc<Self>, conn: Arc<Conn>, mut s: TcpStream) {
+    fn read_loop(self: Arc<Self>, conn: Arc<Conn>, s: TcpStream) {
         let peer = conn.peer;
+        // Small frames come out of the buffer (one read syscall for many of them); payloads
+        // larger than the buffer bypass it and land straight in the arena.
+        let mut s = BufReader::with_capacity(64 << 10, s);
         let reason = loop {
             match self.read_frame(peer, &mut s) {
                 Ok(true) => continue,
@@ -317,7 +333,7 @@ impl Inner {
             }
         };
         let reason = match reason {
-            None => "peer closed the link".to_string(),
+            None => crate::PEER_LEFT.to_string(),
             Some(TransportError::Io(e))
                 if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) =>
             {
@@ -337,7 +353,7 @@ impl Inner {
     }
 
     /// Reads one frame; `Ok(false)` on a goodbye.
-    fn read_frame(&self, peer: NodeId, s: &mut TcpStream) -> Result<bool, TransportError> {
+    fn read_frame(&self, peer: NodeId, s: &mut BufReader<TcpStream>) -> Result<bool, TransportError> {
         let mut b = [0u8; FRAME_HEADER_LEN];
         s.read_exact(&mut b)?;
         let h = FrameHeader::decode(&b)?;
@@ -349,7 +365,7 @@ impl Inner {
                 let mut msg = vec![0u8; h.len as usize];
                 s.read_exact(&mut msg)?;
                 self.counters.ctrl_received.fetch_add(1, Ordering::Relaxed);
-                let _ = self.events_tx.send(Event::Ctrl { peer, msg });
+                let _ = self.emit(Event::Ctrl { peer, msg });
                 Ok(true)
             }
             FrameKind::Data => {
@@ -362,7 +378,7 @@ impl Inner {
                 self.counters
                     .data_bytes_received
                     .fetch_add(h.len, Ordering::Relaxed);
-                let _ = self.events_tx.send(Event::Data {
+                let _ = self.emit(Event::Data {
                     peer,
                     stream: h.stream,
                     offset: h.rel,
@@ -384,11 +400,13 @@ impl Inner {
         }
         drop(conns);
         if current && !self.closing.load(Ordering::Acquire) {
-            if !was_dead || reason != "peer closed the link" {
+            if reason == crate::PEER_LEFT {
+                info!(node = self.id, peer = conn.peer, "link closed: {reason}");
+            } else if !was_dead {
                 warn!(node = self.id, peer = conn.peer, "link down: {reason}");
             }
             self.counters.peers_down.fetch_add(1, Ordering::Relaxed);
-            let _ = self.events_tx.send(Event::PeerDown {
+            let _ = self.emit(Event::PeerDown {
                 peer: conn.peer,
                 reason,
             });
@@ -572,6 +590,18 @@ impl Transport for TcpTransport {
 
     fn events(&self) -> Receiver<Event> {
         self.inner.events_rx.clone()
+    }
+
+    fn set_event_handler(&self, handler: EventHandler) -> bool {
+        // Events already queued (links that came up before) go to the handler first.
+        let ok = self.inner.handler.set(handler).is_ok();
+        if ok {
+            let h = self.inner.handler.get().expect("just set");
+            while let Ok(ev) = self.inner.events_rx.try_recv() {
+                h(ev);
+            }
+        }
+        ok
     }
 
     fn listen_addr(&self) -> Option<SocketAddr> {

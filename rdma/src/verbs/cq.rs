@@ -169,19 +169,25 @@ impl CompletionQueue {
         Ok(total)
     }
 
-    /// Waits up to `timeout` for a completion event; consumes and acknowledges it and
-    /// re-arms the CQ. Returns whether an event arrived. The caller polls the CQ after this
-    /// whatever it returns (completions may have arrived before the CQ was armed).
-    pub fn wait(&self, timeout: Duration) -> Result<bool, VerbsError> {
+    /// Waits up to `timeout` for a completion event or for `extra` (another fd, e.g. an
+    /// eventfd used to wake the waiter) to become readable. A completion event is consumed,
+    /// acknowledged and the CQ re-armed. Returns (completion event, extra readable). The
+    /// caller polls the CQ after this whatever it returns (completions may have arrived
+    /// before the CQ was armed).
+    pub fn wait(&self, extra: Option<BorrowedFd<'_>>, timeout: Duration) -> Result<(bool, bool), VerbsError> {
+        use nix::poll::{PollFd, PollFlags, PollTimeout};
         let fd = self.channel.fd();
         // SAFETY: the fd belongs to the channel, which outlives this call.
         let bfd = unsafe { BorrowedFd::borrow_raw(fd) };
-        let mut fds = [nix::poll::PollFd::new(bfd, nix::poll::PollFlags::POLLIN)];
+        let mut fds = vec![PollFd::new(bfd, PollFlags::POLLIN)];
+        if let Some(e) = extra {
+            fds.push(PollFd::new(e, PollFlags::POLLIN));
+        }
         let ms = timeout.as_millis().min(u16::MAX as u128) as u16;
-        match nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(ms)) {
-            Ok(0) => return Ok(false),
+        match nix::poll::poll(&mut fds, PollTimeout::from(ms)) {
+            Ok(0) => return Ok((false, false)),
             Ok(_) => {}
-            Err(nix::errno::Errno::EINTR) => return Ok(false),
+            Err(nix::errno::Errno::EINTR) => return Ok((false, false)),
             Err(e) => {
                 return Err(VerbsError::Call {
                     call: "poll(comp_channel)",
@@ -189,19 +195,24 @@ impl CompletionQueue {
                 })
             }
         }
+        let ready = |f: &PollFd<'_>| f.revents().is_some_and(|r| !r.is_empty());
+        let extra_ready = fds.len() > 1 && ready(&fds[1]);
+        if !ready(&fds[0]) {
+            return Ok((false, extra_ready));
+        }
         let mut cq: *mut ibv_cq = std::ptr::null_mut();
         let mut ctx: *mut std::ffi::c_void = std::ptr::null_mut();
         // SAFETY: the channel is alive; out-pointers are valid. The fd is non-blocking, so
         // this returns -1/EAGAIN if another reader took the event.
         let rc = unsafe { ibv_get_cq_event(self.channel.ch, &mut cq, &mut ctx) };
         if rc != 0 {
-            return Ok(false);
+            return Ok((false, extra_ready));
         }
         // SAFETY: the only CQ on this channel is ours; acknowledging right away keeps the
         // unacked count at zero so ibv_destroy_cq never blocks.
         unsafe { ibv_ack_cq_events(cq, 1) };
         self.arm()?;
-        Ok(true)
+        Ok((true, extra_ready))
     }
 }
 

@@ -1,0 +1,416 @@
+//! Verbs transport tests. They need an RDMA device (Soft-RoCE in the test VM: see
+//! `rdma/README.md`); without one each test prints "no RDMA device: skipped" and passes.
+
+use phalanx_rdma::{verbs, RdmaConfig, RdmaTransport};
+use phalanx_transport::{Arena, Event, NodeId, Transport, TransportStats, MAX_CTRL_LEN};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn have_device(test: &str) -> bool {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    if verbs::device_names().is_empty() {
+        println!("{test}: no RDMA device: skipped");
+        false
+    } else {
+        true
+    }
+}
+
+fn cfg() -> RdmaConfig {
+    RdmaConfig {
+        device: std::env::var("PHALANX_RXE_DEV").ok(),
+        ..RdmaConfig::default()
+    }
+}
+
+struct Node {
+    t: RdmaTransport,
+    arena: Arc<Arena>,
+}
+
+fn node(id: NodeId, cfg: RdmaConfig, arena_len: usize) -> Node {
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let t = RdmaTransport::bind(id, any, cfg).expect("bind");
+    let arena = Arc::new(Arena::new(arena_len, false).unwrap());
+    t.register_arena(arena.clone()).expect("register arena");
+    Node { t, arena }
+}
+
+/// Two connected nodes 0 and 1.
+fn pair(cfg: RdmaConfig, arena_len: usize) -> (Node, Node) {
+    let a = node(0, cfg.clone(), arena_len);
+    let b = node(1, cfg, arena_len);
+    let peers = [(0, a.t.listen_addr()), (1, b.t.listen_addr())];
+    let ta = a.t.clone();
+    let h = std::thread::spawn(move || ta.connect(&peers, false));
+    b.t.connect(&peers, false).expect("connect b");
+    h.join().unwrap().expect("connect a");
+    // Both saw PeerUp.
+    for n in [&a, &b] {
+        let e = n.t.events().recv_timeout(Duration::from_secs(10)).expect("PeerUp");
+        assert!(matches!(e, Event::PeerUp { .. }), "{e:?}");
+    }
+    (a, b)
+}
+
+fn next_event(n: &Node, timeout: Duration) -> Event {
+    n.t.events()
+        .recv_timeout(timeout)
+        .unwrap_or_else(|_| panic!("no event within {timeout:?}"))
+}
+
+fn delta(after: TransportStats, before: TransportStats) -> TransportStats {
+    TransportStats {
+        ctrl_sent: after.ctrl_sent - before.ctrl_sent,
+        ctrl_received: after.ctrl_received - before.ctrl_received,
+        data_bytes_sent: after.data_bytes_sent - before.data_bytes_sent,
+        data_bytes_received: after.data_bytes_received - before.data_bytes_received,
+        payload_bytes_copied: after.payload_bytes_copied - before.payload_bytes_copied,
+        registrations: after.registrations - before.registrations,
+        peers_down: after.peers_down - before.peers_down,
+        malformed_frames: after.malformed_frames - before.malformed_frames,
+    }
+}
+
+fn fill(arena: &Arena, off: u64, len: u64, seed: u64) {
+    // SAFETY: test-owned range, nobody else touches it.
+    let s = unsafe { arena.slice_mut(off, len) };
+    let mut x = seed | 1;
+    for c in s.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let b = x.to_le_bytes();
+        c.copy_from_slice(&b[..c.len()]);
+    }
+}
+
+fn same(a: &Arena, aoff: u64, b: &Arena, boff: u64, len: u64) -> bool {
+    // SAFETY: test-owned ranges; the transfer into `b` has completed (its events arrived).
+    unsafe { a.slice(aoff, len) == b.slice(boff, len) }
+}
+
+/// Receives Data events of `stream` until `[0, len)` is covered, checking they arrive in
+/// order and contiguous. Returns how many events it took.
+fn await_data(n: &Node, stream: u64, len: u64, timeout: Duration) -> usize {
+    let deadline = Instant::now() + timeout;
+    let mut mark = 0;
+    let mut events = 0;
+    while mark < len {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match next_event(n, left) {
+            Event::Data {
+                stream: s,
+                offset,
+                len: l,
+                ..
+            } => {
+                assert_eq!(s, stream);
+                assert_eq!(offset, mark, "data events in order and contiguous");
+                mark += l;
+                events += 1;
+            }
+            other => panic!("unexpected event {other:?}"),
+        }
+    }
+    assert_eq!(mark, len);
+    events
+}
+
+fn pattern(i: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|j| (i * 31 + j * 7) as u8).collect()
+}
+
+#[test]
+fn ctrl_ring_wraps_over_many_laps() {
+    if !have_device("ctrl_ring_wraps_over_many_laps") {
+        return;
+    }
+    // 2 blocks of 128 bytes: 75 payload bytes each, so many messages fragment, and the
+    // counter byte (1..=255) wraps several times.
+    let c = RdmaConfig {
+        block_size: 128,
+        ring_blocks: 2,
+        ..cfg()
+    };
+    let (a, b) = pair(c, 1 << 20);
+    let count = 1200;
+    let sizes: Vec<usize> = (0..count).map(|i| (i * 37) % 260).collect();
+    let blocks: usize = sizes.iter().map(|&s| s.div_ceil(75).max(1)).sum();
+    assert!(blocks / 2 > 3 * 255, "test must wrap the counter byte ({blocks} blocks)");
+    let ta = a.t.clone();
+    let sizes2 = sizes.clone();
+    let sender = std::thread::spawn(move || {
+        for (i, &s) in sizes2.iter().enumerate() {
+            ta.send(1, &pattern(i, s)).expect("send");
+        }
+    });
+    for (i, &s) in sizes.iter().enumerate() {
+        match next_event(&b, Duration::from_secs(30)) {
+            Event::Ctrl { peer, msg } => {
+                assert_eq!(peer, 0);
+                assert_eq!(msg, pattern(i, s), "message {i} intact and in order");
+            }
+            other => panic!("unexpected event {other:?}"),
+        }
+    }
+    sender.join().unwrap();
+    let (sa, sb) = (a.t.stats(), b.t.stats());
+    assert_eq!(sa.ctrl_sent, count as u64);
+    assert_eq!(sb.ctrl_received, count as u64);
+    assert_eq!(sb.malformed_frames, 0);
+    println!("{count} messages over {blocks} blocks ({} laps of a 2-block ring)", blocks / 2);
+    a.t.shutdown();
+    b.t.shutdown();
+}
+
+#[test]
+fn large_ctrl_messages_fragment_in_order_both_ways() {
+    if !have_device("large_ctrl_messages_fragment_in_order_both_ways") {
+        return;
+    }
+    let (a, b) = pair(cfg(), 1 << 20);
+    let max = phalanx_rdma::block::max_payload(cfg().block_size);
+    let sizes = [0, 1, max - 1, max, max + 1, 3 * max + 5, 1 << 20, MAX_CTRL_LEN];
+    let ta = a.t.clone();
+    let tb = b.t.clone();
+    let s1 = std::thread::spawn(move || {
+        for (i, &s) in sizes.iter().enumerate() {
+            ta.send(1, &pattern(i, s)).expect("send a->b");
+        }
+    });
+    let s2 = std::thread::spawn(move || {
+        for (i, &s) in sizes.iter().enumerate() {
+            tb.send(0, &pattern(i + 100, s)).expect("send b->a");
+        }
+    });
+    for (n, base) in [(&b, 0), (&a, 100)] {
+        for (i, &s) in sizes.iter().enumerate() {
+            match next_event(n, Duration::from_secs(60)) {
+                Event::Ctrl { msg, .. } => {
+                    assert_eq!(msg.len(), s);
+                    assert!(msg == pattern(i + base, s), "message {i} of {s} bytes intact");
+                }
+                other => panic!("unexpected event {other:?}"),
+            }
+        }
+    }
+    s1.join().unwrap();
+    s2.join().unwrap();
+    assert!(a.t.send(1, &vec![0u8; MAX_CTRL_LEN + 1]).is_err());
+    a.t.shutdown();
+    b.t.shutdown();
+}
+
+#[test]
+fn small_write_goes_through_blocks() {
+    if !have_device("small_write_goes_through_blocks") {
+        return;
+    }
+    let (a, b) = pair(cfg(), 4 << 20);
+    let len = 4096;
+    fill(&a.arena, 8192, len, 42);
+    let (a0, b0) = (a.t.stats(), b.t.stats());
+    let dst = b.t.remote_region(65536, 1 << 20).unwrap();
+    a.t.write(1, 7, 8192, &dst, 100, len).expect("write");
+    // Data events cover [100, 100 + len).
+    let mut mark = 100;
+    while mark < 100 + len {
+        match next_event(&b, Duration::from_secs(10)) {
+            Event::Data { stream, offset, len: l, .. } => {
+                assert_eq!((stream, offset), (7, mark));
+                mark += l;
+            }
+            other => panic!("unexpected event {other:?}"),
+        }
+    }
+    assert!(same(&a.arena, 8192, &b.arena, 65536 + 100, len));
+    let (da, db) = (delta(a.t.stats(), a0), delta(b.t.stats(), b0));
+    println!("4 KiB eager: sender {da:?}\nreceiver {db:?}");
+    assert_eq!(da.payload_bytes_copied, len, "copied into the blocks at the sender");
+    assert_eq!(db.payload_bytes_copied, len, "copied out of the blocks at the receiver");
+    assert_eq!(da.registrations + db.registrations, 0);
+    assert_eq!(da.data_bytes_sent, len);
+    assert_eq!(db.data_bytes_received, len);
+    a.t.shutdown();
+    b.t.shutdown();
+}
+
+#[test]
+fn large_write_is_zero_copy_rendezvous() {
+    if !have_device("large_write_is_zero_copy_rendezvous") {
+        return;
+    }
+    let len: u64 = 64 << 20;
+    let (a, b) = pair(cfg(), (len + (1 << 20)) as usize);
+    fill(&a.arena, 4096, len, 7);
+    let (a0, b0) = (a.t.stats(), b.t.stats());
+    let dst = b.t.remote_region(0, len + 4096).unwrap();
+    let t0 = Instant::now();
+    let ta = a.t.clone();
+    let w = std::thread::spawn(move || ta.write(1, 3, 4096, &dst, 4096, len));
+    let mut mark = 4096;
+    let mut events = 0;
+    while mark < 4096 + len {
+        match next_event(&b, Duration::from_secs(120)) {
+            Event::Data { stream, offset, len: l, .. } => {
+                assert_eq!((stream, offset), (3, mark), "in order, contiguous");
+                mark += l;
+                events += 1;
+            }
+            other => panic!("unexpected event {other:?}"),
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    w.join().unwrap().expect("write");
+    assert!(same(&a.arena, 4096, &b.arena, 4096, len), "bytes equal");
+    let (da, db) = (delta(a.t.stats(), a0), delta(b.t.stats(), b0));
+    println!(
+        "64 MiB rendezvous: {:.3} s, {:.1} MB/s, {events} data events\nsender {da:?}\nreceiver {db:?}",
+        secs,
+        len as f64 / secs / 1e6
+    );
+    assert_eq!(da.payload_bytes_copied + db.payload_bytes_copied, 0, "zero copy");
+    assert_eq!(da.registrations + db.registrations, 0, "no registration per transfer");
+    assert_eq!(db.data_bytes_received, len);
+    assert!(events > 1, "chunk pipelining produces several events");
+    a.t.shutdown();
+    b.t.shutdown();
+}
+
+#[test]
+fn ctrl_after_write_arrives_after_its_data() {
+    if !have_device("ctrl_after_write_arrives_after_its_data") {
+        return;
+    }
+    let (a, b) = pair(cfg(), 8 << 20);
+    let dst = b.t.remote_region(0, 8 << 20).unwrap();
+    for (i, len) in [100u64, 3 << 20, 5000, 1 << 20].into_iter().enumerate() {
+        fill(&a.arena, 0, len, i as u64);
+        a.t.write(1, i as u64, 0, &dst, 0, len).unwrap();
+        a.t.send(1, format!("done {i}").as_bytes()).unwrap();
+        await_data(&b, i as u64, len, Duration::from_secs(30));
+        match next_event(&b, Duration::from_secs(10)) {
+            Event::Ctrl { msg, .. } => assert_eq!(msg, format!("done {i}").as_bytes()),
+            other => panic!("unexpected event {other:?}"),
+        }
+        assert!(same(&a.arena, 0, &b.arena, 0, len));
+    }
+    a.t.shutdown();
+    b.t.shutdown();
+}
+
+#[test]
+fn killed_peer_is_reported_down_within_timeout() {
+    if !have_device("killed_peer_is_reported_down_within_timeout") {
+        return;
+    }
+    let timeout = Duration::from_millis(1000);
+    let c = RdmaConfig {
+        heartbeat_timeout: timeout,
+        ..cfg()
+    };
+    let (a, b) = pair(c, 1 << 20);
+    // Traffic works, and an idle link stays up across several heartbeat periods.
+    a.t.send(1, b"ping").unwrap();
+    assert!(matches!(next_event(&b, Duration::from_secs(5)), Event::Ctrl { .. }));
+    std::thread::sleep(timeout * 2);
+    assert!(a.t.is_connected(1) && b.t.is_connected(0), "idle link stays up");
+    assert!(b.t.events().try_recv().is_err(), "no spurious event");
+    let t0 = Instant::now();
+    a.t.kill();
+    match next_event(&b, timeout * 3) {
+        Event::PeerDown { peer, reason } => {
+            let dt = t0.elapsed();
+            println!("PeerDown after {dt:?}: {reason}");
+            assert_eq!(peer, 0);
+            assert!(dt <= timeout + timeout / 2, "detected within the timeout (+ one heartbeat period): {dt:?}");
+        }
+        other => panic!("unexpected event {other:?}"),
+    }
+    assert!(!b.t.is_connected(0));
+    assert!(b.t.send(0, b"anyone?").is_err());
+    assert_eq!(b.t.stats().peers_down, 1);
+    b.t.shutdown();
+}
+
+#[test]
+fn shutdown_says_goodbye() {
+    if !have_device("shutdown_says_goodbye") {
+        return;
+    }
+    let (a, b) = pair(cfg(), 1 << 20);
+    let t0 = Instant::now();
+    a.t.shutdown();
+    match next_event(&b, Duration::from_secs(5)) {
+        Event::PeerDown { peer, reason } => {
+            assert_eq!(peer, 0);
+            assert_eq!(reason, "peer closed the link");
+        }
+        other => panic!("unexpected event {other:?}"),
+    }
+    println!("goodbye seen after {:?}", t0.elapsed());
+    assert!(a.t.send(1, b"x").is_err());
+    assert_eq!(b.t.stats().malformed_frames, 0);
+    b.t.shutdown();
+}
+
+#[test]
+fn restarted_peer_rejoins() {
+    if !have_device("restarted_peer_rejoins") {
+        return;
+    }
+    let (a, b) = pair(cfg(), 1 << 20);
+    a.t.kill();
+    assert!(matches!(next_event(&b, Duration::from_secs(5)), Event::PeerDown { .. }));
+    // Node 0 comes back and dials everybody.
+    let a2 = node(0, cfg(), 1 << 20);
+    a2.t.connect(&[(1, b.t.listen_addr())], true).expect("rejoin");
+    assert!(matches!(next_event(&b, Duration::from_secs(10)), Event::PeerUp { peer: 0 }));
+    assert!(matches!(next_event(&a2, Duration::from_secs(10)), Event::PeerUp { peer: 1 }));
+    b.t.send(0, b"welcome back").unwrap();
+    match next_event(&a2, Duration::from_secs(10)) {
+        Event::Ctrl { msg, .. } => assert_eq!(msg, b"welcome back"),
+        other => panic!("unexpected event {other:?}"),
+    }
+    a2.t.shutdown();
+    b.t.shutdown();
+}
+
+/// Eager vs rendezvous latency per size, to place the threshold. Run explicitly:
+/// `<test binary> --ignored threshold_sweep --nocapture`.
+#[test]
+#[ignore]
+fn threshold_sweep() {
+    if !have_device("threshold_sweep") {
+        return;
+    }
+    let (a, b) = pair(cfg(), 8 << 20);
+    let dst = b.t.remote_region(0, 8 << 20).unwrap();
+    let iters: usize = std::env::var("PHALANX_SWEEP_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(30);
+    println!("size_bytes eager_us rendezvous_us (median of {iters}, write + all data events)");
+    let mut stream = 0;
+    for size in [256u64, 1 << 10, 2 << 10, 4 << 10, 8 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 1 << 20] {
+        let mut res = [0f64; 2];
+        for (k, threshold) in [u64::MAX, 0].into_iter().enumerate() {
+            a.t.set_rendezvous_threshold(threshold);
+            let mut times = Vec::new();
+            for _ in 0..iters {
+                stream += 1;
+                let t0 = Instant::now();
+                a.t.write(1, stream, 0, &dst, 0, size).unwrap();
+                await_data(&b, stream, size, Duration::from_secs(30));
+                times.push(t0.elapsed().as_secs_f64() * 1e6);
+            }
+            times.sort_by(|x, y| x.partial_cmp(y).unwrap());
+            res[k] = times[times.len() / 2];
+        }
+        println!("{size} {:.0} {:.0}", res[0], res[1]);
+    }
+    a.t.shutdown();
+    b.t.shutdown();
+}

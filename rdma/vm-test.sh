@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Runs the phalanx-rdma tests inside the Soft-RoCE VM (see README.md).
+#   bash rdma/vm-test.sh            build on the host, run unit + integration tests in the VM
+#   bash rdma/vm-test.sh --bench    also the threshold sweep and ib_write_bw for comparison
+# Run from the workspace root. Exit status: that of the tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bench=0
+[[ ${1:-} == --bench ]] && bench=1
+out=$(cargo test -p phalanx-rdma --no-run --message-format=json 2>/dev/null |
+    grep -o '"executable":"[^"]*"' | cut -d'"' -f4)
+unit=$(grep '/phalanx_rdma-' <<<"$out" | head -1)
+integ=$(grep '/verbs_transport-' <<<"$out" | head -1)
+[[ -x $unit && -x $integ ]] || { echo "test binaries not found" >&2; exit 1; }
+unit=${unit#"$PWD/"}
+integ=${integ#"$PWD/"}
+cmd="set -e; echo '== unit tests'; $unit --test-threads=1; echo '== verbs transport tests'; timeout 900 $integ --test-threads=1 --nocapture"
+if (( bench )); then
+    cmd+="; echo '== threshold sweep'; timeout 600 $integ --ignored threshold_sweep --nocapture"
+    cmd+="; echo '== ib_write_bw 64 MiB'; (ib_write_bw -d rxe0 -x \${PHALANX_RXE_GID_INDEX:-1} -s 67108864 -n 20 -F >/tmp/bw.srv 2>&1 &) ; sleep 2; timeout 300 ib_write_bw -d rxe0 -x \${PHALANX_RXE_GID_INDEX:-1} -s 67108864 -n 20 -F 10.181.0.1 || true"
+fi
+exec bash soft-roce-setup.sh vm --env RUST_LOG -- sh -c "$cmd"
