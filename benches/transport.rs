@@ -3,7 +3,9 @@
 //!
 //! `cargo bench --bench transport` (add `-- p2p` or `-- rtt` to pick a group).
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput};
+use criterion::{
+    criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
+};
 use phalanx::transport::TcpConfig;
 use phalanx::{LocalCluster, Node, NodeConfig};
 use std::io::{Read, Write};
@@ -39,7 +41,9 @@ impl PlainServer {
     }
 
     fn fetch(&mut self, buf: &mut [u8]) {
-        self.client.write_all(&(buf.len() as u64).to_le_bytes()).unwrap();
+        self.client
+            .write_all(&(buf.len() as u64).to_le_bytes())
+            .unwrap();
         self.client.read_exact(buf).unwrap();
     }
 }
@@ -47,11 +51,22 @@ impl PlainServer {
 /// An object name whose directory entry lives on node 0, so a get from node 1 costs one
 /// round trip to the holder, as the plain baseline does.
 fn name_on_shard0(node: &Node, prefix: &str) -> String {
-    (0..).map(|i| format!("{prefix}-{i}")).find(|n| node.shard_of(n.as_str()) == 0).unwrap()
+    (0..)
+        .map(|i| format!("{prefix}-{i}"))
+        .find(|n| node.shard_of(n.as_str()) == 0)
+        .unwrap()
 }
 
 fn cluster(arena: u64) -> LocalCluster {
-    LocalCluster::start(2, NodeConfig { arena_size: arena, ..NodeConfig::default() }, TcpConfig::default()).unwrap()
+    LocalCluster::start(
+        2,
+        NodeConfig {
+            arena_size: arena,
+            ..NodeConfig::default()
+        },
+        TcpConfig::default(),
+    )
+    .unwrap()
 }
 
 fn p2p(c: &mut Criterion) {

@@ -90,12 +90,24 @@ fn name(kind: &str, size: u64, it: usize, rank: u32) -> String {
 }
 
 /// Waits until every rank `!= 0` put its marker for `(kind, size, it)`; rank 0 only.
-fn collect(node: &Node, kind: &str, size: u64, it: usize, ranks: impl Iterator<Item = u32>) -> Result<Vec<Vec<u8>>> {
+fn collect(
+    node: &Node,
+    kind: &str,
+    size: u64,
+    it: usize,
+    ranks: impl Iterator<Item = u32>,
+) -> Result<Vec<Vec<u8>>> {
     ranks.map(|r| node.get(name(kind, size, it, r))).collect()
 }
 
 /// Runs one rank of the benchmark. Rank 0 returns the records.
-pub fn run_rank(node: &Node, c: Collective, sizes: &[u64], iters: usize, warmup: usize) -> Result<Vec<BenchRecord>> {
+pub fn run_rank(
+    node: &Node,
+    c: Collective,
+    sizes: &[u64],
+    iters: usize,
+    warmup: usize,
+) -> Result<Vec<BenchRecord>> {
     let rank = node.id();
     let n = node.num_nodes();
     let receivers: Vec<u32> = match c {
@@ -104,7 +116,11 @@ pub fn run_rank(node: &Node, c: Collective, sizes: &[u64], iters: usize, warmup:
     };
     let mut records = Vec::new();
     for &size in sizes {
-        let data: Vec<u8> = if rank == 0 { (0..size).map(|i| (i * 31 % 251) as u8).collect() } else { Vec::new() };
+        let data: Vec<u8> = if rank == 0 {
+            (0..size).map(|i| (i * 31 % 251) as u8).collect()
+        } else {
+            Vec::new()
+        };
         let mut times = Vec::new();
         for it in 0..iters + warmup {
             let data_id = name("data", size, it, 0);
@@ -119,7 +135,9 @@ pub fn run_rank(node: &Node, c: Collective, sizes: &[u64], iters: usize, warmup:
                 let wall = t0.elapsed().as_secs_f64();
                 let t = match c {
                     // Rank 1 timed its own get, from call to last byte.
-                    Collective::P2p => f64::from_le_bytes(dones[0][..8].try_into().expect("8 bytes")),
+                    Collective::P2p => {
+                        f64::from_le_bytes(dones[0][..8].try_into().expect("8 bytes"))
+                    }
                     Collective::Broadcast => wall,
                 };
                 if it >= warmup {
@@ -159,10 +177,17 @@ pub fn run_rank(node: &Node, c: Collective, sizes: &[u64], iters: usize, warmup:
 }
 
 fn check(v: &[u8], size: u64) -> Result<()> {
-    let ok = v.len() as u64 == size && v.iter().enumerate().step_by(4099).all(|(i, &b)| b == (i as u64 * 31 % 251) as u8);
+    let ok = v.len() as u64 == size
+        && v.iter()
+            .enumerate()
+            .step_by(4099)
+            .all(|(i, &b)| b == (i as u64 * 31 % 251) as u8);
     if ok {
         Ok(())
     } else {
-        Err(crate::Error::Protocol { peer: 0, what: "benchmark object corrupted".into() })
+        Err(crate::Error::Protocol {
+            peer: 0,
+            what: "benchmark object corrupted".into(),
+        })
     }
 }

@@ -23,6 +23,10 @@ pub struct NodeConfig {
     pub op_timeout: Duration,
     /// Granularity at which `put` copies into the arena (and publishes progress).
     pub put_step: u64,
+    /// Fixed round-trip latency for the reduce degree model (default: measured).
+    pub latency_override: Option<Duration>,
+    /// Fixed bandwidth in bytes/s for the reduce degree model (default: measured).
+    pub bandwidth_override: Option<f64>,
 }
 
 impl Default for NodeConfig {
@@ -33,6 +37,8 @@ impl Default for NodeConfig {
             huge_pages: false,
             op_timeout: Duration::from_secs(300),
             put_step: 1 << 20,
+            latency_override: None,
+            bandwidth_override: None,
         }
     }
 }

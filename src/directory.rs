@@ -31,6 +31,7 @@ struct Entry {
 struct Waiter {
     node: NodeId,
     rid: Rid,
+    resume: bool,
     exclude: Vec<NodeId>,
 }
 
@@ -147,7 +148,12 @@ impl Shard {
                 self.notify(&id, out);
                 self.serve_waiters(&id, out);
             }
-            Msg::PutInline { rid, id, node, data } => {
+            Msg::PutInline {
+                rid,
+                id,
+                node,
+                data,
+            } => {
                 self.forget_tombstone(&id);
                 let mut locs = BTreeMap::new();
                 locs.insert(
@@ -174,11 +180,13 @@ impl Shard {
                 rid,
                 id,
                 wait,
+                resume,
                 exclude,
             } => {
                 let w = Waiter {
                     node: from,
                     rid,
+                    resume,
                     exclude,
                 };
                 if let Some(w) = self.try_locate(&id, w, out) {
@@ -281,7 +289,16 @@ impl Shard {
             return Some(w);
         };
         if let Some(data) = &e.inline {
-            reply(out, w.node, w.rid, Reply::Located(Located::Inline(data.clone())));
+            reply(
+                out,
+                w.node,
+                w.rid,
+                Reply::Located(Located::Inline(data.clone())),
+            );
+            return None;
+        }
+        if !w.resume && e.locs.contains_key(&w.node) {
+            reply(out, w.node, w.rid, Reply::Located(Located::Local));
             return None;
         }
         let Some(source) = e.pick(w.node, &w.exclude) else {
@@ -377,6 +394,10 @@ mod tests {
     }
 
     fn locate(s: &mut Shard, from: NodeId, exclude: Vec<NodeId>) -> Out {
+        locate_as(s, from, false, exclude)
+    }
+
+    fn locate_as(s: &mut Shard, from: NodeId, resume: bool, exclude: Vec<NodeId>) -> Out {
         let mut out = Vec::new();
         s.handle(
             from,
@@ -384,6 +405,7 @@ mod tests {
                 rid: from as u64,
                 id: "x".into(),
                 wait: true,
+                resume,
                 exclude,
             },
             &mut out,
@@ -417,14 +439,32 @@ mod tests {
         let out = locate(&mut s, 2, vec![]);
         assert_eq!(located(&out, 2), Located::Source { node: 1, size: 100 });
         // 0 and 1 busy, 2 free: 3 pulls from 2.
-        assert_eq!(located(&locate(&mut s, 3, vec![]), 3), Located::Source { node: 2, size: 100 });
+        assert_eq!(
+            located(&locate(&mut s, 3, vec![]), 3),
+            Located::Source { node: 2, size: 100 }
+        );
         // 0 completes its put and 1 finishes: both are free; 4 gets a complete copy first.
         publish(&mut s, 0, true);
         let mut out = Vec::new();
-        s.handle(1, Msg::TransferDone { id: "x".into(), source: 0, receiver: 1, ok: true }, &mut out);
-        assert_eq!(located(&locate(&mut s, 4, vec![]), 4), Located::Source { node: 0, size: 100 });
+        s.handle(
+            1,
+            Msg::TransferDone {
+                id: "x".into(),
+                source: 0,
+                receiver: 1,
+                ok: true,
+            },
+            &mut out,
+        );
+        assert_eq!(
+            located(&locate(&mut s, 4, vec![]), 4),
+            Located::Source { node: 0, size: 100 }
+        );
         // 1 is complete but still serving 2; the lowest free partial copy is 3.
-        assert_eq!(located(&locate(&mut s, 5, vec![]), 5), Located::Source { node: 3, size: 100 });
+        assert_eq!(
+            located(&locate(&mut s, 5, vec![]), 5),
+            Located::Source { node: 3, size: 100 }
+        );
         let log = s.assignments();
         assert_eq!(log.len(), 5);
         assert!(log[3].source_complete && !log[1].source_complete);
@@ -436,11 +476,17 @@ mod tests {
         publish(&mut s, 0, false);
         locate(&mut s, 1, vec![]); // 1 <- 0
         locate(&mut s, 2, vec![]); // 2 <- 1
-        // 0 dies: 1 must not be sent to 2, whose bytes come from 1.
+                                   // 0 dies: 1 must not be sent to 2, whose bytes come from 1.
         let mut out = Vec::new();
         s.node_down(0, &mut out);
         assert!(out.is_empty());
-        assert!(locate(&mut s, 1, vec![]).is_empty(), "1 waits rather than loop through 2");
+        // A fresh get from a listed node is told to use its local copy...
+        assert_eq!(located(&locate(&mut s, 1, vec![]), 1), Located::Local);
+        // ...but a resuming one needs a source, and waits rather than loop through 2.
+        assert!(
+            locate_as(&mut s, 1, true, vec![]).is_empty(),
+            "1 waits rather than loop through 2"
+        );
         // A fresh complete copy appears at 3: 1 is served from it.
         let out = publish(&mut s, 3, true);
         assert_eq!(located(&out, 1), Located::Source { node: 3, size: 100 });
@@ -450,27 +496,84 @@ mod tests {
     fn inline_delete_and_tombstones() {
         let mut s = Shard::new();
         let mut out = Vec::new();
-        s.handle(0, Msg::PutInline { rid: 1, id: "x".into(), node: 0, data: vec![1, 2] }, &mut out);
-        assert_eq!(located(&locate(&mut s, 3, vec![]), 3), Located::Inline(vec![1, 2]));
+        s.handle(
+            0,
+            Msg::PutInline {
+                rid: 1,
+                id: "x".into(),
+                node: 0,
+                data: vec![1, 2],
+            },
+            &mut out,
+        );
+        assert_eq!(
+            located(&locate(&mut s, 3, vec![]), 3),
+            Located::Inline(vec![1, 2])
+        );
         let mut out = Vec::new();
-        s.handle(2, Msg::Delete { rid: 9, id: "x".into() }, &mut out);
-        assert_eq!(out, vec![(2, Msg::Reply { rid: 9, reply: Reply::Deleted(vec![0]) })]);
+        s.handle(
+            2,
+            Msg::Delete {
+                rid: 9,
+                id: "x".into(),
+            },
+            &mut out,
+        );
+        assert_eq!(
+            out,
+            vec![(
+                2,
+                Msg::Reply {
+                    rid: 9,
+                    reply: Reply::Deleted(vec![0])
+                }
+            )]
+        );
         assert_eq!(located(&locate(&mut s, 3, vec![]), 3), Located::NotFound);
         // Subscribers of a deleted id are answered with None.
         let mut out = Vec::new();
-        s.handle(4, Msg::Subscribe { rid: 5, id: "x".into() }, &mut out);
-        assert_eq!(out, vec![(4, Msg::Reply { rid: 5, reply: Reply::Info(None) })]);
+        s.handle(
+            4,
+            Msg::Subscribe {
+                rid: 5,
+                id: "x".into(),
+            },
+            &mut out,
+        );
+        assert_eq!(
+            out,
+            vec![(
+                4,
+                Msg::Reply {
+                    rid: 5,
+                    reply: Reply::Info(None)
+                }
+            )]
+        );
     }
 
     #[test]
     fn subscribe_pushes_on_first_location() {
         let mut s = Shard::new();
         let mut out = Vec::new();
-        s.handle(4, Msg::Subscribe { rid: 5, id: "x".into() }, &mut out);
+        s.handle(
+            4,
+            Msg::Subscribe {
+                rid: 5,
+                id: "x".into(),
+            },
+            &mut out,
+        );
         assert!(out.is_empty());
         let out = publish(&mut s, 2, false);
         match &out[..] {
-            [(4, Msg::Reply { rid: 5, reply: Reply::Info(Some(i)) })] => {
+            [(
+                4,
+                Msg::Reply {
+                    rid: 5,
+                    reply: Reply::Info(Some(i)),
+                },
+            )] => {
                 assert_eq!(i.locations[0].node, 2);
                 assert!(!i.locations[0].complete);
             }

@@ -12,7 +12,9 @@ pub mod directory;
 mod error;
 mod id;
 mod node;
+pub mod ops;
 pub mod protocol;
+pub mod reduce;
 pub mod store;
 mod transfer;
 
@@ -21,4 +23,6 @@ pub use config::{ClusterConfig, NodeConfig, TransportKind, INLINE_LIMIT};
 pub use error::{Error, Result};
 pub use id::ObjectId;
 pub use node::{Node, ObjectReader, ObjectView, ServeRecord, TransferRecord};
+pub use ops::{DType, ReduceOp};
 pub use phalanx_transport as transport;
+pub use reduce::{ReduceOptions, ReduceOutcome, Tree};

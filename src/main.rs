@@ -9,7 +9,11 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 #[derive(Parser)]
-#[command(name = "phalanx", version, about = "Collective-communication object store")]
+#[command(
+    name = "phalanx",
+    version,
+    about = "Collective-communication object store"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -82,8 +86,7 @@ fn one_size(s: &str) -> Result<u64> {
 fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -95,7 +98,13 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
-        Cmd::Demo { nodes, size, stagger_ms, transport, chunk_size } => {
+        Cmd::Demo {
+            nodes,
+            size,
+            stagger_ms,
+            transport,
+            chunk_size,
+        } => {
             if transport == TransportArg::Rdma {
                 bail!("the rdma transport is not built into this binary yet");
             }
@@ -103,13 +112,29 @@ fn run(cli: Cli) -> Result<()> {
         }
         Cmd::Node { config, id } => {
             let cfg = ClusterConfig::load(&config)?;
-            let node = cluster::start_node(&cfg, id).with_context(|| format!("starting node {id}"))?;
-            println!("node {} up: {} nodes over {:?}", node.id(), node.num_nodes(), cfg.transport);
+            let node =
+                cluster::start_node(&cfg, id).with_context(|| format!("starting node {id}"))?;
+            println!(
+                "node {} up: {} nodes over {:?}",
+                node.id(),
+                node.num_nodes(),
+                cfg.transport
+            );
             loop {
                 std::thread::park();
             }
         }
-        Cmd::Bench { collective, config, id, local, size, iters, warmup, json, transport } => {
+        Cmd::Bench {
+            collective,
+            config,
+            id,
+            local,
+            size,
+            iters,
+            warmup,
+            json,
+            transport,
+        } => {
             let sizes = bench::parse_sizes(&size).map_err(anyhow::Error::msg)?;
             if iters == 0 {
                 bail!("--iters must be at least 1");
@@ -123,10 +148,25 @@ fn run(cli: Cli) -> Result<()> {
                         bail!("--local needs at least 2 nodes");
                     }
                     let arena = sizes.iter().max().copied().unwrap_or(0) * 4 + (64 << 20);
-                    let c = LocalCluster::start(n, NodeConfig { arena_size: arena, ..NodeConfig::default() }, TcpConfig::default())?;
+                    let c = LocalCluster::start(
+                        n,
+                        NodeConfig {
+                            arena_size: arena,
+                            ..NodeConfig::default()
+                        },
+                        TcpConfig::default(),
+                    )?;
                     let results: Vec<_> = std::thread::scope(|s| {
-                        let hs: Vec<_> = c.nodes.iter().map(|node| s.spawn(|| bench::run_rank(node, collective, &sizes, iters, warmup))).collect();
-                        hs.into_iter().map(|h| h.join().expect("rank thread")).collect()
+                        let hs: Vec<_> = c
+                            .nodes
+                            .iter()
+                            .map(|node| {
+                                s.spawn(|| bench::run_rank(node, collective, &sizes, iters, warmup))
+                            })
+                            .collect();
+                        hs.into_iter()
+                            .map(|h| h.join().expect("rank thread"))
+                            .collect()
                     });
                     let mut rank0 = Vec::new();
                     for (k, r) in results.into_iter().enumerate() {
@@ -146,7 +186,8 @@ fn run(cli: Cli) -> Result<()> {
                         Some(r) => r,
                         None => rank_from_env()?,
                     };
-                    let node = cluster::start_node(&cfg, rank).with_context(|| format!("starting rank {rank}"))?;
+                    let node = cluster::start_node(&cfg, rank)
+                        .with_context(|| format!("starting rank {rank}"))?;
                     let r = bench::run_rank(&node, collective, &sizes, iters, warmup)?;
                     // Let the other ranks finish their last deletes before leaving.
                     std::thread::sleep(Duration::from_millis(200));
@@ -167,7 +208,9 @@ fn run(cli: Cli) -> Result<()> {
 fn rank_from_env() -> Result<NodeId> {
     for var in ["PHALANX_RANK", "SLURM_PROCID"] {
         if let Ok(v) = std::env::var(var) {
-            return v.parse().with_context(|| format!("{var}={v:?} is not a rank"));
+            return v
+                .parse()
+                .with_context(|| format!("{var}={v:?} is not a rank"));
         }
     }
     bail!("no rank: pass --id, or set PHALANX_RANK or SLURM_PROCID")
@@ -181,7 +224,10 @@ fn print_records(records: &[BenchRecord], json: bool) {
         return;
     }
     if let Some(r) = records.first() {
-        println!("{}", BenchRecord::table_header(r.collective, &r.transport, r.nodes));
+        println!(
+            "{}",
+            BenchRecord::table_header(r.collective, &r.transport, r.nodes)
+        );
     }
     for r in records {
         println!("{}", r.table_row());
@@ -192,10 +238,16 @@ fn demo(n: u32, size: u64, stagger_ms: u64, chunk: u64) -> Result<()> {
     if n < 2 {
         bail!("the demo needs at least 2 nodes");
     }
-    let cfg = NodeConfig { arena_size: size * 2 + (64 << 20), chunk_size: chunk, ..NodeConfig::default() };
+    let cfg = NodeConfig {
+        arena_size: size * 2 + (64 << 20),
+        chunk_size: chunk,
+        ..NodeConfig::default()
+    };
     println!("starting {n} nodes over TCP on 127.0.0.1, object of {size} bytes, chunks of {chunk}");
     let c = LocalCluster::start(n, cfg, TcpConfig::default())?;
-    let data: Vec<u8> = (0..size).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    let data: Vec<u8> = (0..size)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
     let t0 = Instant::now();
     let results: Vec<Result<(u32, Duration, Duration, bool)>> = std::thread::scope(|s| {
         let hs: Vec<_> = (1..n)
@@ -212,11 +264,19 @@ fn demo(n: u32, size: u64, stagger_ms: u64, chunk: u64) -> Result<()> {
             })
             .collect();
         c.nodes[0].put("demo-object", &data).expect("put");
-        hs.into_iter().map(|h| h.join().expect("receiver thread")).collect()
+        hs.into_iter()
+            .map(|h| h.join().expect("receiver thread"))
+            .collect()
     });
     let put_done = t0.elapsed();
-    println!("node 0 put the object in {:.1} ms (receivers may stream it meanwhile)", put_done.as_secs_f64() * 1e3);
-    println!("\n{:>6} {:>8} {:>10} {:>10} {:>10} {:>9}  bytes", "node", "source", "start ms", "done ms", "took ms", "Gbit/s");
+    println!(
+        "node 0 put the object in {:.1} ms (receivers may stream it meanwhile)",
+        put_done.as_secs_f64() * 1e3
+    );
+    println!(
+        "\n{:>6} {:>8} {:>10} {:>10} {:>10} {:>9}  bytes",
+        "node", "source", "start ms", "done ms", "took ms", "Gbit/s"
+    );
     let mut all_ok = true;
     let mut parent = vec![None; n as usize];
     for r in &results {
@@ -246,8 +306,16 @@ fn demo(n: u32, size: u64, stagger_ms: u64, chunk: u64) -> Result<()> {
     }
     println!("\nbroadcast tree (who fetched from whom):");
     print_tree(0, &parent, 0);
-    let last = results.iter().filter_map(|r| r.as_ref().ok()).map(|r| r.2).max().unwrap_or_default();
-    println!("\nlast receiver done {:.1} ms after the put began", last.as_secs_f64() * 1e3);
+    let last = results
+        .iter()
+        .filter_map(|r| r.as_ref().ok())
+        .map(|r| r.2)
+        .max()
+        .unwrap_or_default();
+    println!(
+        "\nlast receiver done {:.1} ms after the put began",
+        last.as_secs_f64() * 1e3
+    );
     c.shutdown();
     if !all_ok {
         bail!("verification failed");
@@ -257,7 +325,10 @@ fn demo(n: u32, size: u64, stagger_ms: u64, chunk: u64) -> Result<()> {
 }
 
 fn print_tree(node: usize, parent: &[Option<u32>], depth: usize) {
-    println!("{}node {node}", "  ".repeat(depth) + if depth > 0 { "└─ " } else { "" });
+    println!(
+        "{}node {node}",
+        "  ".repeat(depth) + if depth > 0 { "└─ " } else { "" }
+    );
     for (k, p) in parent.iter().enumerate() {
         if *p == Some(node as u32) {
             print_tree(k, parent, depth + 1);

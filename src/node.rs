@@ -61,6 +61,9 @@ pub(crate) enum Local {
     Stop,
 }
 
+/// An outstanding request: the node it went to, and where its reply goes.
+type PendingCall = (NodeId, Sender<Result<Reply>>);
+
 pub(crate) struct Inner {
     pub id: NodeId,
     pub nodes: u32,
@@ -69,7 +72,7 @@ pub(crate) struct Inner {
     pub store: Arc<Store>,
     pub shard: Mutex<Shard>,
     local_tx: Sender<Local>,
-    pending: Mutex<HashMap<Rid, (NodeId, Sender<Result<Reply>>)>>,
+    pending: Mutex<HashMap<Rid, PendingCall>>,
     next_rid: AtomicU64,
     pub inbound: Mutex<HashMap<StreamId, Inbound>>,
     next_stream: AtomicU64,
@@ -78,6 +81,8 @@ pub(crate) struct Inner {
     pub recv_log: Mutex<Vec<TransferRecord>>,
     pub serve_log: Mutex<Vec<ServeRecord>>,
     closed: AtomicBool,
+    /// EWMA of pull throughput, f64 bits.
+    bandwidth_bits: AtomicU64,
 }
 
 /// A Phalanx node. Cheap to clone; every clone is the same node.
@@ -136,7 +141,7 @@ impl std::io::Read for ObjectReader {
                 Ok(n)
             }
             Fetched::Copy(c) => {
-                if buf.is_empty() || self.pos >= c.size() && c.status() != CopyStatus::Pending {
+                if buf.is_empty() || self.pos >= c.size() {
                     return Ok(0);
                 }
                 let wm = c
@@ -161,7 +166,9 @@ impl Node {
         cfg: NodeConfig,
     ) -> Result<Node> {
         if id >= nodes {
-            return Err(Error::InvalidArgument(format!("node id {id} >= {nodes} nodes")));
+            return Err(Error::InvalidArgument(format!(
+                "node id {id} >= {nodes} nodes"
+            )));
         }
         let arena = Arc::new(Arena::new(cfg.arena_size as usize, cfg.huge_pages)?);
         transport.register_arena(arena.clone())?;
@@ -182,6 +189,7 @@ impl Node {
             recv_log: Mutex::new(Vec::new()),
             serve_log: Mutex::new(Vec::new()),
             closed: AtomicBool::new(false),
+            bandwidth_bits: AtomicU64::new(0),
         });
         let d = inner.clone();
         let h = std::thread::Builder::new()
@@ -262,11 +270,27 @@ impl Node {
             return Ok(());
         }
         let size = data.len() as u64;
-        inner.send(shard, Msg::Publish { id: id.clone(), size, node: inner.id, complete: false })?;
+        inner.send(
+            shard,
+            Msg::Publish {
+                id: id.clone(),
+                size,
+                node: inner.id,
+                complete: false,
+            },
+        )?;
         for piece in data.chunks(inner.cfg.put_step.max(4096) as usize) {
             copy.append(piece)?;
         }
-        inner.send(shard, Msg::Publish { id, size, node: inner.id, complete: true })?;
+        inner.send(
+            shard,
+            Msg::Publish {
+                id,
+                size,
+                node: inner.id,
+                complete: true,
+            },
+        )?;
         Ok(())
     }
 
@@ -278,9 +302,15 @@ impl Node {
         r.read_exact(&mut out).map_err(|e| match e.into_inner() {
             Some(inner) => match inner.downcast::<Error>() {
                 Ok(e) => *e,
-                Err(e) => Error::Protocol { peer: self.id(), what: e.to_string() },
+                Err(e) => Error::Protocol {
+                    peer: self.id(),
+                    what: e.to_string(),
+                },
             },
-            None => Error::Protocol { peer: self.id(), what: "short read".into() },
+            None => Error::Protocol {
+                peer: self.id(),
+                what: "short read".into(),
+            },
         })?;
         Ok(out)
     }
@@ -303,25 +333,16 @@ impl Node {
     /// A reader that returns bytes as soon as they have arrived.
     pub fn get_stream(&self, id: impl Into<ObjectId>) -> Result<ObjectReader> {
         let src = self.inner.fetch(&id.into())?;
-        Ok(ObjectReader { src, pos: 0, timeout: self.inner.cfg.op_timeout })
+        Ok(ObjectReader {
+            src,
+            pos: 0,
+            timeout: self.inner.cfg.op_timeout,
+        })
     }
 
     /// Removes the object from every node and from the directory.
     pub fn delete(&self, id: impl Into<ObjectId>) -> Result<()> {
-        let id = id.into();
-        let inner = &self.inner;
-        let nodes = match inner.call(inner.shard_of(&id), |rid| Msg::Delete { rid, id: id.clone() })? {
-            Reply::Deleted(n) => n,
-            r => return Err(inner.unexpected(r)),
-        };
-        inner.store.delete(&id);
-        for n in nodes.into_iter().filter(|&n| n != inner.id) {
-            match inner.call(n, |rid| Msg::Evict { rid, id: id.clone() }) {
-                Ok(_) | Err(Error::PeerDown(_)) | Err(Error::Transport(_)) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
+        self.inner.delete(&id.into())
     }
 
     /// Drops this node's copy of `id` unless it is a pinned `put` copy, and withdraws it from
@@ -346,7 +367,12 @@ impl Node {
     /// Synchronous location query: the directory entry as it stands now.
     pub fn locate(&self, id: impl Into<ObjectId>) -> Result<Option<ObjectInfo>> {
         let id = id.into();
-        match self.inner.call(self.inner.shard_of(&id), |rid| Msg::Query { rid, id: id.clone() })? {
+        match self
+            .inner
+            .call(self.inner.shard_of(&id), |rid| Msg::Query {
+                rid,
+                id: id.clone(),
+            })? {
             Reply::Info(i) => Ok(i),
             r => Err(self.inner.unexpected(r)),
         }
@@ -354,10 +380,16 @@ impl Node {
 
     /// Asynchronous location query: the receiver yields the entry once the object has a
     /// location (`None` if it is deleted first).
-    pub fn subscribe(&self, id: impl Into<ObjectId>) -> Result<Receiver<Result<Option<ObjectInfo>>>> {
+    pub fn subscribe(
+        &self,
+        id: impl Into<ObjectId>,
+    ) -> Result<Receiver<Result<Option<ObjectInfo>>>> {
         let id = id.into();
         let inner = self.inner.clone();
-        let rx = inner.call_async(inner.shard_of(&id), |rid| Msg::Subscribe { rid, id: id.clone() })?;
+        let rx = inner.call_async(inner.shard_of(&id), |rid| Msg::Subscribe {
+            rid,
+            id: id.clone(),
+        })?;
         let (tx, out) = crossbeam_channel::bounded(1);
         std::thread::Builder::new()
             .name("phx-subscribe".into())
@@ -432,6 +464,53 @@ impl Node {
 }
 
 impl Inner {
+    pub fn delete(&self, id: &ObjectId) -> Result<()> {
+        let nodes = match self.call(self.shard_of(id), |rid| Msg::Delete {
+            rid,
+            id: id.clone(),
+        })? {
+            Reply::Deleted(n) => n,
+            r => return Err(self.unexpected(r)),
+        };
+        self.store.delete(id);
+        for n in nodes.into_iter().filter(|&n| n != self.id) {
+            match self.call(n, |rid| Msg::Evict {
+                rid,
+                id: id.clone(),
+            }) {
+                Ok(_) | Err(Error::PeerDown(_)) | Err(Error::Transport(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Observed pull throughput in bytes/s (or the configured override).
+    pub fn bandwidth_estimate(&self) -> f64 {
+        if let Some(b) = self.cfg.bandwidth_override {
+            return b;
+        }
+        match f64::from_bits(self.bandwidth_bits.load(Ordering::Relaxed)) {
+            b if b > 0.0 => b,
+            _ => 1.25e9, // 10 Gbit/s until a pull has been measured
+        }
+    }
+
+    /// Folds one finished pull into the throughput estimate (pulls under 1 MiB are latency).
+    pub fn record_throughput(&self, bytes: u64, secs: f64) {
+        if bytes < (1 << 20) || secs <= 0.0 {
+            return;
+        }
+        let sample = bytes as f64 / secs;
+        let old = f64::from_bits(self.bandwidth_bits.load(Ordering::Relaxed));
+        let new = if old > 0.0 {
+            0.7 * old + 0.3 * sample
+        } else {
+            sample
+        };
+        self.bandwidth_bits.store(new.to_bits(), Ordering::Relaxed);
+    }
+
     pub fn shard_of(&self, id: &ObjectId) -> NodeId {
         (id.stable_hash() % self.nodes as u64) as NodeId
     }
@@ -447,17 +526,25 @@ impl Inner {
     /// Sends a control message; messages to ourselves take the local queue.
     pub fn send(&self, to: NodeId, msg: Msg) -> Result<()> {
         if to == self.id {
-            self.local_tx.send(Local::Msg(self.id, msg)).map_err(|_| Error::Shutdown)
+            self.local_tx
+                .send(Local::Msg(self.id, msg))
+                .map_err(|_| Error::Shutdown)
         } else {
             self.transport.send(to, &msg.encode()).map_err(|e| match e {
                 phalanx_transport::TransportError::PeerUnavailable(p)
-                | phalanx_transport::TransportError::PeerFailed { peer: p, .. } => Error::PeerDown(p),
+                | phalanx_transport::TransportError::PeerFailed { peer: p, .. } => {
+                    Error::PeerDown(p)
+                }
                 e => Error::Transport(e),
             })
         }
     }
 
-    pub fn call_async(&self, to: NodeId, make: impl FnOnce(Rid) -> Msg) -> Result<Receiver<Result<Reply>>> {
+    pub fn call_async(
+        &self,
+        to: NodeId,
+        make: impl FnOnce(Rid) -> Msg,
+    ) -> Result<Receiver<Result<Reply>>> {
         if self.is_closed() {
             return Err(Error::Shutdown);
         }
@@ -477,18 +564,30 @@ impl Inner {
         match rx.recv_timeout(self.cfg.op_timeout) {
             Ok(Ok(Reply::Error(e))) => Err(Error::Protocol { peer: to, what: e }),
             Ok(r) => r,
-            Err(_) => Err(Error::Timeout(self.cfg.op_timeout, format!("a reply from node {to}"))),
+            Err(_) => Err(Error::Timeout(
+                self.cfg.op_timeout,
+                format!("a reply from node {to}"),
+            )),
         }
     }
 
     pub fn unexpected(&self, r: Reply) -> Error {
-        Error::Protocol { peer: self.id, what: format!("unexpected reply {r:?}") }
+        Error::Protocol {
+            peer: self.id,
+            what: format!("unexpected reply {r:?}"),
+        }
     }
 
     /// Tells the directory that evicted copies are gone.
     pub fn withdraw(&self, ids: &[ObjectId]) {
         for id in ids {
-            let _ = self.send(self.shard_of(id), Msg::Withdraw { id: id.clone(), node: self.id });
+            let _ = self.send(
+                self.shard_of(id),
+                Msg::Withdraw {
+                    id: id.clone(),
+                    node: self.id,
+                },
+            );
         }
     }
 
@@ -512,9 +611,17 @@ impl Inner {
                 Ok(m) => {
                     let _ = self.local_tx.send(Local::Msg(peer, m));
                 }
-                Err(e) => error!(node = self.id, peer, "undecodable control message dropped: {e}"),
+                Err(e) => error!(
+                    node = self.id,
+                    peer, "undecodable control message dropped: {e}"
+                ),
             },
-            Event::Data { peer, stream, offset, len } => self.on_data(peer, stream, offset, len),
+            Event::Data {
+                peer,
+                stream,
+                offset,
+                len,
+            } => self.on_data(peer, stream, offset, len),
             ev => {
                 let _ = self.local_tx.send(Local::Event(ev));
             }
@@ -535,7 +642,10 @@ impl Inner {
         };
         let wm = ib.copy.watermark();
         if ib.source != peer || offset != wm {
-            error!(node = self.id, peer, stream, offset, wm, "out-of-order data, stream dropped");
+            error!(
+                node = self.id,
+                peer, stream, offset, wm, "out-of-order data, stream dropped"
+            );
             let ib = inbound.remove(&stream).expect("present");
             let _ = ib.done.send(InboundEnd::Failed("out-of-order data".into()));
             return;
@@ -558,17 +668,27 @@ impl Inner {
         self.send_all(out);
         let failed: Vec<_> = {
             let mut p = self.pending.lock().unwrap();
-            let rids: Vec<Rid> = p.iter().filter(|(_, (to, _))| *to == peer).map(|(r, _)| *r).collect();
+            let rids: Vec<Rid> = p
+                .iter()
+                .filter(|(_, (to, _))| *to == peer)
+                .map(|(r, _)| *r)
+                .collect();
             rids.into_iter().filter_map(|r| p.remove(&r)).collect()
         };
         for (_, tx) in failed {
             let _ = tx.send(Err(Error::PeerDown(peer)));
         }
         let mut inbound = self.inbound.lock().unwrap();
-        let streams: Vec<StreamId> = inbound.iter().filter(|(_, ib)| ib.source == peer).map(|(s, _)| *s).collect();
+        let streams: Vec<StreamId> = inbound
+            .iter()
+            .filter(|(_, ib)| ib.source == peer)
+            .map(|(s, _)| *s)
+            .collect();
         for s in streams {
             let ib = inbound.remove(&s).expect("listed");
-            let _ = ib.done.send(InboundEnd::Failed(format!("source {peer} down: {reason}")));
+            let _ = ib
+                .done
+                .send(InboundEnd::Failed(format!("source {peer} down: {reason}")));
         }
         drop(inbound);
         for ((r, _), flag) in self.serving.lock().unwrap().iter() {
@@ -589,7 +709,12 @@ impl Inner {
     fn on_msg(self: &Arc<Self>, from: NodeId, msg: Msg) {
         match msg {
             Msg::Reply { rid, reply } => self.complete(rid, reply),
-            Msg::Pull { id, stream, dst, from: offset } => {
+            Msg::Pull {
+                id,
+                stream,
+                dst,
+                from: offset,
+            } => {
                 let me = self.clone();
                 let spawned = std::thread::Builder::new()
                     .name(format!("phx-serve-{}", self.id))
@@ -605,13 +730,44 @@ impl Inner {
             }
             Msg::PullEnd { stream, ok } => {
                 if let Some(ib) = self.inbound.lock().unwrap().remove(&stream) {
-                    let why = if ok { "source ended early" } else { "source refused or aborted" };
+                    let why = if ok {
+                        "source ended early"
+                    } else {
+                        "source refused or aborted"
+                    };
                     let _ = ib.done.send(InboundEnd::Failed(why.into()));
+                }
+            }
+            Msg::ReduceTask { rid, task } => {
+                let me = self.clone();
+                let spawned = std::thread::Builder::new()
+                    .name(format!("phx-reduce-{}", self.id))
+                    .spawn(move || {
+                        let reply = match me.run_reduce_task(&task) {
+                            Ok(()) => Reply::Ack,
+                            Err(e) => Reply::Error(e.to_string()),
+                        };
+                        let _ = me.send(from, Msg::Reply { rid, reply });
+                    });
+                if let Err(e) = spawned {
+                    let _ = self.send(
+                        from,
+                        Msg::Reply {
+                            rid,
+                            reply: Reply::Error(format!("spawn: {e}")),
+                        },
+                    );
                 }
             }
             Msg::Evict { rid, id } => {
                 self.store.delete(&id);
-                let _ = self.send(from, Msg::Reply { rid, reply: Reply::Ack });
+                let _ = self.send(
+                    from,
+                    Msg::Reply {
+                        rid,
+                        reply: Reply::Ack,
+                    },
+                );
             }
             dir => {
                 let mut out = Vec::new();
@@ -621,5 +777,3 @@ impl Inner {
         }
     }
 }
-
-

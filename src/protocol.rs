@@ -1,5 +1,6 @@
 //! Control messages between nodes (bincode over the transport's control channel).
 
+use crate::ops::{DType, ReduceOp};
 use crate::ObjectId;
 use phalanx_transport::{NodeId, RemoteRegion, StreamId};
 use serde::{Deserialize, Serialize};
@@ -14,6 +15,8 @@ pub enum Located {
     Inline(Vec<u8>),
     /// Pull `size` bytes from `node`; the requester is now listed as a partial copy.
     Source { node: NodeId, size: u64 },
+    /// The requester itself holds a copy (a local producer, or a concurrent local get).
+    Local,
     /// Deleted, or the requester asked not to wait and nothing is there.
     NotFound,
 }
@@ -64,11 +67,13 @@ pub enum Msg {
         data: Vec<u8>,
     },
     /// Hands the requester one source (reserving it) or the inline bytes; with `wait`, held
-    /// until the object exists and a source is free. `exclude` lists sources that failed.
+    /// until the object exists and a source is free. `exclude` lists sources that failed;
+    /// `resume` is set when the requester's own partial copy needs a new source.
     Locate {
         rid: Rid,
         id: ObjectId,
         wait: bool,
+        resume: bool,
         exclude: Vec<NodeId>,
     },
     /// The receiver finished (or abandoned) its pull from `source`; the source is free again.
@@ -79,14 +84,26 @@ pub enum Msg {
         ok: bool,
     },
     /// `node` no longer holds `id` (evicted, or its transfer failed).
-    Withdraw { id: ObjectId, node: NodeId },
+    Withdraw {
+        id: ObjectId,
+        node: NodeId,
+    },
     /// Synchronous query: the entry as it stands.
-    Query { rid: Rid, id: ObjectId },
+    Query {
+        rid: Rid,
+        id: ObjectId,
+    },
     /// Asynchronous query: answered with `Reply::Info` once the object has a location (at once
     /// if it has one), or `Info(None)` if it is deleted first.
-    Subscribe { rid: Rid, id: ObjectId },
+    Subscribe {
+        rid: Rid,
+        id: ObjectId,
+    },
     /// Removes the entry; the reply lists the nodes to evict from.
-    Delete { rid: Rid, id: ObjectId },
+    Delete {
+        rid: Rid,
+        id: ObjectId,
+    },
 
     // ---- data plane ----
     /// Please write bytes `[from, size)` of `id` into `dst`, tagged `stream`.
@@ -97,13 +114,46 @@ pub enum Msg {
         from: u64,
     },
     /// The receiver gives up on `stream`; the sender stops and answers `PullEnd`.
-    CancelPull { stream: StreamId },
+    CancelPull {
+        stream: StreamId,
+    },
     /// The sender will write no more for `stream` (all sent when `ok`).
-    PullEnd { stream: StreamId, ok: bool },
+    PullEnd {
+        stream: StreamId,
+        ok: bool,
+    },
     /// Drop the local copy of `id` (a delete).
-    Evict { rid: Rid, id: ObjectId },
+    Evict {
+        rid: Rid,
+        id: ObjectId,
+    },
 
-    Reply { rid: Rid, reply: Reply },
+    /// Compute one position of a reduce tree: `out = own ⊕ children...`, streamed.
+    ReduceTask {
+        rid: Rid,
+        task: ReduceTask,
+    },
+
+    Reply {
+        rid: Rid,
+        reply: Reply,
+    },
+}
+
+/// The work of one tree position of a reduce.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReduceTask {
+    /// The object this position produces (the reduce target at the root).
+    pub out: ObjectId,
+    /// The input held by this node.
+    pub own: ObjectId,
+    /// Objects produced by the children, combined in this order.
+    pub children: Vec<ObjectId>,
+    pub size: u64,
+    pub op: ReduceOp,
+    pub dtype: DType,
+    /// Bytes combined per step (a multiple of the element size).
+    pub chunk: u64,
 }
 
 impl Msg {
@@ -133,6 +183,7 @@ mod tests {
             rid: 7,
             id: "x".into(),
             wait: true,
+            resume: false,
             exclude: vec![1, 2],
         };
         assert_eq!(Msg::decode(&m.encode()).unwrap(), m);

@@ -16,8 +16,6 @@ use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CopyStatus {
-    /// Announced (a transfer is being set up) but size and memory not known yet.
-    Pending,
     /// Memory allocated; `watermark` bytes are valid.
     Filling,
     Complete,
@@ -36,8 +34,6 @@ struct CopyState {
     users: u32,
     /// Detached from the name index (deleted, failed or evicted); freed when unused.
     detached: bool,
-    /// Whether `offset`/`size` name an arena range (not yet for a pending copy).
-    allocated: bool,
     last_use: u64,
 }
 
@@ -167,63 +163,13 @@ impl Store {
                 pinned,
                 users: 0,
                 detached: false,
-                allocated: true,
                 last_use: 0,
             },
         );
         st.by_id.insert(id.clone(), key);
         let r = self.new_ref(&mut st, key);
-        Ok((r, evicted))
-    }
-
-    /// Announces that a copy of `id` is coming (size unknown yet), so that a peer sent here
-    /// by the directory waits for it instead of being refused. Returns the existing copy if
-    /// there is one.
-    pub fn announce(self: &Arc<Self>, id: &ObjectId) -> CopyRef {
-        let mut st = self.lock();
-        if let Some(&k) = st.by_id.get(id) {
-            return self.new_ref(&mut st, k);
-        }
-        let key = st.next_key;
-        st.next_key += 1;
-        st.copies.insert(
-            key,
-            CopyState {
-                id: id.clone(),
-                offset: 0,
-                size: 0,
-                watermark: 0,
-                status: CopyStatus::Pending,
-                pinned: false,
-                users: 0,
-                detached: false,
-                allocated: false,
-                last_use: 0,
-            },
-        );
-        st.by_id.insert(id.clone(), key);
-        self.new_ref(&mut st, key)
-    }
-
-    /// Gives an announced copy its size and memory.
-    pub fn allocate_announced(&self, r: &CopyRef, size: u64) -> Result<Vec<ObjectId>> {
-        let mut st = self.lock();
-        let c = &st.copies[&r.key];
-        if c.status != CopyStatus::Pending {
-            return Ok(Vec::new());
-        }
-        let (offset, evicted) = Self::allocate(&mut st, size)?;
-        let c = st.copies.get_mut(&r.key).expect("live copy");
-        c.offset = offset;
-        c.size = size;
-        c.allocated = true;
-        c.status = if size == 0 {
-            CopyStatus::Complete
-        } else {
-            CopyStatus::Filling
-        };
         self.changed.notify_all();
-        Ok(evicted)
+        Ok((r, evicted))
     }
 
     /// A reference to the local copy of `id`, if any (partial copies included).
@@ -231,6 +177,22 @@ impl Store {
         let mut st = self.lock();
         let k = *st.by_id.get(id)?;
         Some(self.new_ref(&mut st, k))
+    }
+
+    /// Like [`Store::lookup`], waiting up to `timeout` for the copy to be created.
+    pub fn wait_lookup(self: &Arc<Self>, id: &ObjectId, timeout: Duration) -> Result<CopyRef> {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.lock();
+        loop {
+            if let Some(&k) = st.by_id.get(id) {
+                return Ok(self.new_ref(&mut st, k));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::NotFound(id.clone()));
+            }
+            st = self.changed.wait_timeout(st, deadline - now).unwrap().0;
+        }
     }
 
     pub fn info(&self, id: &ObjectId) -> Option<CopyInfo> {
@@ -266,9 +228,7 @@ impl Store {
         c.detached = true;
         if c.users == 0 {
             let c = st.copies.remove(&k).expect("live copy");
-            if c.allocated {
-                st.alloc.free(c.offset, c.size);
-            }
+            st.alloc.free(c.offset, c.size);
         }
     }
 
@@ -286,9 +246,7 @@ impl Store {
         c.users -= 1;
         if c.users == 0 && c.detached {
             let c = st.copies.remove(&key).expect("live copy");
-            if c.allocated {
-                st.alloc.free(c.offset, c.size);
-            }
+            st.alloc.free(c.offset, c.size);
         }
     }
 }
@@ -340,6 +298,45 @@ impl CopyRef {
         Ok(())
     }
 
+    /// Appends `len` bytes at the watermark, computed in place by `f` (the filler's path for a
+    /// reduce output: no staging buffer).
+    pub fn fill_with(&self, len: u64, f: impl FnOnce(&mut [u8])) -> Result<()> {
+        let (off, wm, size) = self.with(|c| (c.offset, c.watermark, c.size));
+        if wm + len > size {
+            return Err(Error::InvalidArgument(format!(
+                "fill of {len} bytes at {wm} overflows a copy of {size}"
+            )));
+        }
+        // SAFETY: in bounds (checked above); bytes above the watermark are written only by
+        // this copy's single filler and read by nobody until advance_to below.
+        f(unsafe { self.store.arena.slice_mut(off + wm, len) });
+        self.advance_to(wm + len);
+        Ok(())
+    }
+
+    /// Bytes `[at, at + len)`, which must be below the watermark. They are final, and this
+    /// reference keeps them in place for the slice's lifetime.
+    pub fn filled(&self, at: u64, len: u64) -> &[u8] {
+        let (off, wm) = self.with(|c| (c.offset, c.watermark));
+        assert!(at + len <= wm, "read above the watermark");
+        // SAFETY: below the watermark bytes are never written again; &self keeps the range
+        // allocated while the slice lives.
+        unsafe { self.store.arena.slice(off + at, len) }
+    }
+
+    /// Blocks until at least `target` bytes are valid (or the copy is complete).
+    pub fn wait_for(&self, target: u64, timeout: Duration) -> Result<u64> {
+        let mut wm = self.watermark();
+        while wm < target {
+            let next = self.wait_beyond(wm, timeout)?;
+            if next == wm {
+                break; // complete and shorter than target
+            }
+            wm = next;
+        }
+        Ok(wm)
+    }
+
     /// Moves the watermark to `wm` (bytes below it are final) and wakes readers.
     pub fn advance_to(&self, wm: u64) {
         let mut st = self.store.lock();
@@ -385,7 +382,12 @@ impl CopyRef {
             if now >= deadline {
                 return Err(Error::Timeout(timeout, format!("bytes of {}", c.id)));
             }
-            st = self.store.changed.wait_timeout(st, deadline - now).unwrap().0;
+            st = self
+                .store
+                .changed
+                .wait_timeout(st, deadline - now)
+                .unwrap()
+                .0;
         }
     }
 
@@ -468,7 +470,16 @@ mod tests {
         // Nothing evictable is left for another 2 KiB ("c" is still filling): a clear error,
         // and nobody harmed.
         let e = s.create(&"d".into(), 2048, false).err().unwrap();
-        assert!(matches!(e, Error::OutOfMemory { requested: 2048, .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                Error::OutOfMemory {
+                    requested: 2048,
+                    ..
+                }
+            ),
+            "{e}"
+        );
         assert_eq!(pinned.as_slice().unwrap(), &[1; 1024][..]);
         assert!(s.lookup(&"c".into()).is_some());
     }
@@ -487,17 +498,21 @@ mod tests {
     }
 
     #[test]
-    fn announced_copy_waits_for_size() {
+    fn wait_lookup_sees_a_later_create() {
         let s = store(4096);
-        let a = s.announce(&"y".into());
-        let b = s.lookup(&"y".into()).unwrap();
-        let t = std::thread::spawn(move || b.wait_beyond(0, Duration::from_secs(5)));
+        let s2 = s.clone();
+        let t = std::thread::spawn(move || {
+            s2.wait_lookup(&"y".into(), Duration::from_secs(5))
+                .map(|r| r.size())
+        });
         std::thread::sleep(Duration::from_millis(20));
-        s.allocate_announced(&a, 100).unwrap();
-        a.append(&[5; 60]).unwrap();
-        assert_eq!(t.join().unwrap().unwrap(), 60);
+        let (a, _) = s.create(&"y".into(), 100, false).unwrap();
+        assert_eq!(t.join().unwrap().unwrap(), 100);
         a.fail();
         assert!(a.wait_beyond(0, Duration::from_millis(1)).is_err());
         assert!(s.lookup(&"y".into()).is_none());
+        assert!(s
+            .wait_lookup(&"y".into(), Duration::from_millis(5))
+            .is_err());
     }
 }

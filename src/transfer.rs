@@ -4,12 +4,12 @@
 
 use crate::node::{Fetched, Inbound, InboundEnd, Inner, ServeRecord, TransferRecord};
 use crate::protocol::{Located, Msg, Reply};
-use crate::store::{CopyRef, CopyStatus};
+use crate::store::CopyRef;
 use crate::{Error, ObjectId, Result};
 use phalanx_transport::{NodeId, RemoteRegion, StreamId};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 impl Inner {
@@ -19,26 +19,50 @@ impl Inner {
         if let Some(c) = self.store.lookup(id) {
             return Ok(Fetched::Copy(c));
         }
-        // Announce first: the directory may send another receiver here before our first
-        // byte lands, and it must wait for us rather than be refused.
-        let copy = self.store.announce(id);
-        if copy.status() != CopyStatus::Pending {
-            return Ok(Fetched::Copy(copy));
-        }
-        match self.locate(id, &[]) {
-            Ok(Located::Inline(data)) => {
-                copy.fail();
-                Ok(Fetched::Owned(data))
-            }
-            Ok(Located::NotFound) => {
-                copy.fail();
-                Err(Error::NotFound(id.clone()))
-            }
-            Ok(Located::Source { node, size }) => {
-                let evicted = match self.store.allocate_announced(&copy, size) {
-                    Ok(e) => e,
+        match self.locate(id, false, &[])? {
+            Located::Inline(data) => Ok(Fetched::Owned(data)),
+            Located::NotFound => Err(Error::NotFound(id.clone())),
+            Located::Local => self
+                .store
+                .wait_lookup(id, self.cfg.op_timeout)
+                .map(Fetched::Copy),
+            Located::Source { node, size } => {
+                let (copy, evicted) = match self.store.create(id, size, false) {
+                    Ok(c) => c,
+                    Err(Error::AlreadyExists(_)) => {
+                        // A concurrent local get or a local producer got there first.
+                        let _ = self.send(
+                            self.shard_of(id),
+                            Msg::TransferDone {
+                                id: id.clone(),
+                                source: node,
+                                receiver: self.id,
+                                ok: false,
+                            },
+                        );
+                        return self
+                            .store
+                            .wait_lookup(id, self.cfg.op_timeout)
+                            .map(Fetched::Copy);
+                    }
                     Err(e) => {
-                        self.abandon(id, node, &copy);
+                        let shard = self.shard_of(id);
+                        let _ = self.send(
+                            shard,
+                            Msg::TransferDone {
+                                id: id.clone(),
+                                source: node,
+                                receiver: self.id,
+                                ok: false,
+                            },
+                        );
+                        let _ = self.send(
+                            shard,
+                            Msg::Withdraw {
+                                id: id.clone(),
+                                node: self.id,
+                            },
+                        );
                         return Err(e);
                     }
                 };
@@ -52,32 +76,21 @@ impl Inner {
                     .map_err(|e| Error::Config(format!("spawn: {e}")))?;
                 Ok(Fetched::Copy(copy))
             }
-            Err(e) => {
-                copy.fail();
-                Err(e)
-            }
         }
     }
 
-    fn locate(&self, id: &ObjectId, exclude: &[NodeId]) -> Result<Located> {
+    fn locate(&self, id: &ObjectId, resume: bool, exclude: &[NodeId]) -> Result<Located> {
         let r = self.call(self.shard_of(id), |rid| Msg::Locate {
             rid,
             id: id.clone(),
             wait: true,
+            resume,
             exclude: exclude.to_vec(),
         })?;
         match r {
             Reply::Located(l) => Ok(l),
             r => Err(self.unexpected(r)),
         }
-    }
-
-    /// Gives up a copy we could not fill: release the source and withdraw our location.
-    fn abandon(&self, id: &ObjectId, source: NodeId, copy: &CopyRef) {
-        let shard = self.shard_of(id);
-        let _ = self.send(shard, Msg::TransferDone { id: id.clone(), source, receiver: self.id, ok: false });
-        let _ = self.send(shard, Msg::Withdraw { id: id.clone(), node: self.id });
-        copy.fail();
     }
 
     /// Pulls the copy to completion, replacing failed sources; runs on its own thread.
@@ -90,6 +103,9 @@ impl Inner {
             let outcome = self.pull_once(&id, &copy, source, from);
             let bytes = copy.watermark() - from;
             let ok = matches!(outcome, Ok(()));
+            if ok {
+                self.record_throughput(bytes, start.elapsed().as_secs_f64());
+            }
             self.recv_log.lock().unwrap().push(TransferRecord {
                 id: id.clone(),
                 source,
@@ -101,7 +117,15 @@ impl Inner {
                 ok,
             });
             let shard = self.shard_of(&id);
-            let _ = self.send(shard, Msg::TransferDone { id: id.clone(), source, receiver: self.id, ok });
+            let _ = self.send(
+                shard,
+                Msg::TransferDone {
+                    id: id.clone(),
+                    source,
+                    receiver: self.id,
+                    ok,
+                },
+            );
             let reason = match outcome {
                 Ok(()) => return,
                 Err(e) => e,
@@ -116,10 +140,16 @@ impl Inner {
                 // It refused (no copy any more); a dead source leaves the directory by itself.
                 exclude.push(source);
             }
-            match self.locate(&id, &exclude) {
+            match self.locate(&id, true, &exclude) {
                 Ok(Located::Source { node, .. }) => source = node,
-                Ok(Located::Inline(_)) | Ok(Located::NotFound) | Err(_) => {
-                    let _ = self.send(shard, Msg::Withdraw { id: id.clone(), node: self.id });
+                Ok(Located::Inline(_) | Located::NotFound | Located::Local) | Err(_) => {
+                    let _ = self.send(
+                        shard,
+                        Msg::Withdraw {
+                            id: id.clone(),
+                            node: self.id,
+                        },
+                    );
                     copy.fail();
                     return;
                 }
@@ -128,7 +158,13 @@ impl Inner {
     }
 
     /// One pull from `source` starting at `from`; Ok once the copy is complete.
-    fn pull_once(&self, id: &ObjectId, copy: &CopyRef, source: NodeId, from: u64) -> Result<(), String> {
+    fn pull_once(
+        &self,
+        id: &ObjectId,
+        copy: &CopyRef,
+        source: NodeId,
+        from: u64,
+    ) -> Result<(), String> {
         let size = copy.size();
         if from >= size {
             return Ok(());
@@ -139,8 +175,23 @@ impl Inner {
             .map_err(|e| e.to_string())?;
         let stream = self.next_stream();
         let (tx, rx) = crossbeam_channel::bounded(1);
-        self.inbound.lock().unwrap().insert(stream, Inbound { copy: copy.clone(), source, done: tx });
-        if let Err(e) = self.send(source, Msg::Pull { id: id.clone(), stream, dst, from }) {
+        self.inbound.lock().unwrap().insert(
+            stream,
+            Inbound {
+                copy: copy.clone(),
+                source,
+                done: tx,
+            },
+        );
+        if let Err(e) = self.send(
+            source,
+            Msg::Pull {
+                id: id.clone(),
+                stream,
+                dst,
+                from,
+            },
+        ) {
             self.inbound.lock().unwrap().remove(&stream);
             return Err(e.to_string());
         }
@@ -162,7 +213,10 @@ impl Inner {
                     let _ = self.send(source, Msg::CancelPull { stream });
                     return match rx.recv_timeout(self.cfg.op_timeout) {
                         Ok(InboundEnd::Complete) => Ok(()),
-                        _ => Err(format!("no progress from {source} for {:?}", self.cfg.op_timeout)),
+                        _ => Err(format!(
+                            "no progress from {source} for {:?}",
+                            self.cfg.op_timeout
+                        )),
                     };
                 }
             }
@@ -170,9 +224,19 @@ impl Inner {
     }
 
     /// Serves one pull: writes `[from, size)` of the local copy into `dst` as it fills.
-    pub(crate) fn serve(self: Arc<Self>, receiver: NodeId, id: ObjectId, stream: StreamId, dst: RemoteRegion, from: u64) {
+    pub(crate) fn serve(
+        self: Arc<Self>,
+        receiver: NodeId,
+        id: ObjectId,
+        stream: StreamId,
+        dst: RemoteRegion,
+        from: u64,
+    ) {
         let cancel = Arc::new(AtomicBool::new(false));
-        self.serving.lock().unwrap().insert((receiver, stream), cancel.clone());
+        self.serving
+            .lock()
+            .unwrap()
+            .insert((receiver, stream), cancel.clone());
         let start = Instant::now();
         let result = self.serve_inner(receiver, &id, stream, &dst, from, &cancel);
         self.serving.lock().unwrap().remove(&(receiver, stream));
@@ -191,15 +255,30 @@ impl Inner {
         let _ = self.send(receiver, Msg::PullEnd { stream, ok });
     }
 
-    fn serve_inner(&self, receiver: NodeId, id: &ObjectId, stream: StreamId, dst: &RemoteRegion, from: u64, cancel: &AtomicBool) -> Result<u64> {
-        let copy = self.store.lookup(id).ok_or_else(|| Error::NotFound(id.clone()))?;
+    fn serve_inner(
+        &self,
+        receiver: NodeId,
+        id: &ObjectId,
+        stream: StreamId,
+        dst: &RemoteRegion,
+        from: u64,
+        cancel: &AtomicBool,
+    ) -> Result<u64> {
+        // The directory may send a receiver here a moment before our own pull has created
+        // the copy; wait for it briefly rather than refuse.
+        let copy = self
+            .store
+            .wait_lookup(id, self.cfg.op_timeout.min(Duration::from_secs(5)))?;
         let chunk = self.cfg.chunk_size.max(4096);
         let mut off = from;
         loop {
             let wm = copy.wait_beyond(off, self.cfg.op_timeout)?;
             let size = copy.size();
             if dst.len != size {
-                return Err(Error::Protocol { peer: receiver, what: format!("region of {} for an object of {size}", dst.len) });
+                return Err(Error::Protocol {
+                    peer: receiver,
+                    what: format!("region of {} for an object of {size}", dst.len),
+                });
             }
             let base = copy.offset();
             while off < wm {
@@ -207,7 +286,8 @@ impl Inner {
                     return Err(Error::Shutdown);
                 }
                 let n = (wm - off).min(chunk);
-                self.transport.write(receiver, stream, base + off, dst, off, n)?;
+                self.transport
+                    .write(receiver, stream, base + off, dst, off, n)?;
                 off += n;
             }
             if off >= size {

@@ -32,7 +32,10 @@ fn pattern(len: usize, seed: u64) -> Vec<u8> {
 #[test]
 fn put_get_sizes_across_nodes() {
     let c = LocalCluster::start(3, cfg(1 << 30), tcp()).unwrap();
-    for (i, &len) in [0usize, 1, 65535, 65536, 1 << 20, 256 << 20].iter().enumerate() {
+    for (i, &len) in [0usize, 1, 65535, 65536, 1 << 20, 256 << 20]
+        .iter()
+        .enumerate()
+    {
         let data = pattern(len, i as u64);
         let id = format!("obj-{len}");
         c.node(0).put(id.as_str(), &data).unwrap();
@@ -93,7 +96,10 @@ fn broadcast_random_arrivals_forms_a_tree() {
         let mut serves = c.node(k).serve_log();
         serves.sort_by_key(|s| s.start);
         for w in serves.windows(2) {
-            assert!(w[0].end <= w[1].start, "node {k} served two receivers at once: {w:?}");
+            assert!(
+                w[0].end <= w[1].start,
+                "node {k} served two receivers at once: {w:?}"
+            );
         }
         for s in &serves {
             assert_eq!(parent[&s.receiver], k as NodeId);
@@ -189,7 +195,10 @@ fn eviction_withdraws_the_location() {
     // Node 1's copy of "a" is unpinned: fetching "b" and then a pinned 6 MiB put evicts it.
     assert!(c.node(1).get("b").unwrap() == b);
     c.node(1).put("c", &pattern(6 << 20, 3)).unwrap();
-    let held: Vec<_> = ["a", "b"].iter().filter(|n| c.node(1).local_copy(**n).is_some()).collect();
+    let held: Vec<_> = ["a", "b"]
+        .iter()
+        .filter(|n| c.node(1).local_copy(**n).is_some())
+        .collect();
     assert_eq!(held.len(), 1, "exactly one unpinned copy was evicted");
     std::thread::sleep(Duration::from_millis(100));
     let evicted = if held[0] == &"a" { "b" } else { "a" };

@@ -61,7 +61,9 @@ impl FrameHeader {
         let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
         let magic = u32::from_le_bytes(b[0..4].try_into().expect("4 bytes"));
         if magic != FRAME_MAGIC {
-            return Err(TransportError::Malformed(format!("bad magic {magic:#010x}")));
+            return Err(TransportError::Malformed(format!(
+                "bad magic {magic:#010x}"
+            )));
         }
         if b[5..8] != [0, 0, 0] {
             return Err(TransportError::Malformed("reserved bytes set".into()));

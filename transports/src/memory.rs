@@ -33,19 +33,13 @@ impl Arena {
             // SAFETY: an anonymous private mapping aliases no existing memory.
             if let Ok(p) = unsafe { mmap_anonymous(None, size, prot, base | MapFlags::MAP_HUGETLB) }
             {
-                return Ok(Arena {
-                    ptr: p.cast(),
-                    len,
-                });
+                return Ok(Arena { ptr: p.cast(), len });
             }
         }
         // SAFETY: an anonymous private mapping aliases no existing memory.
         let p = unsafe { mmap_anonymous(None, size, prot, base) }
             .map_err(|e| TransportError::Io(std::io::Error::from(e)))?;
-        Ok(Arena {
-            ptr: p.cast(),
-            len,
-        })
+        Ok(Arena { ptr: p.cast(), len })
     }
 
     pub fn len(&self) -> usize {

@@ -167,7 +167,12 @@ impl TcpTransport {
     }
 
     /// Dials one peer now (for a peer that restarted and listens again).
-    pub fn dial(&self, peer: NodeId, addr: SocketAddr, timeout: Duration) -> Result<(), TransportError> {
+    pub fn dial(
+        &self,
+        peer: NodeId,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> Result<(), TransportError> {
         self.inner.dial(peer, addr, Instant::now() + timeout)
     }
 }
@@ -273,16 +278,29 @@ impl Inner {
         })();
         match res {
             Ok(peer) => {
-                if let Err(e) = self.tune(&s).map_err(TransportError::from).and_then(|_| self.install(peer, s)) {
+                if let Err(e) = self
+                    .tune(&s)
+                    .map_err(TransportError::from)
+                    .and_then(|_| self.install(peer, s))
+                {
                     warn!(node = self.id, peer, "cannot install connection: {e}");
                 }
             }
             Err(e) => {
-                if matches!(e, TransportError::Malformed(_) | TransportError::MessageTooLarge { .. }) {
-                    self.counters.malformed_frames.fetch_add(1, Ordering::Relaxed);
+                if matches!(
+                    e,
+                    TransportError::Malformed(_) | TransportError::MessageTooLarge { .. }
+                ) {
+                    self.counters
+                        .malformed_frames
+                        .fetch_add(1, Ordering::Relaxed);
                 }
                 if !self.closing.load(Ordering::Acquire) {
-                    error!(node = self.id, ?from, "dropping connection before hello: {e}");
+                    error!(
+                        node = self.id,
+                        ?from,
+                        "dropping connection before hello: {e}"
+                    );
                 }
             }
         }
@@ -342,9 +360,18 @@ impl Inner {
             Some(TransportError::Io(e)) if e.kind() == ErrorKind::UnexpectedEof => {
                 "connection closed without goodbye".to_string()
             }
-            Some(e @ (TransportError::Malformed(_) | TransportError::MessageTooLarge { .. } | TransportError::OutOfBounds { .. })) => {
-                self.counters.malformed_frames.fetch_add(1, Ordering::Relaxed);
-                error!(node = self.id, peer, "dropping link after malformed frame: {e}");
+            Some(
+                e @ (TransportError::Malformed(_)
+                | TransportError::MessageTooLarge { .. }
+                | TransportError::OutOfBounds { .. }),
+            ) => {
+                self.counters
+                    .malformed_frames
+                    .fetch_add(1, Ordering::Relaxed);
+                error!(
+                    node = self.id,
+                    peer, "dropping link after malformed frame: {e}"
+                );
                 format!("malformed frame: {e}")
             }
             Some(e) => e.to_string(),
@@ -353,7 +380,11 @@ impl Inner {
     }
 
     /// Reads one frame; `Ok(false)` on a goodbye.
-    fn read_frame(&self, peer: NodeId, s: &mut BufReader<TcpStream>) -> Result<bool, TransportError> {
+    fn read_frame(
+        &self,
+        peer: NodeId,
+        s: &mut BufReader<TcpStream>,
+    ) -> Result<bool, TransportError> {
         let mut b = [0u8; FRAME_HEADER_LEN];
         s.read_exact(&mut b)?;
         let h = FrameHeader::decode(&b)?;
@@ -426,7 +457,12 @@ impl Inner {
     }
 
     /// Writes one frame under the connection's writer lock, header and payload in one writev.
-    fn send_frame(&self, conn: &Arc<Conn>, h: &FrameHeader, payload: &[u8]) -> Result<(), TransportError> {
+    fn send_frame(
+        &self,
+        conn: &Arc<Conn>,
+        h: &FrameHeader,
+        payload: &[u8],
+    ) -> Result<(), TransportError> {
         let head = h.encode();
         let res = {
             let mut w = conn.writer.lock().unwrap();
@@ -454,7 +490,9 @@ impl Inner {
             let conns: Vec<Arc<Conn>> = self.conns.lock().unwrap().values().cloned().collect();
             let now = self.now_ns();
             for c in conns {
-                if now.saturating_sub(c.last_send.load(Ordering::Relaxed)) < period.as_nanos() as u64 {
+                if now.saturating_sub(c.last_send.load(Ordering::Relaxed))
+                    < period.as_nanos() as u64
+                {
                     continue;
                 }
                 // A held writer lock means a frame is on its way, which is proof of life.
@@ -547,7 +585,10 @@ impl Transport for TcpTransport {
         let conn = self.inner.conn(peer)?;
         let h = FrameHeader::control(FrameKind::Ctrl, msg.len() as u64);
         self.inner.send_frame(&conn, &h, msg)?;
-        self.inner.counters.ctrl_sent.fetch_add(1, Ordering::Relaxed);
+        self.inner
+            .counters
+            .ctrl_sent
+            .fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 

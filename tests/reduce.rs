@@ -1,0 +1,385 @@
+//! Reduce, allreduce and gather over real TCP on loopback.
+
+use phalanx::ops::combine;
+use phalanx::reduce::TreeSlot;
+use phalanx::transport::TcpConfig;
+use phalanx::{DType, Error, LocalCluster, NodeConfig, ObjectId, ReduceOp, ReduceOptions};
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use std::collections::HashMap;
+use std::time::Duration;
+
+fn cluster(n: u32) -> LocalCluster {
+    let cfg = NodeConfig {
+        arena_size: 512 << 20,
+        op_timeout: Duration::from_secs(60),
+        ..NodeConfig::default()
+    };
+    LocalCluster::start(
+        n,
+        cfg,
+        TcpConfig {
+            heartbeat_timeout: Duration::from_secs(3),
+            ..TcpConfig::default()
+        },
+    )
+    .unwrap()
+}
+
+/// Random elements of `dtype`, floats in [0.5, 1.5] so products stay finite.
+fn input(dtype: DType, elems: usize, seed: u64) -> Vec<u8> {
+    let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut out = Vec::with_capacity(elems * dtype.size());
+    for _ in 0..elems {
+        match dtype {
+            DType::F32 => out.extend_from_slice(&r.gen_range(0.5f32..1.5).to_le_bytes()),
+            DType::F64 => out.extend_from_slice(&r.gen_range(0.5f64..1.5).to_le_bytes()),
+            DType::I32 => out.extend_from_slice(&r.gen_range(-1000i32..1000).to_le_bytes()),
+            DType::I64 => {
+                out.extend_from_slice(&r.gen_range(-1_000_000i64..1_000_000).to_le_bytes())
+            }
+            DType::U8 => out.push(r.gen()),
+        }
+    }
+    out
+}
+
+/// The result the tree must produce: out(p) = own(p) ⊕ out(children in order).
+fn tree_reference(
+    tree: &[TreeSlot],
+    data: &HashMap<ObjectId, Vec<u8>>,
+    op: ReduceOp,
+    dtype: DType,
+) -> Vec<u8> {
+    fn out(
+        p: usize,
+        t: &[TreeSlot],
+        d: &HashMap<ObjectId, Vec<u8>>,
+        op: ReduceOp,
+        dt: DType,
+    ) -> Vec<u8> {
+        let mut acc = d[&t[p].object].clone();
+        for &c in &t[p].children {
+            combine(op, dt, &mut acc, &out(c, t, d, op, dt));
+        }
+        acc
+    }
+    out(0, tree, data, op, dtype)
+}
+
+/// Serial left-to-right reduce in f64, for the float error bound.
+fn serial_f64(inputs: &[&Vec<u8>], op: ReduceOp, dtype: DType) -> Vec<f64> {
+    let get = |v: &Vec<u8>, i: usize| -> f64 {
+        match dtype {
+            DType::F32 => f32::from_le_bytes(v[i * 4..i * 4 + 4].try_into().unwrap()) as f64,
+            DType::F64 => f64::from_le_bytes(v[i * 8..i * 8 + 8].try_into().unwrap()),
+            _ => unreachable!(),
+        }
+    };
+    let n = inputs[0].len() / dtype.size();
+    (0..n)
+        .map(|i| {
+            inputs.iter().skip(1).fold(get(inputs[0], i), |a, v| {
+                let b = get(v, i);
+                match op {
+                    ReduceOp::Sum => a + b,
+                    ReduceOp::Prod => a * b,
+                    ReduceOp::Min => a.min(b),
+                    ReduceOp::Max => a.max(b),
+                }
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn every_op_and_dtype_matches_the_reference() {
+    let c = cluster(4);
+    let elems = 300_000; // multi-chunk for every dtype
+    let mut run = 0;
+    for dtype in [DType::F32, DType::F64, DType::I32, DType::I64, DType::U8] {
+        for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max, ReduceOp::Prod] {
+            run += 1;
+            let mut data = HashMap::new();
+            let ids: Vec<ObjectId> = (0..4)
+                .map(|k| ObjectId::new(format!("in-{run}-{k}")))
+                .collect();
+            for (k, id) in ids.iter().enumerate() {
+                let v = input(dtype, elems, run * 10 + k as u64);
+                c.node(k).put(id.clone(), &v).unwrap();
+                data.insert(id.clone(), v);
+            }
+            let mut results = Vec::new();
+            for (rep, degree) in [(0, Some(2)), (1, Some(2)), (2, None)] {
+                let target = format!("out-{run}-{rep}");
+                let o = c
+                    .node(rep % 4)
+                    .reduce_with(
+                        target.as_str(),
+                        &ids,
+                        4,
+                        op,
+                        dtype,
+                        &ReduceOptions {
+                            degree,
+                            ..Default::default()
+                        },
+                    )
+                    .unwrap();
+                assert_eq!(o.used.len(), 4);
+                let got = c.node(3 - rep % 4).get(target.as_str()).unwrap();
+                assert!(
+                    got == tree_reference(&o.tree, &data, op, dtype),
+                    "{op:?} {dtype:?} differs from its tree's reference"
+                );
+                if matches!(dtype, DType::F32 | DType::F64) {
+                    let inputs: Vec<&Vec<u8>> = ids.iter().map(|i| &data[i]).collect();
+                    let serial = serial_f64(&inputs, op, dtype);
+                    let eps = if dtype == DType::F32 {
+                        f32::EPSILON as f64
+                    } else {
+                        f64::EPSILON
+                    };
+                    for (i, s) in serial.iter().enumerate().step_by(97) {
+                        let g = match dtype {
+                            DType::F32 => {
+                                f32::from_le_bytes(got[i * 4..i * 4 + 4].try_into().unwrap()) as f64
+                            }
+                            _ => f64::from_le_bytes(got[i * 8..i * 8 + 8].try_into().unwrap()),
+                        };
+                        // n-1 roundings of relative size eps/2 each (values are positive).
+                        assert!(
+                            (g - s).abs() <= 4.0 * eps * s.abs(),
+                            "{op:?} {dtype:?} elem {i}: {g} vs {s}"
+                        );
+                    }
+                }
+                results.push((
+                    o.tree
+                        .iter()
+                        .map(|s| (s.object.clone(), s.children.clone()))
+                        .collect::<Vec<_>>(),
+                    got,
+                ));
+                c.node(0).delete(target.as_str()).unwrap();
+            }
+            // The same tree gives bit-identical results across runs.
+            for w in results.windows(2) {
+                if w[0].0 == w[1].0 {
+                    assert!(
+                        w[0].1 == w[1].1,
+                        "{op:?} {dtype:?}: same tree, different bits"
+                    );
+                }
+            }
+            for id in &ids {
+                c.node(0).delete(id.clone()).unwrap();
+            }
+        }
+    }
+}
+
+fn put_in_order(
+    c: &LocalCluster,
+    ids: &[ObjectId],
+    order: &[usize],
+    gap_ms: u64,
+    elems: usize,
+) -> HashMap<ObjectId, Vec<u8>> {
+    let mut data = HashMap::new();
+    for (k, id) in ids.iter().enumerate() {
+        data.insert(id.clone(), input(DType::I64, elems, 1000 + k as u64));
+    }
+    let data2 = data.clone();
+    let ids2 = ids.to_vec();
+    let order2 = order.to_vec();
+    let nodes: Vec<_> = c.nodes.clone();
+    std::thread::spawn(move || {
+        for &k in &order2 {
+            std::thread::sleep(Duration::from_millis(gap_ms));
+            nodes[k % nodes.len()]
+                .put(ids2[k].clone(), &data2[&ids2[k]])
+                .unwrap();
+        }
+    });
+    data
+}
+
+#[test]
+fn subset_reduce_uses_exactly_the_first_n_ready() {
+    let c = cluster(8);
+    let ids: Vec<ObjectId> = (0..8).map(|k| ObjectId::new(format!("sub-{k}"))).collect();
+    let order = [5, 2, 7, 0, 3, 6, 1, 4];
+    let data = put_in_order(&c, &ids, &order, 60, 100_000);
+    let o = c
+        .node(1)
+        .reduce("sub-out", &ids, 5, ReduceOp::Sum, DType::I64)
+        .unwrap();
+    let expect: Vec<ObjectId> = order[..5].iter().map(|&k| ids[k].clone()).collect();
+    assert_eq!(o.used, expect, "the first five to be put");
+    let got = c.node(6).get("sub-out").unwrap();
+    let mut want = data[&expect[0]].clone();
+    for id in &expect[1..] {
+        combine(ReduceOp::Sum, DType::I64, &mut want, &data[id]);
+    }
+    assert!(
+        got == want,
+        "result is not the sum of exactly the five used inputs"
+    );
+}
+
+#[test]
+fn inputs_ready_in_reverse_and_random_order() {
+    let c = cluster(6);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    for (round, degree) in [(0, Some(1)), (1, Some(2)), (2, None)] {
+        let ids: Vec<ObjectId> = (0..6)
+            .map(|k| ObjectId::new(format!("ord-{round}-{k}")))
+            .collect();
+        let mut order: Vec<usize> = (0..6).rev().collect();
+        if round > 0 {
+            order.shuffle(&mut rng);
+        }
+        let data = put_in_order(&c, &ids, &order, 25, 200_000);
+        let target = format!("ord-out-{round}");
+        let o = c
+            .node(0)
+            .reduce_with(
+                target.as_str(),
+                &ids,
+                6,
+                ReduceOp::Max,
+                DType::I64,
+                &ReduceOptions {
+                    degree,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        assert_eq!(
+            o.used,
+            order.iter().map(|&k| ids[k].clone()).collect::<Vec<_>>()
+        );
+        let mut want = data[&ids[0]].clone();
+        for id in &ids[1..] {
+            combine(ReduceOp::Max, DType::I64, &mut want, &data[id]);
+        }
+        assert!(c.node(2).get(target.as_str()).unwrap() == want);
+    }
+}
+
+#[test]
+fn composed_reduce_starts_on_the_partial_upstream_result() {
+    let c = cluster(6);
+    let elems = 2_000_000; // 16 MiB of i64
+    let ids: Vec<ObjectId> = (0..6).map(|k| ObjectId::new(format!("comp-{k}"))).collect();
+    let mut data = HashMap::new();
+    for (k, id) in ids.iter().enumerate() {
+        let v = input(DType::I64, elems, 50 + k as u64);
+        c.node(k).put(id.clone(), &v).unwrap();
+        data.insert(id.clone(), v);
+    }
+    let n0 = c.node(0).clone();
+    let n5 = c.node(5).clone();
+    let up_ids = ids[..3].to_vec();
+    let down_ids = vec![
+        ObjectId::new("comp-up"),
+        ids[3].clone(),
+        ids[4].clone(),
+        ids[5].clone(),
+    ];
+    let (up, down) = std::thread::scope(|s| {
+        let down = s.spawn(|| {
+            n5.reduce("comp-down", &down_ids, 4, ReduceOp::Sum, DType::I64)
+                .unwrap()
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        let up = n0
+            .reduce("comp-up", &up_ids, 3, ReduceOp::Sum, DType::I64)
+            .unwrap();
+        (up, down.join().unwrap())
+    });
+    assert!(down.used.contains(&ObjectId::new("comp-up")));
+    // The downstream reduce placed the upstream target as soon as it was partial: before the
+    // upstream reduce had finished.
+    assert!(down.last_ready < up.done || down.used.last() != Some(&ObjectId::new("comp-up")));
+    let mut want = data[&ids[0]].clone();
+    for id in &ids[1..] {
+        combine(ReduceOp::Sum, DType::I64, &mut want, &data[id]);
+    }
+    assert!(c.node(2).get("comp-down").unwrap() == want);
+}
+
+#[test]
+fn allreduce_and_gather_on_eight_nodes() {
+    let c = cluster(8);
+    let ids: Vec<ObjectId> = (0..8).map(|k| ObjectId::new(format!("ar-{k}"))).collect();
+    let mut want = Vec::new();
+    for (k, id) in ids.iter().enumerate() {
+        let v = input(DType::F32, 1 << 20, 70 + k as u64);
+        c.node(k).put(id.clone(), &v).unwrap();
+        if k == 0 {
+            want = v;
+        }
+    }
+    let results: Vec<Vec<u8>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (1..8)
+            .map(|k| {
+                let n = c.node(k).clone();
+                s.spawn(move || n.get("ar-out").unwrap())
+            })
+            .collect();
+        let (mine, outcome) = c
+            .node(0)
+            .allreduce(
+                "ar-out",
+                &ids,
+                ReduceOp::Sum,
+                DType::F32,
+                &ReduceOptions::default(),
+            )
+            .unwrap();
+        let data: HashMap<ObjectId, Vec<u8>> = ids
+            .iter()
+            .map(|i| (i.clone(), c.node(0).get(i.clone()).unwrap()))
+            .collect();
+        want = tree_reference(&outcome.tree, &data, ReduceOp::Sum, DType::F32);
+        let mut all = vec![mine];
+        all.extend(hs.into_iter().map(|h| h.join().unwrap()));
+        all
+    });
+    for (k, r) in results.iter().enumerate() {
+        assert!(
+            *r == want,
+            "participant {k} got a different allreduce result"
+        );
+    }
+    let gathered = c.node(3).gather(&ids).unwrap();
+    for (k, g) in gathered.iter().enumerate() {
+        assert!(*g == c.node(k).get(ids[k].clone()).unwrap());
+    }
+}
+
+#[test]
+fn lengths_not_a_multiple_of_the_element_size_are_rejected() {
+    let c = cluster(2);
+    c.node(0).put("odd-0", &[1u8; 4098]).unwrap();
+    c.node(1).put("odd-1", &[1u8; 4098]).unwrap();
+    let ids = [ObjectId::new("odd-0"), ObjectId::new("odd-1")];
+    match c
+        .node(0)
+        .reduce("odd-out", &ids, 2, ReduceOp::Sum, DType::F32)
+    {
+        Err(Error::InvalidArgument(m)) => assert!(m.contains("multiple"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    // u8 accepts any length.
+    c.node(0)
+        .reduce("odd-out", &ids, 2, ReduceOp::Sum, DType::U8)
+        .unwrap();
+    assert_eq!(c.node(1).get("odd-out").unwrap(), vec![2u8; 4098]);
+    assert!(matches!(
+        c.node(0).reduce("x", &ids, 3, ReduceOp::Sum, DType::U8),
+        Err(Error::InvalidArgument(_))
+    ));
+}
