@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use phalanx::bench::{self, BenchRecord, Collective};
+use phalanx::bench::{self, Algo, BenchRecord, BenchSpec, Collective, Degree};
 use phalanx::transport::{NodeId, TcpConfig};
 use phalanx::{cluster, ClusterConfig, LocalCluster, Node, NodeConfig, TransportKind};
 use std::path::PathBuf;
@@ -44,30 +44,45 @@ enum Cmd {
         id: NodeId,
     },
     /// SPMD benchmark: start once per node (or use --local N).
-    Bench {
-        #[arg(value_enum)]
-        collective: Collective,
-        #[arg(long)]
-        config: Option<PathBuf>,
-        /// This process's rank; else PHALANX_RANK, else SLURM_PROCID.
-        #[arg(long)]
-        id: Option<NodeId>,
-        /// Run on an in-process cluster of N nodes over loopback instead.
-        #[arg(long)]
-        local: Option<u32>,
-        /// Sizes, e.g. 1K,64K,1M,16M,64M.
-        #[arg(long, default_value = "1K,64K,1M,16M,64M")]
-        size: String,
-        #[arg(long, default_value_t = 10)]
-        iters: usize,
-        #[arg(long, default_value_t = 2)]
-        warmup: usize,
-        /// One JSON object per line and size instead of a table.
-        #[arg(long)]
-        json: bool,
-        #[arg(long, value_enum, default_value = "tcp")]
-        transport: TransportArg,
-    },
+    Bench(BenchArgs),
+}
+
+#[derive(clap::Args)]
+struct BenchArgs {
+    /// One or more of p2p, broadcast, reduce, allreduce, gather (comma-separated; all
+    /// run in the same cluster, so they can serve as each other's baselines).
+    #[arg(value_enum, value_delimiter = ',', required = true)]
+    collective: Vec<Collective>,
+    /// phalanx, or star: every transfer to or from rank 0, one after another.
+    #[arg(long, value_enum, default_value = "phalanx")]
+    algo: Algo,
+    /// Reduce tree degree: auto, n, or a number.
+    #[arg(long, default_value = "auto")]
+    degree: Degree,
+    /// Rank k's input becomes ready k * this many milliseconds late (reduce, allreduce,
+    /// gather).
+    #[arg(long, default_value_t = 0)]
+    arrival_interval_ms: u64,
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// This process's rank; else PHALANX_RANK, else SLURM_PROCID.
+    #[arg(long)]
+    id: Option<NodeId>,
+    /// Run on an in-process cluster of N nodes over loopback instead.
+    #[arg(long)]
+    local: Option<u32>,
+    /// Sizes, e.g. 1K,64K,1M,16M,64M.
+    #[arg(long, default_value = "1K,64K,1M,16M,64M")]
+    size: String,
+    #[arg(long, default_value_t = 10)]
+    iters: usize,
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// One JSON object per line and size instead of a table.
+    #[arg(long)]
+    json: bool,
+    #[arg(long, value_enum, default_value = "tcp")]
+    transport: TransportArg,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -124,85 +139,88 @@ fn run(cli: Cli) -> Result<()> {
                 std::thread::park();
             }
         }
-        Cmd::Bench {
-            collective,
-            config,
-            id,
-            local,
-            size,
-            iters,
-            warmup,
-            json,
-            transport,
-        } => {
-            let sizes = bench::parse_sizes(&size).map_err(anyhow::Error::msg)?;
-            if iters == 0 {
-                bail!("--iters must be at least 1");
-            }
-            let records = match (local, config) {
-                (Some(n), _) => {
-                    if transport == TransportArg::Rdma {
-                        bail!("the rdma transport is not built into this binary yet");
-                    }
-                    if n < 2 {
-                        bail!("--local needs at least 2 nodes");
-                    }
-                    let arena = sizes.iter().max().copied().unwrap_or(0) * 4 + (64 << 20);
-                    let c = LocalCluster::start(
-                        n,
-                        NodeConfig {
-                            arena_size: arena,
-                            ..NodeConfig::default()
-                        },
-                        TcpConfig::default(),
-                    )?;
-                    let results: Vec<_> = std::thread::scope(|s| {
-                        let hs: Vec<_> = c
-                            .nodes
-                            .iter()
-                            .map(|node| {
-                                s.spawn(|| bench::run_rank(node, collective, &sizes, iters, warmup))
-                            })
-                            .collect();
-                        hs.into_iter()
-                            .map(|h| h.join().expect("rank thread"))
-                            .collect()
-                    });
-                    let mut rank0 = Vec::new();
-                    for (k, r) in results.into_iter().enumerate() {
-                        let r = r.with_context(|| format!("rank {k}"))?;
-                        if k == 0 {
-                            rank0 = r;
-                        }
-                    }
-                    rank0
-                }
-                (None, Some(path)) => {
-                    let mut cfg = ClusterConfig::load(&path)?;
-                    if transport == TransportArg::Rdma {
-                        cfg.transport = TransportKind::Rdma;
-                    }
-                    let rank = match id {
-                        Some(r) => r,
-                        None => rank_from_env()?,
-                    };
-                    let node = cluster::start_node(&cfg, rank)
-                        .with_context(|| format!("starting rank {rank}"))?;
-                    let r = bench::run_rank(&node, collective, &sizes, iters, warmup)?;
-                    // Let the other ranks finish their last deletes before leaving.
-                    std::thread::sleep(Duration::from_millis(200));
-                    node.shutdown();
-                    if rank != 0 {
-                        return Ok(());
-                    }
-                    r
-                }
-                (None, None) => bail!("give --config FILE (one process per node) or --local N"),
-            };
-            print_records(&records, json);
-            Ok(())
-        }
+        Cmd::Bench(args) => bench_cmd(args),
     }
+}
+
+fn bench_cmd(a: BenchArgs) -> Result<()> {
+    let sizes = bench::parse_sizes(&a.size).map_err(anyhow::Error::msg)?;
+    if a.iters == 0 {
+        bail!("--iters must be at least 1");
+    }
+    let specs: Vec<BenchSpec> = a
+        .collective
+        .iter()
+        .map(|&c| BenchSpec {
+            collective: c,
+            algo: a.algo,
+            sizes: sizes.clone(),
+            iters: a.iters,
+            warmup: a.warmup,
+            arrival_interval_ms: a.arrival_interval_ms,
+            degree: a.degree,
+        })
+        .collect();
+    let run_all = |node: &Node| -> phalanx::Result<Vec<Vec<BenchRecord>>> {
+        specs.iter().map(|s| bench::run_rank(node, s)).collect()
+    };
+    let records = match (a.local, &a.config) {
+        (Some(n), _) => {
+            if a.transport == TransportArg::Rdma {
+                bail!("the rdma transport is not built into this binary yet");
+            }
+            if n < 2 {
+                bail!("--local needs at least 2 nodes");
+            }
+            let arena = sizes.iter().max().copied().unwrap_or(0) * (n as u64 + 4) + (64 << 20);
+            let cfg = NodeConfig {
+                arena_size: arena,
+                ..NodeConfig::default()
+            };
+            let c = LocalCluster::start(n, cfg, TcpConfig::default())?;
+            let results: Vec<_> = std::thread::scope(|s| {
+                let hs: Vec<_> = c
+                    .nodes
+                    .iter()
+                    .map(|node| s.spawn(|| run_all(node)))
+                    .collect();
+                hs.into_iter()
+                    .map(|h| h.join().expect("rank thread"))
+                    .collect()
+            });
+            let mut rank0 = Vec::new();
+            for (k, r) in results.into_iter().enumerate() {
+                let r = r.with_context(|| format!("rank {k}"))?;
+                if k == 0 {
+                    rank0 = r;
+                }
+            }
+            rank0
+        }
+        (None, Some(path)) => {
+            let mut cfg = ClusterConfig::load(path)?;
+            if a.transport == TransportArg::Rdma {
+                cfg.transport = TransportKind::Rdma;
+            }
+            let rank = match a.id {
+                Some(r) => r,
+                None => rank_from_env()?,
+            };
+            let node =
+                cluster::start_node(&cfg, rank).with_context(|| format!("starting rank {rank}"))?;
+            let r = run_all(&node).with_context(|| format!("rank {rank}"))?;
+            // Let the other ranks finish their last deletes before leaving.
+            std::thread::sleep(Duration::from_millis(300));
+            node.shutdown();
+            if rank != 0 {
+                return Ok(());
+            }
+            r
+        }
+        (None, None) => bail!("give --config FILE (one process per node) or --local N"),
+    };
+    print_records(&records, a.json);
+    Ok(())
 }
 
 fn rank_from_env() -> Result<NodeId> {
@@ -216,21 +234,20 @@ fn rank_from_env() -> Result<NodeId> {
     bail!("no rank: pass --id, or set PHALANX_RANK or SLURM_PROCID")
 }
 
-fn print_records(records: &[BenchRecord], json: bool) {
-    if json {
-        for r in records {
-            println!("{}", serde_json::to_string(r).expect("records serialise"));
+fn print_records(groups: &[Vec<BenchRecord>], json: bool) {
+    for records in groups {
+        if json {
+            for r in records {
+                println!("{}", serde_json::to_string(r).expect("records serialise"));
+            }
+            continue;
         }
-        return;
-    }
-    if let Some(r) = records.first() {
-        println!(
-            "{}",
-            BenchRecord::table_header(r.collective, &r.transport, r.nodes)
-        );
-    }
-    for r in records {
-        println!("{}", r.table_row());
+        if let Some(r) = records.first() {
+            println!("{}", r.table_header());
+        }
+        for r in records {
+            println!("{}", r.table_row());
+        }
     }
 }
 

@@ -317,7 +317,22 @@ impl Node {
 
     /// A zero-copy read-only view of the complete object in the local arena.
     pub fn get_view(&self, id: impl Into<ObjectId>) -> Result<ObjectView> {
-        match self.inner.fetch(&id.into())? {
+        self.get_view_excluding(id, &[])
+    }
+
+    /// Like [`Node::get_view`], pulling only from `source` (no tree): the star baseline of a
+    /// task system without collectives.
+    pub fn get_view_from(&self, id: impl Into<ObjectId>, source: NodeId) -> Result<ObjectView> {
+        let others: Vec<NodeId> = (0..self.inner.nodes).filter(|&n| n != source).collect();
+        self.get_view_excluding(id, &others)
+    }
+
+    fn get_view_excluding(
+        &self,
+        id: impl Into<ObjectId>,
+        exclude: &[NodeId],
+    ) -> Result<ObjectView> {
+        match self.inner.fetch_excluding(&id.into(), exclude)? {
             Fetched::Owned(v) => Ok(ObjectView::Owned(v)),
             Fetched::Copy(c) => {
                 let size = c.size();

@@ -16,10 +16,19 @@ impl Inner {
     /// Finds the object: the local copy (maybe partial), inline bytes from the directory, or a
     /// new local copy being pulled by a background driver.
     pub(crate) fn fetch(self: &Arc<Self>, id: &ObjectId) -> Result<Fetched> {
+        self.fetch_excluding(id, &[])
+    }
+
+    /// [`Inner::fetch`] that never pulls from the nodes in `exclude` (for baselines).
+    pub(crate) fn fetch_excluding(
+        self: &Arc<Self>,
+        id: &ObjectId,
+        exclude: &[NodeId],
+    ) -> Result<Fetched> {
         if let Some(c) = self.store.lookup(id) {
             return Ok(Fetched::Copy(c));
         }
-        match self.locate(id, false, &[])? {
+        match self.locate(id, false, exclude)? {
             Located::Inline(data) => Ok(Fetched::Owned(data)),
             Located::NotFound => Err(Error::NotFound(id.clone())),
             Located::Local => self
@@ -68,11 +77,12 @@ impl Inner {
                 };
                 self.withdraw(&evicted);
                 let me = self.clone();
+                let exclude_owned = exclude.to_vec();
                 let driver_copy = copy.clone();
                 let id2 = id.clone();
                 std::thread::Builder::new()
                     .name(format!("phx-pull-{}", self.id))
-                    .spawn(move || me.drive(id2, driver_copy, node))
+                    .spawn(move || me.drive(id2, driver_copy, node, exclude_owned))
                     .map_err(|e| Error::Config(format!("spawn: {e}")))?;
                 Ok(Fetched::Copy(copy))
             }
@@ -94,9 +104,14 @@ impl Inner {
     }
 
     /// Pulls the copy to completion, replacing failed sources; runs on its own thread.
-    fn drive(self: Arc<Self>, id: ObjectId, copy: CopyRef, first: NodeId) {
+    fn drive(
+        self: Arc<Self>,
+        id: ObjectId,
+        copy: CopyRef,
+        first: NodeId,
+        mut exclude: Vec<NodeId>,
+    ) {
         let mut source = first;
-        let mut exclude: Vec<NodeId> = Vec::new();
         loop {
             let from = copy.watermark();
             let start = Instant::now();
