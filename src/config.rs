@@ -23,6 +23,8 @@ pub struct NodeConfig {
     pub op_timeout: Duration,
     /// Granularity at which `put` copies into the arena (and publishes progress).
     pub put_step: u64,
+    /// How long a caller spins for a reply before sleeping.
+    pub spin_wait: Duration,
     /// Fixed round-trip latency for the reduce degree model (default: measured).
     pub latency_override: Option<Duration>,
     /// Fixed bandwidth in bytes/s for the reduce degree model (default: measured).
@@ -37,6 +39,7 @@ impl Default for NodeConfig {
             huge_pages: false,
             op_timeout: Duration::from_secs(300),
             put_step: 1 << 20,
+            spin_wait: Duration::from_micros(30),
             latency_override: None,
             bandwidth_override: None,
         }

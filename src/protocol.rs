@@ -157,6 +157,21 @@ pub struct ReduceTask {
 }
 
 impl Msg {
+    /// Whether the directory shard handles this message.
+    pub fn is_directory(&self) -> bool {
+        matches!(
+            self,
+            Msg::Publish { .. }
+                | Msg::PutInline { .. }
+                | Msg::Locate { .. }
+                | Msg::TransferDone { .. }
+                | Msg::Withdraw { .. }
+                | Msg::Query { .. }
+                | Msg::Subscribe { .. }
+                | Msg::Delete { .. }
+        )
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         bincode::serialize(self).expect("messages always serialise")
     }

@@ -95,6 +95,14 @@ pub trait Transport: Send + Sync + 'static {
     /// Sends one control message (at most [`MAX_CTRL_LEN`] bytes).
     fn send(&self, peer: NodeId, msg: &[u8]) -> Result<(), TransportError>;
 
+    /// Sends a control message if that can be done without blocking (for handlers running on
+    /// the transport's own threads, which must never wait on the network). Ok(false): not
+    /// sent, use [`Transport::send`] from another thread.
+    fn send_nonblocking(&self, peer: NodeId, msg: &[u8]) -> Result<bool, TransportError> {
+        let _ = (peer, msg);
+        Ok(false)
+    }
+
     /// Writes `len` bytes from the local arena at `src_offset` into `dst` at `dst_offset`,
     /// tagged with the receiver's `stream`. Returns once the source bytes may be reused.
     /// The caller keeps the source range allocated and unchanged until then.

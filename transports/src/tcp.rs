@@ -55,10 +55,28 @@ struct Counters {
 struct Conn {
     peer: NodeId,
     socket: TcpStream,
-    writer: Mutex<TcpStream>,
+    writer: Mutex<Writer>,
     /// Nanoseconds since the transport's epoch of the last frame sent.
     last_send: AtomicU64,
     dead: AtomicBool,
+}
+
+/// The sending side of a connection. `tail` holds the unsent rest of frames queued by
+/// [`Transport::send_nonblocking`]; every writer sends it first, so frames stay whole and in
+/// order.
+struct Writer {
+    stream: TcpStream,
+    tail: Vec<u8>,
+}
+
+impl Writer {
+    fn flush_tail(&mut self) -> std::io::Result<()> {
+        if !self.tail.is_empty() {
+            self.stream.write_all(&self.tail)?;
+            self.tail.clear();
+        }
+        Ok(())
+    }
 }
 
 struct Inner {
@@ -72,6 +90,8 @@ struct Inner {
     events_tx: Sender<Event>,
     events_rx: Receiver<Event>,
     handler: OnceLock<EventHandler>,
+    /// Connections whose writer has a tail for the flusher thread to send.
+    flush_tx: Sender<Arc<Conn>>,
     counters: Counters,
     closing: AtomicBool,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -95,6 +115,7 @@ impl TcpTransport {
             .map_err(|e| TransportError::Setup(format!("node {id}: bind {addr}: {e}")))?;
         let listen_addr = listener.local_addr()?;
         let (events_tx, events_rx) = crossbeam_channel::unbounded();
+        let (flush_tx, flush_rx) = crossbeam_channel::unbounded();
         let inner = Arc::new(Inner {
             id,
             cfg,
@@ -106,6 +127,7 @@ impl TcpTransport {
             events_tx,
             events_rx,
             handler: OnceLock::new(),
+            flush_tx,
             counters: Counters::default(),
             closing: AtomicBool::new(false),
             threads: Mutex::new(Vec::new()),
@@ -118,7 +140,11 @@ impl TcpTransport {
         let h = std::thread::Builder::new()
             .name(format!("phx-heartbeat-{id}"))
             .spawn(move || hb.heartbeat_loop())?;
-        inner.threads.lock().unwrap().extend([t, h]);
+        let fl = inner.clone();
+        let f = std::thread::Builder::new()
+            .name(format!("phx-flush-{id}"))
+            .spawn(move || fl.flush_loop(flush_rx))?;
+        inner.threads.lock().unwrap().extend([t, h, f]);
         Ok(TcpTransport { inner })
     }
 
@@ -311,7 +337,10 @@ impl Inner {
         s.set_write_timeout(Some(self.cfg.heartbeat_timeout * 2))?;
         let conn = Arc::new(Conn {
             peer,
-            writer: Mutex::new(s.try_clone()?),
+            writer: Mutex::new(Writer {
+                stream: s.try_clone()?,
+                tail: Vec::new(),
+            }),
             socket: s,
             last_send: AtomicU64::new(self.now_ns()),
             dead: AtomicBool::new(false),
@@ -469,7 +498,8 @@ impl Inner {
             if conn.dead.load(Ordering::Acquire) {
                 return Err(TransportError::PeerUnavailable(conn.peer));
             }
-            write_all_vectored(&mut w, &head, payload)
+            w.flush_tail()
+                .and_then(|_| write_all_vectored(&mut w.stream, &head, payload))
         };
         conn.last_send.store(self.now_ns(), Ordering::Relaxed);
         res.map_err(|e| {
@@ -480,6 +510,72 @@ impl Inner {
                 reason,
             }
         })
+    }
+
+    /// Sends the tails left by non-blocking sends; blocking here is harmless, this thread
+    /// does nothing else.
+    fn flush_loop(self: Arc<Self>, rx: Receiver<Arc<Conn>>) {
+        for c in rx {
+            if self.closing.load(Ordering::Acquire) {
+                break;
+            }
+            let r = c.writer.lock().unwrap().flush_tail();
+            if let Err(e) = r {
+                self.drop_conn(&c, format!("send failed: {e}"));
+            }
+        }
+    }
+
+    /// Queues a control frame without ever blocking: written at once if the socket takes it,
+    /// else (the rest) left as the writer's tail for the flusher. False if the writer is busy.
+    fn send_nonblocking(&self, conn: &Arc<Conn>, msg: &[u8]) -> Result<bool, TransportError> {
+        let Ok(mut w) = conn.writer.try_lock() else {
+            return Ok(false);
+        };
+        if conn.dead.load(Ordering::Acquire) {
+            return Err(TransportError::PeerUnavailable(conn.peer));
+        }
+        let head = FrameHeader::control(FrameKind::Ctrl, msg.len() as u64).encode();
+        if w.tail.is_empty() {
+            use nix::sys::socket::{sendmsg, MsgFlags};
+            let iov = [IoSlice::new(&head), IoSlice::new(msg)];
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&w.stream);
+            let sent = match sendmsg::<nix::sys::socket::SockaddrStorage>(
+                fd,
+                &iov,
+                &[],
+                MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+                None,
+            ) {
+                Ok(n) => n,
+                Err(nix::errno::Errno::EAGAIN) => 0,
+                Err(e) => {
+                    drop(w);
+                    let reason = format!("send failed: {e}");
+                    self.drop_conn(conn, reason.clone());
+                    return Err(TransportError::PeerFailed {
+                        peer: conn.peer,
+                        reason,
+                    });
+                }
+            };
+            if sent < head.len() {
+                w.tail.extend_from_slice(&head[sent..]);
+                w.tail.extend_from_slice(msg);
+            } else {
+                w.tail.extend_from_slice(&msg[sent - head.len()..]);
+            }
+        } else {
+            w.tail.extend_from_slice(&head);
+            w.tail.extend_from_slice(msg);
+        }
+        let queued = !w.tail.is_empty();
+        drop(w);
+        conn.last_send.store(self.now_ns(), Ordering::Relaxed);
+        if queued {
+            let _ = self.flush_tx.send(conn.clone());
+        }
+        Ok(true)
     }
 
     fn heartbeat_loop(self: Arc<Self>) {
@@ -500,7 +596,7 @@ impl Inner {
                     if c.dead.load(Ordering::Acquire) {
                         continue;
                     }
-                    let r = w.write_all(&hb);
+                    let r = w.flush_tail().and_then(|_| w.stream.write_all(&hb));
                     drop(w);
                     c.last_send.store(self.now_ns(), Ordering::Relaxed);
                     if let Err(e) = r {
@@ -520,7 +616,7 @@ impl Inner {
         for c in conns {
             if goodbye {
                 if let Ok(mut w) = c.writer.lock() {
-                    let _ = w.write_all(&bye);
+                    let _ = w.flush_tail().and_then(|_| w.stream.write_all(&bye));
                 }
             }
             c.dead.store(true, Ordering::Release);
@@ -590,6 +686,24 @@ impl Transport for TcpTransport {
             .ctrl_sent
             .fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    fn send_nonblocking(&self, peer: NodeId, msg: &[u8]) -> Result<bool, TransportError> {
+        if msg.len() > crate::MAX_CTRL_LEN {
+            return Err(TransportError::MessageTooLarge {
+                len: msg.len(),
+                max: crate::MAX_CTRL_LEN,
+            });
+        }
+        let conn = self.inner.conn(peer)?;
+        let sent = self.inner.send_nonblocking(&conn, msg)?;
+        if sent {
+            self.inner
+                .counters
+                .ctrl_sent
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(sent)
     }
 
     fn write(
