@@ -37,6 +37,36 @@ impl LocalCluster {
         Ok(LocalCluster { nodes })
     }
 
+    /// Restarts node `k` (after it was killed) as a new incarnation on the same address; it
+    /// rejoins the cluster with an empty store.
+    pub fn restart(&mut self, k: usize, cfg: NodeConfig, tcp: TcpConfig) -> Result<()> {
+        let addr = self.nodes[k]
+            .listen_addr()
+            .ok_or_else(|| Error::Config("no address".into()))?;
+        self.nodes[k].kill();
+        let peers: Vec<(NodeId, SocketAddr)> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, n)| Some((i as NodeId, n.listen_addr()?)))
+            .collect();
+        // The old listener may take a moment to close.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let t = loop {
+            match TcpTransport::bind(k as NodeId, addr, tcp.clone()) {
+                Ok(t) => break t,
+                Err(e) if std::time::Instant::now() < deadline => {
+                    tracing::debug!("rebind {addr}: {e}");
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        t.connect(&peers, true)?;
+        self.nodes[k] = Node::start(k as NodeId, self.nodes.len() as u32, Arc::new(t), cfg)?;
+        Ok(())
+    }
+
     pub fn node(&self, i: usize) -> &Node {
         &self.nodes[i]
     }
@@ -54,15 +84,16 @@ impl Drop for LocalCluster {
     }
 }
 
-/// Starts node `id` of a configured cluster and waits for the whole mesh.
-pub fn start_node(cfg: &ClusterConfig, id: NodeId) -> Result<Node> {
+/// Starts node `id` of a configured cluster and waits for the whole mesh; with `rejoin`, a
+/// restarted node links to whichever peers are alive and does not wait for the rest.
+pub fn start_node(cfg: &ClusterConfig, id: NodeId, rejoin: bool) -> Result<Node> {
     let addr = cfg
         .addr_of(id)
         .ok_or_else(|| Error::Config(format!("node {id} is not in the cluster config")))?;
     match cfg.transport {
         TransportKind::Tcp => {
             let t = TcpTransport::bind(id, addr, cfg.tcp_config())?;
-            t.connect(&cfg.peers(), false)?;
+            t.connect(&cfg.peers(), rejoin)?;
             Node::start(id, cfg.nodes.len() as u32, Arc::new(t), cfg.node_config())
         }
         TransportKind::Rdma => Err(Error::Config(

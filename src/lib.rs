@@ -13,6 +13,7 @@ mod error;
 mod id;
 mod node;
 pub mod ops;
+pub mod plot;
 pub mod protocol;
 pub mod reduce;
 pub mod store;
@@ -22,7 +23,9 @@ pub use cluster::LocalCluster;
 pub use config::{ClusterConfig, NodeConfig, TransportKind, INLINE_LIMIT};
 pub use error::{Error, Result};
 pub use id::ObjectId;
-pub use node::{Node, ObjectReader, ObjectView, ServeRecord, TransferRecord};
+pub use node::{
+    FaultAction, FaultPlan, Node, ObjectReader, ObjectView, ServeRecord, TransferRecord,
+};
 pub use ops::{DType, ReduceOp};
 pub use phalanx_transport as transport;
 pub use reduce::{ReduceOptions, ReduceOutcome, Tree};

@@ -127,8 +127,8 @@ fn run(cli: Cli) -> Result<()> {
         }
         Cmd::Node { config, id } => {
             let cfg = ClusterConfig::load(&config)?;
-            let node =
-                cluster::start_node(&cfg, id).with_context(|| format!("starting node {id}"))?;
+            let node = cluster::start_node(&cfg, id, false)
+                .with_context(|| format!("starting node {id}"))?;
             println!(
                 "node {} up: {} nodes over {:?}",
                 node.id(),
@@ -206,8 +206,8 @@ fn bench_cmd(a: BenchArgs) -> Result<()> {
                 Some(r) => r,
                 None => rank_from_env()?,
             };
-            let node =
-                cluster::start_node(&cfg, rank).with_context(|| format!("starting rank {rank}"))?;
+            let node = cluster::start_node(&cfg, rank, false)
+                .with_context(|| format!("starting rank {rank}"))?;
             let r = run_all(&node).with_context(|| format!("rank {rank}"))?;
             // Let the other ranks finish their last deletes before leaving.
             std::thread::sleep(Duration::from_millis(300));

@@ -29,6 +29,23 @@ pub(crate) struct Inbound {
     pub done: Sender<InboundEnd>,
 }
 
+/// What the fault-injection hook does when it fires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultAction {
+    /// The node drops every link abruptly and stops (in-process tests).
+    DropLinks,
+    /// The whole process receives SIGKILL.
+    SigKill,
+}
+
+/// Kill this node once it has sent `after_bytes` bytes of `object` to a receiver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FaultPlan {
+    pub object: ObjectId,
+    pub after_bytes: u64,
+    pub action: FaultAction,
+}
+
 /// One pull as the receiver saw it.
 #[derive(Debug, Clone)]
 pub struct TransferRecord {
@@ -85,6 +102,10 @@ pub(crate) struct Inner {
     closed: AtomicBool,
     /// EWMA of pull throughput, f64 bits.
     bandwidth_bits: AtomicU64,
+    pub fault: Mutex<Option<FaultPlan>>,
+    pub fault_fired: AtomicBool,
+    /// Peers seen down and not back yet.
+    down_peers: Mutex<std::collections::HashSet<NodeId>>,
 }
 
 /// A Phalanx node. Cheap to clone; every clone is the same node.
@@ -192,6 +213,9 @@ impl Node {
             serve_log: Mutex::new(Vec::new()),
             closed: AtomicBool::new(false),
             bandwidth_bits: AtomicU64::new(0),
+            fault: Mutex::new(None),
+            fault_fired: AtomicBool::new(false),
+            down_peers: Mutex::new(Default::default()),
         });
         let d = inner.clone();
         let h = std::thread::Builder::new()
@@ -448,6 +472,22 @@ impl Node {
         self.inner.store.free_bytes()
     }
 
+    /// Test hook: arms a fault that kills this node at a chosen byte offset of a transfer it
+    /// serves.
+    pub fn inject_fault(&self, plan: FaultPlan) {
+        *self.inner.fault.lock().unwrap() = Some(plan);
+    }
+
+    /// Whether the injected fault has fired.
+    pub fn fault_fired(&self) -> bool {
+        self.inner.fault_fired.load(Ordering::Acquire)
+    }
+
+    /// Whether the node has been stopped or killed.
+    pub fn is_closed(&self) -> bool {
+        self.inner.is_closed()
+    }
+
     /// Stops the node cleanly: peers see a goodbye.
     pub fn shutdown(&self) {
         self.stop(false);
@@ -459,23 +499,11 @@ impl Node {
     }
 
     fn stop(&self, abrupt: bool) {
-        if self.inner.closed.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        if abrupt {
-            self.inner.transport.kill();
-        } else {
-            self.inner.transport.shutdown();
-        }
-        let _ = self.inner.local_tx.send(Local::Stop);
+        self.inner.close(abrupt);
         if let Some(h) = self.dispatcher.lock().unwrap().take() {
-            let _ = h.join();
-        }
-        for (_, (_, tx)) in self.inner.pending.lock().unwrap().drain() {
-            let _ = tx.send(Err(Error::Shutdown));
-        }
-        for (_, ib) in self.inner.inbound.lock().unwrap().drain() {
-            let _ = ib.done.send(InboundEnd::Failed("node shut down".into()));
+            if h.thread().id() != std::thread::current().id() {
+                let _ = h.join();
+            }
         }
     }
 }
@@ -534,6 +562,77 @@ impl Inner {
 
     pub fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
+    }
+
+    /// Stops the node: links closed (abruptly: no goodbye, as if the process died), the
+    /// dispatcher stopped, and every waiting operation failed.
+    pub fn close(&self, abrupt: bool) {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if abrupt {
+            self.transport.kill();
+        } else {
+            self.transport.shutdown();
+        }
+        let _ = self.local_tx.send(Local::Stop);
+        for (_, (_, tx)) in self.pending.lock().unwrap().drain() {
+            let _ = tx.send(Err(Error::Shutdown));
+        }
+        for (_, ib) in self.inbound.lock().unwrap().drain() {
+            let _ = ib.done.send(InboundEnd::Failed("node shut down".into()));
+        }
+    }
+
+    /// Fires the injected fault if it applies to serving bytes of `id` up to `end`; returns
+    /// how many bytes may still be sent before it fires.
+    pub fn fault_budget(&self, id: &ObjectId, sent: u64) -> Option<u64> {
+        let f = self.fault.lock().unwrap();
+        let plan = f.as_ref().filter(|p| p.object == *id)?;
+        Some(plan.after_bytes.saturating_sub(sent))
+    }
+
+    pub fn fire_fault(&self) {
+        let action = match self.fault.lock().unwrap().take() {
+            Some(p) => p.action,
+            None => return,
+        };
+        self.fault_fired.store(true, Ordering::Release);
+        warn!(node = self.id, "injected fault fires: {action:?}");
+        match action {
+            FaultAction::DropLinks => self.close(true),
+            FaultAction::SigKill => {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::getpid(),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+
+    /// A peer came back after a failure: give its directory shard our copies again.
+    fn republish_to(&self, peer: NodeId) {
+        for (id, size, complete) in self.store.summary() {
+            if self.shard_of(&id) != peer {
+                continue;
+            }
+            let small = size < INLINE_LIMIT && complete;
+            let msg = match self.store.lookup(&id) {
+                Some(c) if small => Msg::PutInline {
+                    rid: 0,
+                    id,
+                    node: self.id,
+                    data: c.filled(0, size).to_vec(),
+                },
+                _ => Msg::Publish {
+                    id,
+                    size,
+                    node: self.id,
+                    complete,
+                },
+            };
+            let _ = self.send(peer, msg);
+        }
     }
 
     pub fn next_stream(&self) -> StreamId {
@@ -626,7 +725,15 @@ impl Inner {
         for m in local {
             match m {
                 Local::Msg(from, msg) => self.on_msg(from, msg),
-                Local::Event(Event::PeerDown { peer, reason }) => self.on_peer_down(peer, &reason),
+                Local::Event(Event::PeerDown { peer, reason }) => {
+                    self.down_peers.lock().unwrap().insert(peer);
+                    self.on_peer_down(peer, &reason)
+                }
+                Local::Event(Event::PeerUp { peer }) => {
+                    if self.down_peers.lock().unwrap().remove(&peer) {
+                        self.republish_to(peer);
+                    }
+                }
                 Local::Event(_) => {}
                 Local::Send(to, msg) => {
                     if let Err(e) = self.send(to, msg) {

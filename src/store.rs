@@ -206,6 +206,18 @@ impl Store {
         })
     }
 
+    /// Every copy held: id, size, complete.
+    pub fn summary(&self) -> Vec<(ObjectId, u64, bool)> {
+        let st = self.lock();
+        st.by_id
+            .iter()
+            .map(|(id, k)| {
+                let c = &st.copies[k];
+                (id.clone(), c.size, c.status == CopyStatus::Complete)
+            })
+            .collect()
+    }
+
     /// Ids of every copy held (complete or not).
     pub fn ids(&self) -> Vec<ObjectId> {
         self.lock().by_id.keys().cloned().collect()

@@ -90,16 +90,27 @@ impl Inner {
     }
 
     fn locate(&self, id: &ObjectId, resume: bool, exclude: &[NodeId]) -> Result<Located> {
-        let r = self.call(self.shard_of(id), |rid| Msg::Locate {
-            rid,
-            id: id.clone(),
-            wait: true,
-            resume,
-            exclude: exclude.to_vec(),
-        })?;
-        match r {
-            Reply::Located(l) => Ok(l),
-            r => Err(self.unexpected(r)),
+        let shard = self.shard_of(id);
+        let deadline = Instant::now() + self.cfg.op_timeout;
+        loop {
+            let r = self.call(shard, |rid| Msg::Locate {
+                rid,
+                id: id.clone(),
+                wait: true,
+                resume,
+                exclude: exclude.to_vec(),
+            });
+            match r {
+                Ok(Reply::Located(l)) => return Ok(l),
+                Ok(r) => return Err(self.unexpected(r)),
+                // The shard's node died: wait for it to rejoin (its copies get republished).
+                Err(Error::PeerDown(p))
+                    if p == shard && Instant::now() < deadline && !self.is_closed() =>
+                {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => return Err(e),
+            }
         }
     }
 
@@ -300,7 +311,14 @@ impl Inner {
                 if cancel.load(Ordering::Acquire) || self.is_closed() {
                     return Err(Error::Shutdown);
                 }
-                let n = (wm - off).min(chunk);
+                let mut n = (wm - off).min(chunk);
+                if let Some(budget) = self.fault_budget(id, off) {
+                    if budget == 0 {
+                        self.fire_fault();
+                        return Err(Error::Shutdown);
+                    }
+                    n = n.min(budget);
+                }
                 self.transport
                     .write(receiver, stream, base + off, dst, off, n)?;
                 off += n;

@@ -157,14 +157,22 @@ impl TcpTransport {
         dial_all: bool,
     ) -> Result<(), TransportError> {
         let deadline = Instant::now() + self.inner.cfg.connect_timeout;
+        if dial_all {
+            // Rejoining: every live peer answers; a dead one is skipped (it will dial us
+            // when it comes back).
+            let short = Instant::now() + Duration::from_secs(2).min(self.inner.cfg.connect_timeout);
+            for &(peer, addr) in peers.iter().filter(|p| p.0 != self.inner.id) {
+                if let Err(e) = self.inner.dial(peer, addr, short) {
+                    warn!(node = self.inner.id, peer, "not rejoined: {e}");
+                }
+            }
+            return Ok(());
+        }
         for &(peer, addr) in peers {
-            if peer == self.inner.id || !(dial_all || peer < self.inner.id) {
+            if peer == self.inner.id || peer > self.inner.id {
                 continue;
             }
             self.inner.dial(peer, addr, deadline)?;
-        }
-        if dial_all {
-            return Ok(());
         }
         let mut conns = self.inner.conns.lock().unwrap();
         loop {
@@ -346,14 +354,22 @@ impl Inner {
             dead: AtomicBool::new(false),
         });
         let reader = conn.socket.try_clone()?;
-        {
+        let replaced = {
             let mut conns = self.conns.lock().unwrap();
-            if let Some(old) = conns.insert(peer, conn.clone()) {
-                // A restarted peer replaces its old link; the old reader exits silently.
-                old.dead.store(true, Ordering::Release);
-                let _ = old.socket.shutdown(Shutdown::Both);
-            }
+            let old = conns.insert(peer, conn.clone());
             self.conns_changed.notify_all();
+            old
+        };
+        if let Some(old) = replaced {
+            // A restarted peer replaces its old link: the old incarnation is dead even if we
+            // had not noticed yet. Its reader exits silently; we report the death here.
+            old.dead.store(true, Ordering::Release);
+            let _ = old.socket.shutdown(Shutdown::Both);
+            self.counters.peers_down.fetch_add(1, Ordering::Relaxed);
+            let _ = self.emit(Event::PeerDown {
+                peer,
+                reason: "peer restarted".into(),
+            });
         }
         info!(node = self.id, peer, "link up");
         let _ = self.emit(Event::PeerUp { peer });

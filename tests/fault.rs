@@ -1,0 +1,237 @@
+//! Fault tolerance over real TCP on loopback: sources dying mid-broadcast, resume from the
+//! receiver's watermark, restart and rejoin.
+
+use phalanx::transport::{NodeId, TcpConfig};
+use phalanx::{FaultAction, FaultPlan, LocalCluster, Node, NodeConfig, ObjectId};
+use rand::{Rng, SeedableRng};
+use std::time::{Duration, Instant};
+
+const SIZE: usize = 64 << 20;
+
+fn cfg() -> NodeConfig {
+    NodeConfig {
+        arena_size: 256 << 20,
+        op_timeout: Duration::from_secs(60),
+        ..NodeConfig::default()
+    }
+}
+
+fn tcp() -> TcpConfig {
+    TcpConfig {
+        heartbeat_timeout: Duration::from_secs(1),
+        ..TcpConfig::default()
+    }
+}
+
+fn pattern(seed: u64) -> Vec<u8> {
+    let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut v = vec![0u8; SIZE];
+    r.fill(&mut v[..]);
+    v
+}
+
+/// An object name whose directory shard is `shard` (so the victims never hold it).
+fn name_on(node: &Node, prefix: &str, shard: NodeId) -> ObjectId {
+    (0..)
+        .map(|i| ObjectId::new(format!("{prefix}-{i}")))
+        .find(|n| node.shard_of(n.clone()) == shard)
+        .unwrap()
+}
+
+/// No two nodes ever pulled from each other at overlapping times.
+fn assert_no_mutual_feeding(c: &LocalCluster, id: &ObjectId) {
+    let pulls: Vec<_> = c
+        .nodes
+        .iter()
+        .flat_map(|n| n.transfer_log())
+        .filter(|t| t.id == *id)
+        .collect();
+    for a in &pulls {
+        for b in &pulls {
+            if a.receiver == b.source && a.source == b.receiver {
+                let overlap = a.start < b.end && b.start < a.end;
+                assert!(
+                    !overlap,
+                    "{} and {} fed each other: {a:?} {b:?}",
+                    a.receiver, b.receiver
+                );
+            }
+        }
+    }
+}
+
+/// Every byte a live receiver holds arrived once: pulls add up to the size, resumed pulls
+/// start where the failed one stopped, and the transport saw at most one extra object.
+fn assert_resumed_exactly(n: &Node, id: &ObjectId) -> bool {
+    let log: Vec<_> = n
+        .transfer_log()
+        .into_iter()
+        .filter(|t| t.id == *id)
+        .collect();
+    let total: u64 = log.iter().map(|t| t.bytes).sum();
+    assert_eq!(total, SIZE as u64, "node {}: pulls {log:?}", n.id());
+    for w in log.windows(2) {
+        assert_eq!(
+            w[1].from,
+            w[0].from + w[0].bytes,
+            "node {} resumed at the wrong offset",
+            n.id()
+        );
+    }
+    let received = n.transport_stats().data_bytes_received;
+    assert!(
+        received <= 2 * SIZE as u64,
+        "node {} received {received} bytes",
+        n.id()
+    );
+    log.len() > 1
+}
+
+fn broadcast_with(
+    c: &LocalCluster,
+    id: &ObjectId,
+    data: &[u8],
+    seed: u64,
+    during: impl FnOnce() + Send,
+) -> (Vec<Option<Instant>>, Instant) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let delays: Vec<u64> = (0..c.nodes.len())
+        .map(|k| k as u64 * 12 + rng.gen_range(0..6))
+        .collect();
+    let t0 = Instant::now();
+    let done = std::thread::scope(|s| {
+        let hs: Vec<_> = (1..c.nodes.len())
+            .map(|k| {
+                let node = c.node(k).clone();
+                let delay = delays[k];
+                let id = id.clone();
+                s.spawn(move || {
+                    std::thread::sleep(Duration::from_millis(delay));
+                    let got = node.get(id).ok()?;
+                    assert!(got == data, "node {k} got different bytes");
+                    Some(Instant::now())
+                })
+            })
+            .collect();
+        c.node(0).put(id.clone(), data).unwrap();
+        during();
+        let mut done = vec![Some(Instant::now())];
+        done.extend(hs.into_iter().map(|h| h.join().unwrap()));
+        done
+    });
+    (done, t0)
+}
+
+#[test]
+fn broadcast_survives_an_inner_node_dying_mid_transfer() {
+    for seed in 1..=3u64 {
+        let c = LocalCluster::start(8, cfg(), tcp()).unwrap();
+        let id = name_on(c.node(0), &format!("ft-inner-{seed}"), 7);
+        let data = pattern(seed);
+        // Node 2 arrives second: it pulls from node 1's partial copy and serves node 3.
+        let victim = 2;
+        c.node(victim).inject_fault(FaultPlan {
+            object: id.clone(),
+            after_bytes: (8 + 4 * seed) << 20,
+            action: FaultAction::DropLinks,
+        });
+        let (done, _) = broadcast_with(&c, &id, &data, seed, || {});
+        assert!(
+            c.node(victim).fault_fired(),
+            "seed {seed}: node {victim} never served"
+        );
+        let mut resumed = 0;
+        for k in 1..8 {
+            if k == victim {
+                continue;
+            }
+            assert!(
+                done[k].is_some(),
+                "seed {seed}: live receiver {k} did not finish"
+            );
+            resumed += assert_resumed_exactly(c.node(k), &id) as usize;
+        }
+        assert!(resumed >= 1, "seed {seed}: nobody had to resume");
+        assert_no_mutual_feeding(&c, &id);
+    }
+}
+
+#[test]
+fn broadcast_survives_the_putter_dying_after_one_complete_copy() {
+    for seed in 1..=3u64 {
+        let c = LocalCluster::start(8, cfg(), tcp()).unwrap();
+        let id = name_on(c.node(0), &format!("ft-root-{seed}"), 5);
+        let data = pattern(seed + 10);
+        let (done, _) = broadcast_with(&c, &id, &data, seed, || {
+            // Once some receiver holds a complete copy, the putter dies.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !(1..8).any(|k| {
+                c.node(k)
+                    .local_copy(id.clone())
+                    .is_some_and(|i| i.watermark == SIZE as u64)
+            }) {
+                assert!(Instant::now() < deadline);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            c.node(0).kill();
+        });
+        for (k, d) in done.iter().enumerate().skip(1) {
+            assert!(d.is_some(), "seed {seed}: receiver {k} did not finish");
+            assert_resumed_exactly(c.node(k), &id);
+        }
+        assert_no_mutual_feeding(&c, &id);
+    }
+}
+
+#[test]
+fn a_restarted_node_rejoins_and_its_get_completes() {
+    let mut c = LocalCluster::start(6, cfg(), tcp()).unwrap();
+    let id = name_on(c.node(0), "ft-rejoin", 4);
+    let data = pattern(77);
+    c.node(0).put(id.clone(), &data).unwrap();
+    // Node 3 is killed while it receives, then restarted as a new process would be.
+    c.node(1).inject_fault(FaultPlan {
+        object: id.clone(),
+        after_bytes: 16 << 20,
+        action: FaultAction::DropLinks,
+    });
+    let n3 = c.node(3).clone();
+    let id3 = id.clone();
+    let h = std::thread::spawn(move || n3.get(id3));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while c
+        .node(3)
+        .local_copy(id.clone())
+        .is_none_or(|i| i.watermark < 8 << 20)
+    {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    c.node(3).kill();
+    assert!(
+        h.join().unwrap().is_err(),
+        "the killed incarnation's get cannot succeed"
+    );
+    c.restart(3, cfg(), tcp()).unwrap();
+    let others: Vec<_> = [2usize, 5]
+        .iter()
+        .map(|&k| {
+            let n = c.node(k).clone();
+            let id = id.clone();
+            std::thread::spawn(move || n.get(id).unwrap())
+        })
+        .collect();
+    assert!(
+        c.node(3).get(id.clone()).unwrap() == data,
+        "rejoined node got different bytes"
+    );
+    for h in others {
+        assert!(h.join().unwrap() == data);
+    }
+    // The new incarnation serves others too.
+    let info = c.node(0).locate(id.clone()).unwrap().unwrap();
+    assert!(
+        info.locations.iter().any(|l| l.node == 3 && l.complete),
+        "{info:?}"
+    );
+}
