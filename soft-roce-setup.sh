@@ -150,7 +150,8 @@ wait_active() {
     local dev=$1 secs=$2 state_file=/sys/class/infiniband/$1/ports/1/state
     local tries=$((secs * 10)) state=''
     while ((tries-- > 0)); do
-        state=$(cat "$state_file" 2>/dev/null || true)
+        state=''
+        read -r state <"$state_file" 2>/dev/null || true
         [[ $state == *ACTIVE* ]] && return 0
         sleep 0.1
     done
@@ -159,24 +160,36 @@ wait_active() {
 }
 
 # Print the GID table of port 1 of device $1 like rdma-core's show_gids
-# (index, GID, type, netdev), from sysfs.  Unused entries are skipped.
+# (device, index, GID, type, netdev; tab separated), from sysfs.  Unused
+# entries are skipped.  Only shell builtins in the loop: rxe has 1024 GID
+# entries, and a fork per entry costs minutes in a TCG guest.
 print_gids() {
-    local dev=$1 d=/sys/class/infiniband/$1/ports/1 f i gid type ndev
-    for f in "$d"/gids/*; do
-        i=${f##*/}
-        gid=$(cat "$f" 2>/dev/null) || continue
+    local dev=$1 d=/sys/class/infiniband/$1/ports/1 i gid type ndev
+    for ((i = 0; ; i++)); do
+        [[ -e $d/gids/$i ]] || break
+        read -r gid <"$d/gids/$i" 2>/dev/null || continue
         [[ $gid == 0000:0000:0000:0000:0000:0000:0000:0000 ]] && continue
-        type=$(cat "$d/gid_attrs/types/$i" 2>/dev/null || echo '?')
-        ndev=$(cat "$d/gid_attrs/ndevs/$i" 2>/dev/null || echo '?')
+        read -r type <"$d/gid_attrs/types/$i" 2>/dev/null || type='?'
+        read -r ndev <"$d/gid_attrs/ndevs/$i" 2>/dev/null || ndev='?'
         printf '%s\t%s\t%s\t%s\t%s\n' "$dev" "$i" "$gid" "$type" "$ndev"
-    done | sort -t$'\t' -k2,2n
+    done
 }
 
 # Print the index of the first RoCEv2 GID of device $1 that is an IPv4-mapped
-# address (::ffff:a.b.c.d, in sysfs 0000:...:ffff:xxxx:xxxx).  Empty if none.
+# address (::ffff:a.b.c.d, in sysfs 0000:0000:0000:0000:0000:ffff:xxxx:xxxx).
+# Empty if none.  The table fills from index 0, so stop at the first unused
+# entry.
 ipv4_gid_index() {
-    print_gids "$1" | awk -F'\t' '
-        $3 ~ /^0000:0000:0000:0000:0000:ffff:/ && $4 ~ /v2/ { print $2; exit }'
+    local d=/sys/class/infiniband/$1/ports/1 i gid type
+    for ((i = 0; ; i++)); do
+        read -r gid <"$d/gids/$i" 2>/dev/null || return 0
+        [[ $gid == 0000:0000:0000:0000:0000:0000:0000:0000 ]] && return 0
+        [[ $gid == 0000:0000:0000:0000:0000:ffff:* ]] || continue
+        read -r type <"$d/gid_attrs/types/$i" 2>/dev/null || type=''
+        [[ $type == *v2* ]] || continue
+        printf '%s\n' "$i"
+        return 0
+    done
 }
 
 host_mode() {
@@ -259,22 +272,40 @@ pick_kernel() {
     done | sort -V | tail -n 1
 }
 
-# Modules (paths in load order, deduplicated) the initramfs must insmod to
-# mount a virtio 9p share and an overlay.  Built-in ones are skipped.
+# Modules (paths in load order, deduplicated) the initramfs insmods: virtio
+# 9p and overlay for the root file system, veth and Soft-RoCE for rxe0 (plus
+# crc32_generic, which rdma_rxe requests at run time and which the initramfs
+# cannot autoload: it has no /sbin/modprobe).  Built-in ones are skipped.
+# Loading them from the initramfs with the static busybox is much faster
+# under TCG than kmod's modprobe reading them over 9p.
 initramfs_modules() {
     local ver=$1 m
-    for m in virtio_pci 9pnet_virtio 9p overlay; do
+    for m in virtio_pci 9pnet_virtio 9p overlay veth crc32_generic \
+        rdma_rxe ib_uverbs rdma_ucm; do
         modprobe -S "$ver" --show-depends "$m" ||
             die "modprobe -S $ver --show-depends $m failed"
     done | awk '$1 == "insmod" && !seen[$2]++ { print $2 }'
 }
 
-# The initramfs /init (busybox sh).  It mounts the host's / (9p, read-only)
-# under a tmpfs overlay, adds a fresh /tmp and /run, mounts the control share
-# at /run/phalanx-vm and switch_roots into /run/phalanx-vm/stage2.sh (written
-# by the host for each run).  On failure it powers off; the host then reports
-# exit status 125 because no rc file was written.
+# The initramfs /init (busybox sh).  Everything that busybox can do is done
+# here, before switch_root, because every exec of a dynamically linked program
+# from the 9p root costs ~60 ms under TCG (a static busybox applet ~15 ms):
+#  - load the modules (virtio 9p, overlay, veth, rdma_rxe, ib_uverbs, rdma_ucm);
+#  - root: the host's / (9p, read-only) under a tmpfs overlay, with a fresh
+#    /tmp and /run; the control share at /run/phalanx-vm; the host's current
+#    directory (path in the control share's file cwd) read-write at the same
+#    path; /dev/pts, /dev/shm, /dev/fd;
+#  - network: lo up, veth pair rxenet0 (10.181.0.1/24) <-> rxenet1, both up,
+#    and rxe0 on rxenet0, with the host's `ip` and `rdma` tools (chroot into
+#    the new root);
+# then switch_root into this script's copy in the control share, run as
+# `__guest` (guest_mode below).  On failure it powers off; the host then
+# reports exit status 125 because no rc file was written.
 initramfs_init() {
+    local opts9p=trans=virtio,version=9p2000.L,msize=512000 ip rdma
+    # Absolute paths: busybox's chroot would run its own applet for "ip".
+    ip=$(command -v ip) || die "ip not found; run '$PROG deps' (iproute2)"
+    rdma=$(command -v rdma) || die "rdma not found; run '$PROG deps' (iproute2)"
     cat <<EOF
 #!/bin/busybox sh
 # phalanx-vm initramfs /init (generated by soft-roce-setup.sh)
@@ -284,39 +315,67 @@ exec </dev/console >/dev/console 2>&1
 /bin/busybox --install -s /bin
 export PATH=/bin
 fail() { echo "phalanx-vm initramfs: \$*"; poweroff -f; sleep 10; }
+# Console output reaches the host as is: no \\n -> \\r\\n translation.
+stty -onlcr
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 while read -r m; do
     insmod "/mods/\$m" || fail "insmod \$m failed"
 done </mods/order
-mkdir -p /lower /rw /newroot
+
+R=/newroot C=/newroot$GUEST_CTL
+mkdir -p /lower /rw \$R
 # The virtio device may take a moment to be probed: retry for up to 5 s.
 i=0
-until mount -t 9p -o ro,trans=virtio,version=9p2000.L,msize=512000,cache=loose \\
-        $TAG_ROOT /lower 2>/dev/null; do
+until mount -t 9p -o ro,$opts9p,cache=loose $TAG_ROOT /lower 2>/dev/null; do
     i=\$((i + 1)); [ \$i -lt 50 ] || fail "cannot mount the host root (9p $TAG_ROOT)"
     sleep 0.1
 done
 mount -t tmpfs -o mode=0755 tmpfs /rw || fail "tmpfs"
 mkdir -p /rw/upper /rw/work
-mount -t overlay overlay -o lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work \\
-    /newroot || fail "cannot mount the overlay root"
-mount -t tmpfs -o mode=1777 tmpfs /newroot/tmp || fail "tmpfs /tmp"
-mount -t tmpfs -o mode=0755 tmpfs /newroot/run || fail "tmpfs /run"
-mkdir -p /newroot$GUEST_CTL
-mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 $TAG_CTL \\
-    /newroot$GUEST_CTL || fail "cannot mount the control share"
-for d in dev proc sys; do mount --move /\$d /newroot/\$d || fail "move /\$d"; done
-exec switch_root /newroot /bin/bash $GUEST_CTL/stage2.sh
+mount -t overlay overlay -o lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work \$R ||
+    fail "cannot mount the overlay root"
+mount -t tmpfs -o mode=1777 tmpfs \$R/tmp || fail "tmpfs /tmp"
+mount -t tmpfs -o mode=0755 tmpfs \$R/run || fail "tmpfs /run"
+mkdir -p \$C
+mount -t 9p -o $opts9p $TAG_CTL \$C || fail "cannot mount the control share"
+read -r cwd <\$C/cwd
+mkdir -p "\$R\$cwd"
+mount -t 9p -o $opts9p,cache=mmap $TAG_CWD "\$R\$cwd" ||
+    fail "cannot mount the current directory share at \$cwd"
+
+mkdir -p /dev/pts /dev/shm
+mount -t devpts -o gid=5,mode=0620,ptmxmode=0666 devpts /dev/pts
+mount -t tmpfs -o mode=1777 tmpfs /dev/shm
+ln -s /proc/self/fd /dev/fd
+ln -s /proc/self/fd/0 /dev/stdin
+ln -s /proc/self/fd/1 /dev/stdout
+ln -s /proc/self/fd/2 /dev/stderr
+for d in dev proc sys; do mount --move /\$d \$R/\$d || fail "move /\$d"; done
+
+hostname phalanx-vm
+# iproute2's ip and rdma from the host root (busybox ip ignores "peer name");
+# one ip process for all the network commands.
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+chroot \$R $ip -batch - <<NETCFG || fail "network setup failed"
+link set lo up
+link add $VETH0 type veth peer name $VETH1
+addr add $VETH_ADDR/$VETH_PREFIX dev $VETH0
+link set $VETH0 up
+link set $VETH1 up
+NETCFG
+chroot \$R $rdma link add $DEFAULT_DEV type rxe netdev $VETH0 ||
+    fail "rdma link add $DEFAULT_DEV failed"
+
+exec switch_root \$R /bin/bash $GUEST_CTL/soft-roce-setup.sh __guest $GUEST_CTL
 fail "switch_root failed"
 EOF
 }
 
-# Build (if missing or stale) the initramfs for kernel $1 into the cache and
-# print its path.  $2 = 1 forces a rebuild.
+# Build (if missing or stale) the initramfs for kernel $1 into the cache dir
+# $3 and print its path.  $2 = 1 forces a rebuild.
 ensure_initramfs() {
-    local ver=$1 force=$2 cache mods init key out stage m name
-    cache=${PHALANX_VM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/phalanx-vm}
+    local ver=$1 force=$2 cache=$3 mods init key out stage m name
     mkdir -p "$cache"
     mods=$(initramfs_modules "$ver")
     init=$(initramfs_init)
@@ -325,6 +384,7 @@ ensure_initramfs() {
     out=$cache/initramfs-$ver-$key.cpio.gz
     # Rebuild when forced, missing, or older than the kernel's module tree.
     if ((force == 0)) && [[ -s $out && ! /lib/modules/$ver/modules.dep -nt $out ]]; then
+        touch -c "$out" 2>/dev/null || true
         printf '%s\n' "$out"
         return 0
     fi
@@ -361,9 +421,40 @@ ensure_initramfs() {
     (cd "$stage" && find . -mindepth 1 | LC_ALL=C sort |
         cpio -o -H newc --quiet -R 0:0) | gzip -1 >"$out.tmp.$$"
     mv -f "$out.tmp.$$" "$out"
-    # Drop older initramfs builds for the same kernel.
-    find "$cache" -maxdepth 1 -name "initramfs-$ver-*.cpio.gz" ! -path "$out" -delete
+    # Prune builds unused for a week (not the others right away: a run of
+    # another version of this script may be about to boot one).
+    find "$cache" -maxdepth 1 -name 'initramfs-*.cpio.gz' -mtime +7 -delete
     printf '%s\n' "$out"
+}
+
+# Print the kernel image qemu should boot for kernel $1, caching in dir $2.
+# Under TCG, decompressing the (xz) bzImage costs ~5 s of every boot.  qemu
+# boots an uncompressed ELF vmlinux directly if the kernel has a PVH entry
+# point (CONFIG_PVH=y, as Debian's has), so extract it once into the cache.
+# Falls back to /boot/vmlinuz-VER itself.
+boot_image() {
+    local ver=$1 cache=$2 img=/boot/vmlinuz-$1 out off
+    out=$cache/vmlinux-$ver
+    if [[ -s $out && ! $img -nt $out ]]; then
+        printf '%s\n' "$out"
+        return 0
+    fi
+    if grep -qx 'CONFIG_PVH=y' "/boot/config-$ver" 2>/dev/null &&
+        command -v xz >/dev/null; then
+        # Offset of the xz stream's magic (fd 37 7a 58 5a 00) in the bzImage.
+        off=$(LC_ALL=C grep -m1 -obUaF $'\xfd7zXZ' "$img" || true)
+        off=${off%%:*}
+        if [[ $off =~ ^[0-9]+$ ]] &&
+            { tail -c +"$((off + 1))" "$img" || true; } |
+            xz -qdc --single-stream >"$out.tmp.$$" 2>/dev/null &&
+            [[ $(head -c 4 "$out.tmp.$$") == $'\x7fELF' ]]; then
+            mv -f "$out.tmp.$$" "$out"
+            printf '%s\n' "$out"
+            return 0
+        fi
+        rm -f "$out.tmp.$$"
+    fi
+    printf '%s\n' "$img"
 }
 
 # Does environment variable name $1 match the pass-through list?
@@ -443,8 +534,10 @@ vm_mode() {
     cwd=$(pwd -P)
     [[ $cwd != / ]] || die "refusing to share / read-write; cd to the project first"
 
-    local initrd
-    initrd=$(ensure_initramfs "$ver" "$rebuild")
+    local cache initrd kimg
+    cache=${PHALANX_VM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/phalanx-vm}
+    initrd=$(ensure_initramfs "$ver" "$rebuild" "$cache")
+    kimg=$(boot_image "$ver" "$cache")
 
     # Work dir: ctl/ is shared with the guest (command, environment, exit
     # status); the rest stays on the host.
@@ -490,13 +583,11 @@ vm_mode() {
     printf '%s\n' "$cwd" >"$ctl/cwd"
     printf '%s\n' "$timeout" >"$ctl/timeout"
     printf '%s\n' "$verbose" >"$ctl/verbose"
-    # Stage 2 of the guest's boot: this script in __guest mode.
-    printf '#!/bin/bash\nexec /bin/bash %s/soft-roce-setup.sh __guest %s\n' \
-        "$GUEST_CTL" "$GUEST_CTL" >"$ctl/stage2.sh"
 
     # qemu's -virtfs option is comma separated: double commas in paths.
-    local q_cwd=${cwd//,/,,} q_ctl=${ctl//,/,,} q_initrd=${initrd//,/,,}
-    local append="console=ttyS0 panic=-1 rdinit=/init"
+    local q_cwd=${cwd//,/,,} q_ctl=${ctl//,/,,}
+    # mitigations=off: a throw-away test VM; saves time under TCG.
+    local append="console=ttyS0 panic=-1 rdinit=/init mitigations=off"
     ((verbose)) || append+=" quiet"
     local accel_opt=$accel
     [[ $accel != tcg ]] || accel_opt=tcg,thread=multi
@@ -505,7 +596,7 @@ vm_mode() {
         -accel "$accel_opt" -cpu max -smp "$smp" -m "$mem"
         -display none -no-reboot -nodefaults -monitor none
         -serial stdio -nic none
-        -kernel "/boot/vmlinuz-$ver" -initrd "$q_initrd" -append "$append"
+        -kernel "$kimg" -initrd "$initrd" -append "$append"
         -virtfs "local,path=/,mount_tag=$TAG_ROOT,security_model=none,readonly=on,multidevs=remap"
         -virtfs "local,path=$q_cwd,mount_tag=$TAG_CWD,security_model=none,multidevs=remap"
         -virtfs "local,path=$q_ctl,mount_tag=$TAG_CTL,security_model=none"
@@ -520,14 +611,19 @@ vm_mode() {
     "${qemu[@]}" </dev/null &
     QEMU_PID=$!
     # Watchdog: after $timeout seconds note the timeout and stop qemu.
+    # Sleeps run in the background + wait, so that the TERM from the main
+    # shell is handled at once.
     (
+        sleeper=''
         trap 'kill "$sleeper" 2>/dev/null; exit 0' TERM
         sleep "$timeout" &
         sleeper=$!
         wait "$sleeper"
         : >"$VM_WORK/timed-out"
         kill -TERM "$QEMU_PID" 2>/dev/null || exit 0
-        sleep 5
+        sleep 5 &
+        sleeper=$!
+        wait "$sleeper"
         kill -KILL "$QEMU_PID" 2>/dev/null || true
     ) &
     WATCHDOG_PID=$!
@@ -560,9 +656,7 @@ vm_mode() {
 # ============================================================================
 
 guest_poweroff() {
-    echo "DBG $(cat /proc/uptime) before sync"
     sync
-    echo "DBG $(cat /proc/uptime) after sync"
     # busybox (from busybox-static on the shared root) powers off directly;
     # the host's poweroff is systemctl, which needs a running systemd.
     busybox poweroff -f 2>/dev/null || true
@@ -572,18 +666,17 @@ guest_poweroff() {
 }
 
 guest_mode() {
-    local ctl=${1:?} rc_written=0 setup_log=/run/phalanx-vm-setup.log
+    local ctl=${1:?} rc_written=0
     export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
     export HOME=/root
 
-    # Whatever happens (setup failure under set -e included): report a status
-    # and power off.
+    # Whatever happens (a setup failure under set -e included): report a
+    # status and power off.
     # shellcheck disable=SC2317  # called through the EXIT trap
     guest_exit() {
         local st=$?
         if ((rc_written == 0)); then
             echo "phalanx-vm: setup failed (status $st)"
-            cat "$setup_log" 2>/dev/null || true
             echo 125 >"$ctl/rc" 2>/dev/null || true
             echo "phalanx-vm: exit status 125"
         fi
@@ -591,47 +684,31 @@ guest_mode() {
     }
     trap guest_exit EXIT
 
-    local verbose timeout cwd
-    verbose=$(<"$ctl/verbose")
-    timeout=$(<"$ctl/timeout")
-    cwd=$(<"$ctl/cwd")
+    # The initramfs did the mounts, the network and `rdma link add rxe0`.
+    # Only shell builtins up to the command: each exec costs under TCG.
+    local verbose cwd timeout
+    read -r verbose <"$ctl/verbose"
+    read -r cwd <"$ctl/cwd"
+    read -r timeout <"$ctl/timeout"
 
-    # Output goes to the serial console: no \n -> \r\n translation, so the
-    # host gets plain lines.
-    stty -onlcr 2>/dev/null || true
+    # Backstop in case the host script died without killing qemu: power off
+    # 60 s after the run's timeout.
+    (
+        sleep $((timeout + 60))
+        echo "phalanx-vm: guest watchdog expired"
+        echo o >/proc/sysrq-trigger
+    ) &
 
-    # What devtmpfs does not provide.
-    mkdir -p /dev/pts /dev/shm
-    mount -t devpts -o gid=5,mode=0620,ptmxmode=0666 devpts /dev/pts
-    mount -t tmpfs -o mode=1777 tmpfs /dev/shm
-    ln -sfn /proc/self/fd /dev/fd
-    ln -sfn /proc/self/fd/0 /dev/stdin
-    ln -sfn /proc/self/fd/1 /dev/stdout
-    ln -sfn /proc/self/fd/2 /dev/stderr
-    hostname phalanx-vm 2>/dev/null || true
-
-    # Backstop in case the host script was killed without killing qemu.
-    ( sleep $((timeout + 60)); echo "phalanx-vm: guest watchdog expired"; guest_poweroff ) &
-
-    ip link set dev lo up
-
-    # The current directory of the host, read-write at the same path.
-    mkdir -p "$cwd"
-    mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000,cache=mmap \
-        "$TAG_CWD" "$cwd"
-
-    # Soft-RoCE: veth pair + rxe0 on rxenet0, waiting for ACTIVE (the same
-    # code as host mode).  Its messages go to a log that guest_exit prints if
-    # anything fails.
-    host_mode --name "$DEFAULT_DEV" --wait 30 >"$setup_log" 2>&1
-    # The IPv4-mapped GID appears when the address is known to the GID cache;
-    # give it a moment.
+    wait_active "$DEFAULT_DEV" 30
+    # The IPv4-mapped GID is added with the device (the address was there
+    # before it); allow a moment anyway.
     local gid_index='' i
-    for i in $(seq 50); do
+    for ((i = 0; i < 50; i++)); do
         gid_index=$(ipv4_gid_index "$DEFAULT_DEV")
         [[ -z $gid_index ]] || break
         sleep 0.1
     done
+    [[ -n $gid_index ]] || echo "phalanx-vm: warning: no IPv4-mapped GID on $DEFAULT_DEV"
     if ((verbose)); then
         rdma link show
         print_gids "$DEFAULT_DEV"
@@ -649,14 +726,17 @@ guest_mode() {
     (
         # shellcheck disable=SC1091
         . "$ctl/env.sh"
-        exec /bin/bash "$ctl/cmd.sh"
+        # cmd.sh is `exec CMD ARGS...`.
+        # shellcheck disable=SC1091
+        . "$ctl/cmd.sh"
     ) </dev/null
     rc=$?
     set -e
+    # Flush what CMD wrote (e.g. mmap'ed files in the cwd share) before
+    # telling the host the status.
     sync
     echo "$rc" >"$ctl/rc"
     rc_written=1
-    sync
     echo "phalanx-vm: exit status $rc"
     exit "$rc"
 }

@@ -17,6 +17,10 @@ integ=${integ#"$PWD/"}
 cmd="set -e; echo '== unit tests'; $unit --test-threads=1; echo '== verbs transport tests'; timeout 900 $integ --test-threads=1 --nocapture"
 if (( bench )); then
     cmd+="; echo '== threshold sweep'; timeout 600 $integ --ignored threshold_sweep --nocapture"
-    cmd+="; echo '== ib_write_bw 64 MiB'; (ib_write_bw -d rxe0 -x \${PHALANX_RXE_GID_INDEX:-1} -s 67108864 -n 20 -F >/tmp/bw.srv 2>&1 &) ; sleep 2; timeout 300 ib_write_bw -d rxe0 -x \${PHALANX_RXE_GID_INDEX:-1} -s 67108864 -n 20 -F 10.181.0.1 || true"
+    cmd+="; echo '== ib_write_bw 64 MiB'; (ib_write_bw -d rxe0 -x \${PHALANX_RXE_GID_INDEX:-1} -s 67108864 -n 5 -F >/tmp/bw.srv 2>&1 &) ; sleep 2; timeout 300 ib_write_bw -d rxe0 -x \${PHALANX_RXE_GID_INDEX:-1} -s 67108864 -n 5 -F 10.181.0.1 || true"
 fi
-exec bash soft-roce-setup.sh vm --env RUST_LOG -- sh -c "$cmd"
+# Run a snapshot of the VM script: bash reads scripts as it goes, and others may edit it.
+snap=$(mktemp /tmp/soft-roce-setup.XXXXXX.sh)
+cp soft-roce-setup.sh "$snap"
+trap 'rm -f "$snap"' EXIT
+bash "$snap" vm --env RUST_LOG -- sh -c "$cmd"

@@ -24,15 +24,15 @@ use crate::verbs::{
 };
 use crossbeam_channel::{Receiver, Sender};
 use phalanx_transport::{
-    Arena, Event, NodeId, RemoteRegion, StreamId, Transport, TransportError, TransportStats,
-    MAX_CTRL_LEN,
+    Arena, Event, EventHandler, NodeId, RemoteRegion, StreamId, Transport, TransportError,
+    TransportStats, MAX_CTRL_LEN, PEER_LEFT,
 };
 use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tracing::{debug, error, info, warn};
@@ -94,7 +94,7 @@ impl Default for RdmaConfig {
 }
 
 /// Default eager/rendezvous boundary (see README: measured on rxe in the test VM).
-pub const DEFAULT_RENDEZVOUS_THRESHOLD: u64 = 16 << 10;
+pub const DEFAULT_RENDEZVOUS_THRESHOLD: u64 = 8 << 10;
 
 /// Immediate values with this bit are credit notifications; others carry a block seq.
 const IMM_CREDIT: u32 = 1 << 31;
@@ -301,6 +301,7 @@ struct Inner {
     by_qpn: Mutex<HashMap<u32, Arc<Conn>>>,
     events_tx: Sender<Event>,
     events_rx: Receiver<Event>,
+    handler: OnceLock<EventHandler>,
     counters: Counters,
     closing: AtomicBool,
     /// Set when shutdown starts (before the goodbyes): failures seen from then on are ours.
@@ -392,6 +393,7 @@ impl RdmaTransport {
             by_qpn: Mutex::new(HashMap::new()),
             events_tx,
             events_rx,
+            handler: OnceLock::new(),
             counters: Counters::default(),
             closing: AtomicBool::new(false),
             leaving: AtomicBool::new(false),
@@ -444,14 +446,22 @@ impl RdmaTransport {
     /// connect timeout. Same contract as `TcpTransport::connect`.
     pub fn connect(&self, peers: &[(NodeId, SocketAddr)], dial_all: bool) -> Result<(), TransportError> {
         let deadline = Instant::now() + self.inner.cfg.connect_timeout;
+        if dial_all {
+            // Rejoining: every live peer answers; a dead one is skipped (it will dial us
+            // when it comes back).
+            let short = Instant::now() + Duration::from_secs(2).min(self.inner.cfg.connect_timeout);
+            for &(peer, addr) in peers.iter().filter(|p| p.0 != self.inner.id) {
+                if let Err(e) = self.inner.dial(peer, addr, short) {
+                    warn!(node = self.inner.id, peer, "not rejoined: {e}");
+                }
+            }
+            return Ok(());
+        }
         for &(peer, addr) in peers {
-            if peer == self.inner.id || !(dial_all || peer < self.inner.id) {
+            if peer >= self.inner.id {
                 continue;
             }
             self.inner.dial(peer, addr, deadline)?;
-        }
-        if dial_all {
-            return Ok(());
         }
         let mut conns = self.inner.conns.lock().unwrap();
         loop {
@@ -483,6 +493,16 @@ impl RdmaTransport {
 impl Inner {
     fn now_ns(&self) -> u64 {
         self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// Hands an event to the handler if one is set, else to the channel.
+    fn emit(&self, ev: Event) {
+        match self.handler.get() {
+            Some(h) => h(ev),
+            None => {
+                let _ = self.events_tx.send(ev);
+            }
+        }
     }
 
     fn wake_progress(&self) {
@@ -699,7 +719,7 @@ impl Inner {
             self.retire(&old);
         }
         info!(node = self.id, peer, qpn = conn.qp.qpn(), "verbs link up");
-        let _ = self.events_tx.send(Event::PeerUp { peer });
+        self.emit(Event::PeerUp { peer });
         // Only now may the progress thread deliver this link's messages (after PeerUp).
         conn.installed.store(true, Ordering::Release);
         self.wake_progress();
@@ -731,11 +751,13 @@ impl Inner {
         };
         conn.notify();
         if current && !self.leaving.load(Ordering::Acquire) {
-            if reason != "peer closed the link" {
+            if reason == PEER_LEFT {
+                info!(node = self.id, peer = conn.peer, "verbs link closed: {reason}");
+            } else {
                 warn!(node = self.id, peer = conn.peer, "verbs link down: {reason}");
             }
             self.counters.peers_down.fetch_add(1, Ordering::Relaxed);
-            let _ = self.events_tx.send(Event::PeerDown {
+            self.emit(Event::PeerDown {
                 peer: conn.peer,
                 reason,
             });
@@ -788,6 +810,7 @@ impl Inner {
     }
 
     /// Posts one application RDMA write, waiting for send-queue room. Returns its op number.
+    #[allow(clippy::too_many_arguments)]
     fn post_app_write(
         &self,
         conn: &Conn,
@@ -853,6 +876,30 @@ impl Inner {
         }
     }
 
+    /// Sends a control message as consecutive fragments (under the caller's send lock).
+    fn send_ctrl(&self, conn: &Conn, tx: &mut TxState, msg: &[u8]) -> Result<(), TransportError> {
+        let max = block::max_payload(conn.lay.bsize);
+        let mut done = 0;
+        loop {
+            let n = (msg.len() - done).min(max);
+            let mut h = Header::new(Kind::Ctrl);
+            if done == 0 {
+                h.flags |= FLAG_FIRST;
+                h.a = msg.len() as u64;
+            }
+            if done + n == msg.len() {
+                h.flags |= FLAG_LAST;
+            }
+            self.send_block(conn, tx, &h, &msg[done..done + n], None)?;
+            done += n;
+            if done == msg.len() {
+                break;
+            }
+        }
+        self.counters.ctrl_sent.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
     fn lock_tx<'a>(&self, conn: &'a Conn) -> Result<MutexGuard<'a, TxState>, TransportError> {
         let g = conn.tx.lock().unwrap();
         if conn.dead.load(Ordering::Acquire) {
@@ -866,6 +913,7 @@ impl Inner {
     fn progress_loop(self: Arc<Self>) {
         let mut wcs: Vec<WorkCompletion> = Vec::with_capacity(256);
         let fd = self.wake.as_raw_fd();
+        let mut idle: u32 = 0;
         while !self.closing.load(Ordering::Acquire) {
             if !self.cfg.busy_poll {
                 // SAFETY: the eventfd lives as long as `self`.
@@ -897,8 +945,14 @@ impl Inner {
                     self.scan_ring(c);
                 }
             }
-            if self.cfg.busy_poll && wcs.is_empty() {
-                std::hint::spin_loop();
+            if self.cfg.busy_poll {
+                // Spin, but let other threads of a shared core run now and then.
+                idle = if wcs.is_empty() { idle.wrapping_add(1) } else { 0 };
+                if idle % 256 == 255 {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
             }
         }
     }
@@ -1036,7 +1090,7 @@ impl Inner {
                     match res {
                         Ok(true) => {}
                         Ok(false) => {
-                            self.fail_conn(conn, "peer closed the link".into());
+                            self.fail_conn(conn, PEER_LEFT.into());
                             return;
                         }
                         Err(e) => {
@@ -1090,7 +1144,7 @@ impl Inner {
                         return Err(TransportError::Malformed("control message shorter than announced".into()));
                     }
                     self.counters.ctrl_received.fetch_add(1, Ordering::Relaxed);
-                    let _ = self.events_tx.send(Event::Ctrl { peer, msg });
+                    self.emit(Event::Ctrl { peer, msg });
                 }
             }
             Kind::Data | Kind::DataDone => {
@@ -1104,7 +1158,7 @@ impl Inner {
                     self.counters.payload_bytes_copied.fetch_add(len, Ordering::Relaxed);
                 }
                 self.counters.data_bytes_received.fetch_add(len, Ordering::Relaxed);
-                let _ = self.events_tx.send(Event::Data {
+                self.emit(Event::Data {
                     peer,
                     stream: h.a,
                     offset: h.b,
@@ -1120,8 +1174,11 @@ impl Inner {
     fn heartbeat_loop(self: Arc<Self>) {
         let timeout = self.cfg.heartbeat_timeout;
         let period = (timeout / 4).max(Duration::from_millis(1));
+        // Silence is checked twice per heartbeat period, so a dead peer is reported at most
+        // timeout + period/2 after the last thing it sent.
+        let tick = (period / 2).max(Duration::from_millis(1));
         while !self.closing.load(Ordering::Acquire) {
-            std::thread::sleep(period);
+            std::thread::sleep(tick);
             let conns: Vec<Arc<Conn>> = self.conns.lock().unwrap().values().cloned().collect();
             for c in conns {
                 let now = self.now_ns();
@@ -1234,27 +1291,8 @@ impl Transport for RdmaTransport {
         }
         let inner = &self.inner;
         let conn = inner.conn(peer)?;
-        let max = block::max_payload(conn.lay.bsize);
         let mut tx = inner.lock_tx(&conn)?;
-        let mut done = 0;
-        loop {
-            let n = (msg.len() - done).min(max);
-            let mut h = Header::new(Kind::Ctrl);
-            if done == 0 {
-                h.flags |= FLAG_FIRST;
-                h.a = msg.len() as u64;
-            }
-            if done + n == msg.len() {
-                h.flags |= FLAG_LAST;
-            }
-            inner.send_block(&conn, &mut tx, &h, &msg[done..done + n], None)?;
-            done += n;
-            if done == msg.len() {
-                break;
-            }
-        }
-        inner.counters.ctrl_sent.fetch_add(1, Ordering::Relaxed);
-        Ok(())
+        inner.send_ctrl(&conn, &mut tx, msg)
     }
 
     fn write(
@@ -1343,8 +1381,52 @@ impl Transport for RdmaTransport {
         Ok(())
     }
 
+    fn send_nonblocking(&self, peer: NodeId, msg: &[u8]) -> Result<bool, TransportError> {
+        if msg.len() > MAX_CTRL_LEN {
+            return Err(TransportError::MessageTooLarge {
+                len: msg.len(),
+                max: MAX_CTRL_LEN,
+            });
+        }
+        let inner = &self.inner;
+        let conn = inner.conn(peer)?;
+        let Ok(mut tx) = conn.tx.try_lock() else {
+            return Ok(false);
+        };
+        if conn.dead.load(Ordering::Acquire) {
+            return Err(TransportError::PeerUnavailable(peer));
+        }
+        // Only if every fragment has a credit and a send-queue slot right now.
+        let max = block::max_payload(conn.lay.bsize);
+        let blocks = msg.len().div_ceil(max).max(1) as u64;
+        let free_blocks = conn.lay.n as u64 - (tx.next_seq - conn.peer_consumed.load(Ordering::Acquire));
+        let limit = conn.sq_depth.saturating_sub(1).max(1);
+        let free_sq = limit.saturating_sub(conn.sq_inflight.load(Ordering::Acquire));
+        if blocks > free_blocks || blocks > free_sq {
+            return Ok(false);
+        }
+        inner.send_ctrl(&conn, &mut tx, msg)?;
+        Ok(true)
+    }
+
     fn events(&self) -> Receiver<Event> {
         self.inner.events_rx.clone()
+    }
+
+    fn set_event_handler(&self, handler: EventHandler) -> bool {
+        // Events already queued (links that came up before) go to the handler first.
+        let ok = self.inner.handler.set(handler).is_ok();
+        if ok {
+            let h = self.inner.handler.get().expect("just set");
+            while let Ok(ev) = self.inner.events_rx.try_recv() {
+                h(ev);
+            }
+        }
+        ok
+    }
+
+    fn listen_addr(&self) -> Option<SocketAddr> {
+        Some(self.inner.listen_addr)
     }
 
     fn is_connected(&self, peer: NodeId) -> bool {

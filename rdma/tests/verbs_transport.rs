@@ -349,7 +349,7 @@ fn shutdown_says_goodbye() {
     match next_event(&b, Duration::from_secs(5)) {
         Event::PeerDown { peer, reason } => {
             assert_eq!(peer, 0);
-            assert_eq!(reason, "peer closed the link");
+            assert_eq!(reason, phalanx_transport::PEER_LEFT);
         }
         other => panic!("unexpected event {other:?}"),
     }
@@ -378,6 +378,116 @@ fn restarted_peer_rejoins() {
         other => panic!("unexpected event {other:?}"),
     }
     a2.t.shutdown();
+    b.t.shutdown();
+}
+
+#[test]
+fn busy_poll_mode_and_concurrent_senders() {
+    if !have_device("busy_poll_mode_and_concurrent_senders") {
+        return;
+    }
+    let c = RdmaConfig {
+        busy_poll: true,
+        ring_blocks: 4,
+        block_size: 512,
+        ..cfg()
+    };
+    let (a, b) = pair(c, 4 << 20);
+    // Four threads share one link; each thread's messages stay in order.
+    let threads: Vec<_> = (0..4u8)
+        .map(|t| {
+            let ta = a.t.clone();
+            std::thread::spawn(move || {
+                for i in 0..200u32 {
+                    let mut m = vec![t];
+                    m.extend_from_slice(&i.to_le_bytes());
+                    m.resize(5 + (i as usize * 13) % 1500, t);
+                    ta.send(1, &m).unwrap();
+                }
+            })
+        })
+        .collect();
+    let mut next = [0u32; 4];
+    for _ in 0..800 {
+        match next_event(&b, Duration::from_secs(30)) {
+            Event::Ctrl { msg, .. } => {
+                let t = msg[0] as usize;
+                let i = u32::from_le_bytes(msg[1..5].try_into().unwrap());
+                assert_eq!(i, next[t], "per-thread order");
+                assert_eq!(msg.len(), 5 + (i as usize * 13) % 1500);
+                next[t] += 1;
+            }
+            other => panic!("unexpected event {other:?}"),
+        }
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+    // A rendezvous write in busy-poll mode too.
+    let len = 3 << 20;
+    fill(&a.arena, 0, len, 99);
+    let dst = b.t.remote_region(1 << 20, len).unwrap();
+    a.t.write(1, 5, 0, &dst, 0, len).unwrap();
+    await_data(&b, 5, len, Duration::from_secs(30));
+    assert!(same(&a.arena, 0, &b.arena, 1 << 20, len));
+    a.t.shutdown();
+    b.t.shutdown();
+}
+
+#[test]
+fn event_handler_replies_with_nonblocking_sends() {
+    if !have_device("event_handler_replies_with_nonblocking_sends") {
+        return;
+    }
+    let (a, b) = pair(cfg(), 1 << 20);
+    // b answers every ping from its progress thread; when a reply cannot go out without
+    // blocking it is handed to a helper thread that uses the blocking send.
+    let (fallback_tx, fallback_rx) = crossbeam_channel::unbounded::<Vec<u8>>();
+    let tb = b.t.clone();
+    let nonblocking = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let nb = nonblocking.clone();
+    let handler: phalanx_transport::EventHandler = Arc::new(move |ev| {
+        if let Event::Ctrl { peer, mut msg } = ev {
+            msg.insert(0, b'>');
+            match tb.send_nonblocking(peer, &msg) {
+                Ok(true) => {
+                    nb.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                Ok(false) => fallback_tx.send(msg).unwrap(),
+                Err(e) => panic!("send_nonblocking: {e}"),
+            }
+        }
+    });
+    assert!(b.t.set_event_handler(handler));
+    let tb2 = b.t.clone();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let done2 = done.clone();
+    let helper = std::thread::spawn(move || {
+        while !done2.load(std::sync::atomic::Ordering::Relaxed) {
+            if let Ok(m) = fallback_rx.recv_timeout(Duration::from_millis(50)) {
+                tb2.send(0, &m).unwrap();
+            }
+        }
+    });
+    for i in 0..100u32 {
+        a.t.send(1, &i.to_le_bytes()).unwrap();
+    }
+    let mut got = Vec::new();
+    while got.len() < 100 {
+        match next_event(&a, Duration::from_secs(10)) {
+            Event::Ctrl { msg, .. } => {
+                assert_eq!(msg[0], b'>');
+                got.push(u32::from_le_bytes(msg[1..5].try_into().unwrap()));
+            }
+            other => panic!("unexpected event {other:?}"),
+        }
+    }
+    got.sort();
+    assert_eq!(got, (0..100).collect::<Vec<_>>());
+    assert!(nonblocking.load(std::sync::atomic::Ordering::Relaxed) > 0);
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    helper.join().unwrap();
+    a.t.shutdown();
     b.t.shutdown();
 }
 

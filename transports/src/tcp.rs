@@ -169,7 +169,7 @@ impl TcpTransport {
             return Ok(());
         }
         for &(peer, addr) in peers {
-            if peer == self.inner.id || peer > self.inner.id {
+            if peer >= self.inner.id {
                 continue;
             }
             self.inner.dial(peer, addr, deadline)?;

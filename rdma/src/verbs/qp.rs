@@ -196,6 +196,7 @@ impl QueuePair {
     /// `[offset, offset + len)` of `mr` to `remote_addr`/`rkey`. The QP keeps `mr` alive
     /// until it is destroyed; the caller must not modify the source bytes until the
     /// completion of `wr_id` (that affects only what the peer receives, not memory safety).
+    #[allow(clippy::too_many_arguments)]
     pub fn post_write(
         &self,
         wr_id: u64,
