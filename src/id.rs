@@ -14,12 +14,16 @@ impl ObjectId {
         &self.0
     }
 
-    /// A hash that is the same in every process of the cluster (FNV-1a, 64 bit), used to
-    /// place the object's directory entry.
+    /// A hash that is the same in every process of the cluster, used to place the object's
+    /// directory entry: FNV-1a over the bytes, then a 64-bit finaliser (FNV's low bits depend
+    /// only on the low bits of each byte, which would shard similar names together).
     pub fn stable_hash(&self) -> u64 {
-        self.0.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        let h = self.0.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
             (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
-        })
+        });
+        let h = (h ^ (h >> 33)).wrapping_mul(0xff51_afd7_ed55_8ccd);
+        let h = (h ^ (h >> 33)).wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        h ^ (h >> 33)
     }
 }
 
@@ -52,8 +56,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn stable_hash_is_fnv1a() {
-        assert_eq!(ObjectId::new("").stable_hash(), 0xcbf2_9ce4_8422_2325);
-        assert_eq!(ObjectId::new("a").stable_hash(), 0xaf63_dc4c_8601_ec8c);
+    fn stable_hash_spreads_similar_names_over_shards() {
+        // Names differing only in characters with equal low bits ("a", "i", "q", "y").
+        let mut count = [0usize; 8];
+        for i in 0..4000 {
+            let id = ObjectId::new(format!("obj-{}-{i}", ["a", "i", "q", "y"][i % 4]));
+            count[(id.stable_hash() % 8) as usize] += 1;
+        }
+        assert!(count.iter().all(|&c| (400..600).contains(&c)), "{count:?}");
+        assert_eq!(
+            ObjectId::new("x").stable_hash(),
+            ObjectId::new("x").stable_hash()
+        );
     }
 }

@@ -38,7 +38,8 @@ pub enum FaultAction {
     SigKill,
 }
 
-/// Kill this node once it has sent `after_bytes` bytes of `object` to a receiver.
+/// Kill this node once it has sent `after_bytes` bytes of `object` (`"*"`: any object) in
+/// one transfer it serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FaultPlan {
     pub object: ObjectId,
@@ -106,6 +107,10 @@ pub(crate) struct Inner {
     pub fault_fired: AtomicBool,
     /// Peers seen down and not back yet.
     down_peers: Mutex<std::collections::HashSet<NodeId>>,
+    /// Reduce coordinators watching for dead peers.
+    pub down_watchers: Mutex<Vec<Sender<NodeId>>>,
+    /// Cancel flags of the reduce tasks running here, by output object.
+    pub reduce_cancels: Mutex<HashMap<ObjectId, Arc<AtomicBool>>>,
 }
 
 /// A Phalanx node. Cheap to clone; every clone is the same node.
@@ -216,6 +221,8 @@ impl Node {
             fault: Mutex::new(None),
             fault_fired: AtomicBool::new(false),
             down_peers: Mutex::new(Default::default()),
+            down_watchers: Mutex::new(Vec::new()),
+            reduce_cancels: Mutex::new(HashMap::new()),
         });
         let d = inner.clone();
         let h = std::thread::Builder::new()
@@ -280,44 +287,27 @@ impl Node {
         let inner = &self.inner;
         let (copy, evicted) = inner.store.create(&id, data.len() as u64, true)?;
         inner.withdraw(&evicted);
-        let shard = inner.shard_of(&id);
-        if (data.len() as u64) < INLINE_LIMIT {
+        let size = data.len() as u64;
+        if size < INLINE_LIMIT {
             copy.append(data)?;
+            let shard = inner.shard_of(&id);
             let r = inner.call(shard, |rid| Msg::PutInline {
                 rid,
                 id: id.clone(),
                 node: inner.id,
                 data: data.to_vec(),
             });
-            if let Err(e) = r {
-                inner.store.delete(&id);
-                return Err(e);
-            }
-            return Ok(());
+            return inner
+                .tolerate_shard_down(&id, r.map(|_| ()))
+                .inspect_err(|_| {
+                    inner.store.delete(&id);
+                });
         }
-        let size = data.len() as u64;
-        inner.send(
-            shard,
-            Msg::Publish {
-                id: id.clone(),
-                size,
-                node: inner.id,
-                complete: false,
-            },
-        )?;
+        inner.publish(&id, size, false)?;
         for piece in data.chunks(inner.cfg.put_step.max(4096) as usize) {
             copy.append(piece)?;
         }
-        inner.send(
-            shard,
-            Msg::Publish {
-                id,
-                size,
-                node: inner.id,
-                complete: true,
-            },
-        )?;
-        Ok(())
+        inner.publish(&id, size, true)
     }
 
     /// Fetches a copy of the object's bytes, waiting for the object to be put if needed.
@@ -588,7 +578,9 @@ impl Inner {
     /// how many bytes may still be sent before it fires.
     pub fn fault_budget(&self, id: &ObjectId, sent: u64) -> Option<u64> {
         let f = self.fault.lock().unwrap();
-        let plan = f.as_ref().filter(|p| p.object == *id)?;
+        let plan = f
+            .as_ref()
+            .filter(|p| p.object == *id || p.object.as_str() == "*")?;
         Some(plan.after_bytes.saturating_sub(sent))
     }
 
@@ -708,6 +700,32 @@ impl Inner {
         }
     }
 
+    /// A dead shard is not fatal to a producer: the copy is here, and this node republishes
+    /// it to the shard when that node rejoins.
+    pub fn tolerate_shard_down(&self, id: &ObjectId, r: Result<()>) -> Result<()> {
+        match r {
+            Err(Error::PeerDown(p)) if p == self.shard_of(id) => {
+                warn!(node = self.id, %id, shard = p, "directory shard down; the entry waits for its rejoin");
+                Ok(())
+            }
+            r => r,
+        }
+    }
+
+    /// Announces a local copy (partial or complete) to the object's directory shard.
+    pub fn publish(&self, id: &ObjectId, size: u64, complete: bool) -> Result<()> {
+        let r = self.send(
+            self.shard_of(id),
+            Msg::Publish {
+                id: id.clone(),
+                size,
+                node: self.id,
+                complete,
+            },
+        );
+        self.tolerate_shard_down(id, r)
+    }
+
     /// Tells the directory that evicted copies are gone.
     pub fn withdraw(&self, ids: &[ObjectId]) {
         for id in ids {
@@ -825,6 +843,10 @@ impl Inner {
         let mut out = Vec::new();
         self.shard.lock().unwrap().node_down(peer, &mut out);
         self.send_all(out);
+        self.down_watchers
+            .lock()
+            .unwrap()
+            .retain(|w| w.send(peer).is_ok());
         let failed: Vec<_> = {
             let mut p = self.pending.lock().unwrap();
             let rids: Vec<Rid> = p
@@ -898,15 +920,29 @@ impl Inner {
                 }
             }
             Msg::ReduceTask { rid, task } => {
+                // Registered before the thread starts, so a CancelReduce that follows on the
+                // same link always finds it.
+                let cancel = Arc::new(AtomicBool::new(false));
+                self.reduce_cancels
+                    .lock()
+                    .unwrap()
+                    .insert(task.out.clone(), cancel.clone());
                 let me = self.clone();
                 let spawned = std::thread::Builder::new()
                     .name(format!("phx-reduce-{}", self.id))
                     .spawn(move || {
-                        let reply = match me.run_reduce_task(&task) {
+                        let reply = match me.run_reduce_task(&task, &cancel) {
                             Ok(()) => Reply::Ack,
                             Err(e) => Reply::Error(e.to_string()),
                         };
-                        let _ = me.send(from, Msg::Reply { rid, reply });
+                        let mut c = me.reduce_cancels.lock().unwrap();
+                        if c.get(&task.out).is_some_and(|f| Arc::ptr_eq(f, &cancel)) {
+                            c.remove(&task.out);
+                        }
+                        drop(c);
+                        if !cancel.load(Ordering::Acquire) {
+                            let _ = me.send(from, Msg::Reply { rid, reply });
+                        }
                     });
                 if let Err(e) = spawned {
                     let _ = self.send(
@@ -916,6 +952,11 @@ impl Inner {
                             reply: Reply::Error(format!("spawn: {e}")),
                         },
                     );
+                }
+            }
+            Msg::CancelReduce { out } => {
+                if let Some(f) = self.reduce_cancels.lock().unwrap().get(&out) {
+                    f.store(true, Ordering::Release);
                 }
             }
             Msg::Evict { rid, id } => {

@@ -133,6 +133,10 @@ pub enum Msg {
         rid: Rid,
         task: ReduceTask,
     },
+    /// Stop the reduce task producing `out` (its result is discarded).
+    CancelReduce {
+        out: ObjectId,
+    },
 
     Reply {
         rid: Rid,

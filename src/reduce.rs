@@ -11,8 +11,11 @@ use crate::protocol::{Msg, ObjectInfo, ReduceTask, Reply};
 use crate::{Error, Node, ObjectId, Result};
 use crossbeam_channel::{Receiver, Select};
 use phalanx_transport::NodeId;
+use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tracing::warn;
 
 /// Shape of a d-ary tree over `n` positions, numbered breadth-first (root 0).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,6 +126,8 @@ pub struct ReduceOutcome {
     pub degree: usize,
     pub used: Vec<ObjectId>,
     pub tree: Vec<TreeSlot>,
+    /// Positions computed more than once because a failure touched them.
+    pub recomputed: Vec<usize>,
     pub latency_s: f64,
     pub bandwidth_bps: f64,
     /// When the last used source became ready, and when the reduce finished.
@@ -237,8 +242,13 @@ impl Inner {
     }
 
     /// Runs one tree position; called on the node that holds `task.own`.
-    pub(crate) fn run_reduce_task(self: &Arc<Self>, t: &ReduceTask) -> Result<()> {
+    pub(crate) fn run_reduce_task(
+        self: &Arc<Self>,
+        t: &ReduceTask,
+        cancel: &AtomicBool,
+    ) -> Result<()> {
         let esz = t.dtype.size() as u64;
+        let cancelled = || Error::InvalidArgument(format!("reduce task for {} cancelled", t.out));
         let own = self.input(&t.own)?;
         let children = t
             .children
@@ -257,18 +267,12 @@ impl Inner {
                 )));
             }
         }
+        if cancel.load(Ordering::Acquire) {
+            return Err(cancelled());
+        }
         let (out, evicted) = self.store.create(&t.out, t.size, true)?;
         self.withdraw(&evicted);
-        let shard = self.shard_of(&t.out);
-        self.send(
-            shard,
-            Msg::Publish {
-                id: t.out.clone(),
-                size: t.size,
-                node: self.id,
-                complete: false,
-            },
-        )?;
+        self.publish(&t.out, t.size, false)?;
         let chunk = (t.chunk / esz).max(1) * esz;
         let timeout = self.cfg.op_timeout;
         let mut off = 0;
@@ -276,7 +280,18 @@ impl Inner {
             let need = (off + esz).min(t.size);
             let mut avail = t.size;
             for i in std::iter::once(&own).chain(&children) {
-                avail = avail.min(i.wait_for(need, timeout)?);
+                // Wait in slices so a cancel is seen while an input stalls.
+                let deadline = Instant::now() + timeout;
+                let got = loop {
+                    if cancel.load(Ordering::Acquire) || out.is_detached() {
+                        return Err(cancelled());
+                    }
+                    match i.wait_for(need, Duration::from_millis(100)) {
+                        Err(Error::Timeout(..)) if Instant::now() < deadline => continue,
+                        r => break r?,
+                    }
+                };
+                avail = avail.min(got);
             }
             let end = (off + chunk).min(off + (avail - off) / esz * esz);
             out.fill_with(end - off, |dst| {
@@ -287,15 +302,7 @@ impl Inner {
             })?;
             off = end;
         }
-        self.send(
-            shard,
-            Msg::Publish {
-                id: t.out.clone(),
-                size: t.size,
-                node: self.id,
-                complete: true,
-            },
-        )?;
+        self.publish(&t.out, t.size, true)?;
         Ok(())
     }
 
@@ -343,167 +350,168 @@ impl Inner {
         }
         let timeout = opts.timeout.unwrap_or(self.cfg.op_timeout);
         let deadline = Instant::now() + timeout;
-        let esz = dtype.size() as u64;
+        let down = self.watch_peer_down();
         // Asynchronous location queries: one subscription per source.
-        let subs: Vec<Receiver<Result<Reply>>> = sources
-            .iter()
-            .map(|id| {
-                self.call_async(self.shard_of(id), |rid| Msg::Subscribe {
-                    rid,
-                    id: id.clone(),
-                })
-            })
-            .collect::<Result<_>>()?;
-        let latency = self.measure_latency();
-        let bandwidth = self.bandwidth_estimate();
-        let mut pending: Vec<usize> = (0..sources.len()).collect();
-        let mut tree: Option<Tree> = None;
-        let mut size = 0;
-        let mut slots: Vec<Option<(ObjectId, NodeId)>> = Vec::new();
-        let mut dispatched: Vec<bool> = Vec::new();
-        let mut used = Vec::new();
-        let mut tasks: Vec<(usize, Receiver<Result<Reply>>)> = Vec::new();
-        let mut last_ready = Instant::now();
-        let out_id = |tree: &Tree, p: usize, slots: &[Option<(ObjectId, NodeId)>]| -> ObjectId {
-            if p == 0 {
-                target.clone()
-            } else if tree.is_leaf(p) {
-                slots[p].as_ref().expect("assigned").0.clone()
-            } else {
-                ObjectId::new(format!("{}#reduce-{p}", target.as_str()))
-            }
+        let mut subs: Vec<Option<Receiver<Result<Reply>>>> = vec![None; sources.len()];
+        // Sources whose directory shard is unreachable: subscribed again until it rejoins.
+        let mut resub: Vec<usize> = (0..sources.len()).collect();
+        let mut run = Run {
+            target: target.clone(),
+            sources: sources.to_vec(),
+            num,
+            op,
+            dtype,
+            chunk: opts.chunk,
+            degree: opts.degree,
+            latency: self.measure_latency(),
+            bandwidth: self.bandwidth_estimate(),
+            tree: None,
+            size: 0,
+            slots: Vec::new(),
+            gen: Vec::new(),
+            tasks: Vec::new(),
+            done: Vec::new(),
+            dispatches: Vec::new(),
+            spares: VecDeque::new(),
+            dead: HashSet::new(),
+            placed_at: Vec::new(),
         };
-        while used.len() < num {
-            if pending.len() < num - used.len() {
-                return Err(Error::InvalidArgument(format!(
-                    "only {} of {num} sources can still become ready",
-                    used.len() + pending.len()
-                )));
+        loop {
+            if run.finished() {
+                break;
             }
+            resub.retain(|&i| match self.subscribe_rx(&sources[i]) {
+                Ok(rx) => {
+                    subs[i] = Some(rx);
+                    false
+                }
+                Err(_) => true,
+            });
+            let wake = if resub.is_empty() {
+                deadline
+            } else {
+                deadline.min(Instant::now() + Duration::from_millis(100))
+            };
+            // Wait for the next source to become ready, a task to finish, or a peer to die.
             let mut sel = Select::new();
-            for &i in &pending {
-                sel.recv(&subs[i]);
+            sel.recv(&down);
+            let sub_ix: Vec<usize> = (0..subs.len()).filter(|&i| subs[i].is_some()).collect();
+            for &i in &sub_ix {
+                sel.recv(subs[i].as_ref().expect("listed"));
             }
-            let now = Instant::now();
-            let op_ = sel
-                .select_timeout(deadline.saturating_duration_since(now))
-                .map_err(|_| Error::Timeout(timeout, format!("reduce sources of {target}")))?;
-            let k = op_.index();
-            let i = pending.remove(k);
-            let info: Option<ObjectInfo> = match op_.recv(&subs[i]) {
-                Ok(Ok(Reply::Info(info))) => info,
-                Ok(Ok(r)) => return Err(self.unexpected(r)),
-                Ok(Err(e)) => return Err(e),
-                Err(_) => return Err(Error::Shutdown),
-            };
-            let Some(info) = info else {
-                continue; // deleted before it became ready: it can never take part
-            };
-            if info.size % esz != 0 {
-                return Err(Error::InvalidArgument(format!(
-                    "reduce input {} has {} bytes, not a multiple of the {dtype:?} element size {esz}",
-                    sources[i], info.size
-                )));
+            let task_ix: Vec<usize> = (0..run.tasks.len())
+                .filter(|&p| run.tasks[p].is_some())
+                .collect();
+            for &p in &task_ix {
+                sel.recv(run.tasks[p].as_ref().expect("listed"));
             }
-            let tree = match &tree {
-                Some(t) => {
-                    if info.size != size {
-                        return Err(Error::InvalidArgument(format!(
-                            "reduce input {} has {} bytes, others {size}",
-                            sources[i], info.size
-                        )));
-                    }
-                    t
-                }
-                None => {
-                    size = info.size;
-                    let d = opts
-                        .degree
-                        .unwrap_or_else(|| choose_degree(num, size, latency, bandwidth));
-                    let t = Tree::new(num, d);
-                    slots = vec![None; num];
-                    dispatched = vec![false; num];
-                    tree.insert(t)
-                }
-            };
-            // Spread positions over nodes: a complete copy on a node not in the tree yet, else
-            // any copy.
-            let placed = |n: NodeId| slots.iter().flatten().any(|(_, m)| *m == n);
-            let node = info
-                .locations
-                .iter()
-                .min_by_key(|l| (placed(l.node), !l.complete))
-                .map(|l| l.node)
-                .ok_or_else(|| Error::Protocol {
-                    peer: self.id,
-                    what: format!("{} ready without a location", sources[i]),
-                })?;
-            let pos = tree.inorder[used.len()];
-            slots[pos] = Some((sources[i].clone(), node));
-            used.push(sources[i].clone());
-            last_ready = Instant::now();
-            // Start every position whose inputs are all placed.
-            for p in 0..num {
-                let ready = !dispatched[p]
-                    && slots[p].is_some()
-                    && tree.children[p].iter().all(|&c| slots[c].is_some());
-                if !ready || (tree.is_leaf(p) && p != 0) {
-                    continue;
-                }
-                dispatched[p] = true;
-                let (own, node) = slots[p].clone().expect("assigned");
-                let task = ReduceTask {
-                    out: out_id(tree, p, &slots),
-                    own,
-                    children: tree.children[p]
-                        .iter()
-                        .map(|&c| out_id(tree, c, &slots))
-                        .collect(),
-                    size,
-                    op,
-                    dtype,
-                    chunk: opts.chunk,
-                };
-                tasks.push((
-                    p,
-                    self.call_async(node, |rid| Msg::ReduceTask { rid, task })?,
-                ));
-            }
-        }
-        let tree = tree.expect("at least one source");
-        for (p, rx) in &tasks {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
-                Ok(Ok(Reply::Ack)) => {}
-                Ok(Ok(Reply::Error(e))) => {
-                    return Err(Error::Protocol {
-                        peer: slots[*p].as_ref().expect("assigned").1,
-                        what: format!("reduce position {p}: {e}"),
-                    })
-                }
-                Ok(Ok(r)) => return Err(self.unexpected(r)),
-                Ok(Err(e)) => return Err(e),
+            let what = match sel.select_timeout(wake.saturating_duration_since(Instant::now())) {
+                Ok(w) => w,
+                Err(_) if Instant::now() < deadline => continue,
                 Err(_) => {
                     return Err(Error::Timeout(
                         timeout,
-                        format!("reduce position {p} of {target}"),
+                        format!("reduce {target}: {}", run.waiting_for()),
                     ))
+                }
+            };
+            let k = what.index();
+            if k == 0 {
+                let Ok(node) = what.recv(&down) else {
+                    return Err(Error::Shutdown);
+                };
+                resub.extend(self.repair(&mut run, node));
+            } else if k <= sub_ix.len() {
+                let i = sub_ix[k - 1];
+                let info = match what.recv(subs[i].as_ref().expect("listed")) {
+                    Ok(Ok(Reply::Info(info))) => info,
+                    Ok(Ok(r)) => return Err(self.unexpected(r)),
+                    Ok(Err(Error::PeerDown(_))) => {
+                        subs[i] = None;
+                        resub.push(i);
+                        continue;
+                    }
+                    Ok(Err(e)) => return Err(e),
+                    Err(_) => return Err(Error::Shutdown),
+                };
+                subs[i] = None;
+                let Some(info) = info else {
+                    // Deleted before it became ready: it can never take part.
+                    if run.placed() + run.spares.len() + subs.iter().flatten().count() < num {
+                        return Err(Error::InvalidArgument(format!(
+                            "reduce {target}: fewer than {num} sources can still become ready"
+                        )));
+                    }
+                    continue;
+                };
+                run.arrived(i, &info)?;
+            } else {
+                let p = task_ix[k - 1 - sub_ix.len()];
+                let r = what.recv(run.tasks[p].as_ref().expect("listed"));
+                run.tasks[p] = None;
+                match r {
+                    Ok(Ok(Reply::Ack)) => run.done[p] = true,
+                    Ok(Err(Error::PeerDown(node))) => resub.extend(self.repair(&mut run, node)),
+                    Ok(Ok(Reply::Error(e))) => {
+                        return Err(Error::Protocol {
+                            peer: run.slots[p].map_or(self.id, |s| s.1),
+                            what: format!("reduce position {p}: {e}"),
+                        })
+                    }
+                    Ok(Ok(r)) => return Err(self.unexpected(r)),
+                    Ok(Err(e)) => return Err(e),
+                    Err(_) => return Err(Error::Shutdown),
+                }
+            }
+            // Dispatch; a node found dead on the way is repaired around and we go again.
+            let mut again = true;
+            while again {
+                again = false;
+                for (p, task) in run.dispatchable() {
+                    let node = run.slots[p].expect("placed").1;
+                    match self.call_async(node, |rid| Msg::ReduceTask { rid, task }) {
+                        Ok(rx) => {
+                            run.tasks[p] = Some(rx);
+                            run.dispatches[p] += 1;
+                        }
+                        Err(Error::PeerDown(n)) => {
+                            resub.extend(self.repair(&mut run, n));
+                            again = true;
+                            break;
+                        }
+                        Err(e) => return Err(e),
+                    }
                 }
             }
         }
         let done = Instant::now();
+        let tree = run.tree.take().expect("at least one source");
         // Intermediate results are not needed any more.
         for p in 1..num {
             if !tree.is_leaf(p) {
-                let _ = self.delete(&out_id(&tree, p, &slots));
+                let _ = self.delete(&run.out_of(&tree, p));
             }
         }
-        let slots: Vec<TreeSlot> = (0..num)
+        let mut order: Vec<usize> = (0..num).collect();
+        order.sort_by_key(|&p| run.placed_at[p]);
+        let used = order
+            .iter()
+            .map(|&p| sources[run.slots[p].expect("placed").0].clone())
+            .collect();
+        let recomputed = (0..num).filter(|&p| run.dispatches[p] > 1).collect();
+        let last_ready = run
+            .placed_at
+            .iter()
+            .flatten()
+            .max()
+            .copied()
+            .unwrap_or(done);
+        let slots = (0..num)
             .map(|p| {
-                let (object, node) = slots[p].clone().expect("assigned");
+                let (idx, node) = run.slots[p].expect("placed");
                 TreeSlot {
                     position: p,
-                    object,
+                    object: sources[idx].clone(),
                     node,
                     parent: tree.parent[p],
                     children: tree.children[p].clone(),
@@ -515,11 +523,245 @@ impl Inner {
             degree: tree.degree,
             used,
             tree: slots,
-            latency_s: latency,
-            bandwidth_bps: bandwidth,
+            recomputed,
+            latency_s: run.latency,
+            bandwidth_bps: run.bandwidth,
             last_ready,
             done,
         })
+    }
+
+    fn subscribe_rx(&self, id: &ObjectId) -> Result<Receiver<Result<Reply>>> {
+        self.call_async(self.shard_of(id), |rid| Msg::Subscribe {
+            rid,
+            id: id.clone(),
+        })
+    }
+
+    /// A node died: positions it held leave the tree and, with every ancestor that had not
+    /// finished, are recomputed; finished subtrees keep their results. Returns the sources
+    /// to subscribe to again (they come back if the node rejoins and puts them again).
+    fn repair(&self, run: &mut Run, node: NodeId) -> Vec<usize> {
+        if !run.dead.insert(node) {
+            return Vec::new();
+        }
+        let Some(tree) = run.tree.clone() else {
+            return Vec::new();
+        };
+        let failed: Vec<usize> = (0..run.num)
+            .filter(|&p| run.slots[p].is_some_and(|s| s.1 == node))
+            .collect();
+        let mut affected: Vec<usize> = Vec::new();
+        for &p in &failed {
+            // A position whose parent already finished (on a live node) contributed already.
+            let mut cur = Some(p);
+            while let Some(a) = cur {
+                let a_dead = run.slots[a].is_some_and(|s| run.dead.contains(&s.1));
+                if a != p && run.done[a] && !a_dead {
+                    break;
+                }
+                if !affected.contains(&a) {
+                    affected.push(a);
+                }
+                cur = tree.parent[a];
+            }
+            if let Some(parent) = tree.parent[p] {
+                let pd = run.slots[parent].is_some_and(|s| run.dead.contains(&s.1));
+                if run.done[parent] && !pd {
+                    affected.retain(|&a| a != p);
+                }
+            }
+        }
+        let mut resubscribe = Vec::new();
+        for &a in &affected {
+            let needs_task = a == 0 || !tree.is_leaf(a);
+            if needs_task && (run.tasks[a].is_some() || run.done[a]) {
+                // Stop the running task and discard its (partial) result.
+                let out = run.out_of(&tree, a);
+                if let Some((_, n)) = run.slots[a].filter(|s| !run.dead.contains(&s.1)) {
+                    let _ = self.send(n, Msg::CancelReduce { out: out.clone() });
+                }
+                let _ = self.delete(&out);
+                run.gen[a] += 1;
+            }
+            run.tasks[a] = None;
+            run.done[a] = false;
+            if failed.contains(&a) {
+                let (idx, _) = run.slots[a].take().expect("failed positions are placed");
+                run.placed_at[a] = None;
+                resubscribe.push(idx);
+            }
+        }
+        warn!(
+            node = self.id,
+            dead = node,
+            ?failed,
+            ?affected,
+            "reduce {}: repairing the tree",
+            run.target
+        );
+        run.fill_from_spares();
+        resubscribe
+    }
+
+    /// A channel that receives the id of every peer that goes down from now on.
+    fn watch_peer_down(&self) -> Receiver<NodeId> {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        self.down_watchers.lock().unwrap().push(tx);
+        rx
+    }
+}
+
+/// The coordinator's state of one reduce.
+struct Run {
+    target: ObjectId,
+    sources: Vec<ObjectId>,
+    num: usize,
+    op: ReduceOp,
+    dtype: DType,
+    chunk: u64,
+    degree: Option<usize>,
+    latency: f64,
+    bandwidth: f64,
+    tree: Option<Tree>,
+    size: u64,
+    /// Per position: (source index, node holding it).
+    slots: Vec<Option<(usize, NodeId)>>,
+    /// Per position: generation of its output (bumped on recompute).
+    gen: Vec<u32>,
+    tasks: Vec<Option<Receiver<Result<Reply>>>>,
+    done: Vec<bool>,
+    dispatches: Vec<u32>,
+    /// Ready sources not placed (yet), in arrival order.
+    spares: VecDeque<(usize, NodeId)>,
+    dead: HashSet<NodeId>,
+    placed_at: Vec<Option<Instant>>,
+}
+
+impl Run {
+    fn placed(&self) -> usize {
+        self.slots.iter().flatten().count()
+    }
+
+    fn finished(&self) -> bool {
+        let Some(tree) = &self.tree else { return false };
+        (0..self.num)
+            .all(|p| self.slots[p].is_some() && (self.done[p] || (p != 0 && tree.is_leaf(p))))
+    }
+
+    fn waiting_for(&self) -> String {
+        format!(
+            "{} of {} sources placed, {} positions done",
+            self.placed(),
+            self.num,
+            self.done.iter().filter(|d| **d).count()
+        )
+    }
+
+    fn out_of(&self, tree: &Tree, p: usize) -> ObjectId {
+        if p == 0 {
+            self.target.clone()
+        } else if tree.is_leaf(p) {
+            self.sources[self.slots[p].expect("placed").0].clone()
+        } else {
+            ObjectId::new(format!(
+                "{}#reduce-{p}.{}",
+                self.target.as_str(),
+                self.gen[p]
+            ))
+        }
+    }
+
+    /// A source became ready: place it, or keep it as a spare.
+    fn arrived(&mut self, i: usize, info: &ObjectInfo) -> Result<()> {
+        let esz = self.dtype.size() as u64;
+        if !info.size.is_multiple_of(esz) {
+            return Err(Error::InvalidArgument(format!(
+                "reduce input {} has {} bytes, not a multiple of the {:?} element size {esz}",
+                self.sources[i], info.size, self.dtype
+            )));
+        }
+        if self.tree.is_none() {
+            self.size = info.size;
+            let d = self.degree.unwrap_or_else(|| {
+                choose_degree(self.num, self.size, self.latency, self.bandwidth)
+            });
+            self.tree = Some(Tree::new(self.num, d));
+            self.slots = vec![None; self.num];
+            self.gen = vec![0; self.num];
+            self.tasks = (0..self.num).map(|_| None).collect();
+            self.done = vec![false; self.num];
+            self.dispatches = vec![0; self.num];
+            self.placed_at = vec![None; self.num];
+        } else if info.size != self.size {
+            return Err(Error::InvalidArgument(format!(
+                "reduce input {} has {} bytes, others {}",
+                self.sources[i], info.size, self.size
+            )));
+        }
+        // Spread positions over nodes: a complete copy on a node not in the tree yet, else
+        // any live copy.
+        let placed = |n: NodeId| self.slots.iter().flatten().any(|(_, m)| *m == n);
+        let Some(node) = info
+            .locations
+            .iter()
+            .filter(|l| !self.dead.contains(&l.node))
+            .min_by_key(|l| (placed(l.node), !l.complete))
+            .map(|l| l.node)
+        else {
+            return Ok(());
+        };
+        self.spares.push_back((i, node));
+        self.fill_from_spares();
+        Ok(())
+    }
+
+    /// Empty positions take spares in generalised in-order.
+    fn fill_from_spares(&mut self) {
+        let Some(tree) = &self.tree else { return };
+        for &p in &tree.inorder {
+            if self.slots[p].is_none() {
+                match self.spares.pop_front() {
+                    Some(s) => {
+                        self.slots[p] = Some(s);
+                        self.placed_at[p] = Some(Instant::now());
+                    }
+                    None => return,
+                }
+            }
+        }
+    }
+
+    /// Positions whose inputs are all placed and that have no task yet, with their tasks.
+    fn dispatchable(&mut self) -> Vec<(usize, ReduceTask)> {
+        let Some(tree) = self.tree.clone() else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for p in 0..self.num {
+            let needs_task = p == 0 || !tree.is_leaf(p);
+            let ready = self.slots[p].is_some()
+                && tree.children[p].iter().all(|&c| self.slots[c].is_some());
+            if !needs_task || !ready || self.tasks[p].is_some() || self.done[p] {
+                continue;
+            }
+            out.push((
+                p,
+                ReduceTask {
+                    out: self.out_of(&tree, p),
+                    own: self.sources[self.slots[p].expect("placed").0].clone(),
+                    children: tree.children[p]
+                        .iter()
+                        .map(|&c| self.out_of(&tree, c))
+                        .collect(),
+                    size: self.size,
+                    op: self.op,
+                    dtype: self.dtype,
+                    chunk: self.chunk,
+                },
+            ));
+        }
+        out
     }
 }
 

@@ -145,10 +145,7 @@ fn broadcast_survives_an_inner_node_dying_mid_transfer() {
             if k == victim {
                 continue;
             }
-            assert!(
-                d.is_some(),
-                "seed {seed}: live receiver {k} did not finish"
-            );
+            assert!(d.is_some(), "seed {seed}: live receiver {k} did not finish");
             resumed += assert_resumed_exactly(c.node(k), &id) as usize;
         }
         assert!(resumed >= 1, "seed {seed}: nobody had to resume");
@@ -234,4 +231,163 @@ fn a_restarted_node_rejoins_and_its_get_completes() {
         info.locations.iter().any(|l| l.node == 3 && l.complete),
         "{info:?}"
     );
+}
+
+fn i64_input(k: u64, elems: usize) -> Vec<u8> {
+    (0..elems as u64)
+        .flat_map(|i| ((i * 7 + k * 1000) as i64).to_le_bytes())
+        .collect()
+}
+
+fn sum_of(inputs: &[&Vec<u8>]) -> Vec<u8> {
+    let mut acc = inputs[0].clone();
+    for v in &inputs[1..] {
+        phalanx::ops::combine(phalanx::ReduceOp::Sum, phalanx::DType::I64, &mut acc, v);
+    }
+    acc
+}
+
+#[test]
+fn reduce_replaces_a_dead_input_and_recomputes_only_its_ancestors() {
+    use phalanx::{DType, ReduceOp, ReduceOptions};
+    for seed in 0..3u64 {
+        let c = LocalCluster::start(8, cfg(), tcp()).unwrap();
+        let elems = 2 << 20; // 16 MiB of i64
+                             // A chain (d = 1) in arrival order 0..7: input k sits at position 6-k; 7 is the spare.
+        let victim = 2 + seed as usize; // an inner position
+                                        // Directory shards are not replicated: keep every entry this reduce needs off the
+                                        // victim (the inputs, the target and the intermediates of every generation).
+        let shard_for = |k: usize| {
+            if (k + 1) % 8 == victim {
+                (victim + 1) % 8
+            } else {
+                (k + 1) % 8
+            }
+        };
+        let ids: Vec<ObjectId> = (0..8)
+            .map(|k| name_on(c.node(0), &format!("rf-{seed}-{k}"), shard_for(k) as NodeId))
+            .collect();
+        let target = (0..)
+            .map(|i| format!("rf-out-{seed}-{i}"))
+            .find(|t| {
+                std::iter::once(t.clone())
+                    .chain(
+                        (1..8)
+                            .flat_map(|p| (0..4).map(move |g| (p, g)))
+                            .map(|(p, g)| format!("{t}#reduce-{p}.{g}")),
+                    )
+                    .all(|n| c.node(0).shard_of(n.as_str()) != victim as NodeId)
+            })
+            .unwrap();
+        let data: Vec<Vec<u8>> = (0..8).map(|k| i64_input(k + seed, elems)).collect();
+        c.node(victim).inject_fault(FaultPlan {
+            object: ObjectId::new("*"),
+            after_bytes: 4 << 20,
+            action: FaultAction::DropLinks,
+        });
+        let outcome = std::thread::scope(|s| {
+            let coord = c.node(0).clone();
+            let ids2 = ids.clone();
+            let t = target.clone();
+            let h = s.spawn(move || {
+                coord.reduce_with(
+                    t.as_str(),
+                    &ids2,
+                    7,
+                    ReduceOp::Sum,
+                    DType::I64,
+                    &ReduceOptions {
+                        degree: Some(1),
+                        ..Default::default()
+                    },
+                )
+            });
+            for k in 0..8 {
+                c.node(k).put(ids[k].clone(), &data[k]).unwrap();
+                std::thread::sleep(Duration::from_millis(15));
+            }
+            h.join().unwrap().unwrap()
+        });
+        assert!(
+            c.node(victim).fault_fired(),
+            "seed {seed}: the victim never served"
+        );
+        let mut used = outcome.used.clone();
+        used.sort();
+        let mut want: Vec<ObjectId> = ids
+            .iter()
+            .enumerate()
+            .filter(|(k, _)| *k != victim)
+            .map(|(_, i)| i.clone())
+            .collect();
+        want.sort();
+        assert_eq!(
+            used, want,
+            "seed {seed}: the spare replaced exactly the dead input"
+        );
+        let got = c.node(1).get(target.as_str()).unwrap();
+        let inputs: Vec<&Vec<u8>> = (0..8).filter(|&k| k != victim).map(|k| &data[k]).collect();
+        assert!(
+            got == sum_of(&inputs),
+            "seed {seed}: result is not the sum of the 7 used inputs"
+        );
+        // The failed position ran again; besides it only ancestors (those already started)
+        // did; the subtree below kept its work. In a chain the ancestors of p are 0..p.
+        let failed_pos = 6 - victim;
+        assert!(
+            outcome.recomputed.contains(&failed_pos),
+            "seed {seed}: {:?}",
+            outcome.recomputed
+        );
+        assert!(
+            outcome.recomputed.iter().all(|&p| p <= failed_pos),
+            "seed {seed}: a descendant was recomputed: {:?}",
+            outcome.recomputed
+        );
+    }
+}
+
+#[test]
+fn reduce_waits_for_a_rejoin_when_too_few_inputs_remain() {
+    use phalanx::{DType, Error, ReduceOp, ReduceOptions};
+    let mut c = LocalCluster::start(4, cfg(), tcp()).unwrap();
+    let elems = 1 << 20;
+    let ids: Vec<ObjectId> = (0..4).map(|k| ObjectId::new(format!("rj-{k}"))).collect();
+    let data: Vec<Vec<u8>> = (0..4).map(|k| i64_input(k, elems)).collect();
+    for k in 0..4 {
+        c.node(k).put(ids[k].clone(), &data[k]).unwrap();
+    }
+    // Without a rejoin, the timeout turns the wait into an error.
+    c.node(3).kill();
+    let short = ReduceOptions {
+        timeout: Some(Duration::from_secs(2)),
+        ..Default::default()
+    };
+    match c
+        .node(0)
+        .reduce_with("rj-none", &ids, 4, ReduceOp::Sum, DType::I64, &short)
+    {
+        Err(Error::Timeout(..)) => {}
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    // With one: node 3 restarts and puts its input again; the reduce completes.
+    let coord = c.node(0).clone();
+    let ids2 = ids.clone();
+    let h = std::thread::spawn(move || {
+        coord.reduce_with(
+            "rj-out",
+            &ids2,
+            4,
+            ReduceOp::Sum,
+            DType::I64,
+            &ReduceOptions::default(),
+        )
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    c.restart(3, cfg(), tcp()).unwrap();
+    c.node(3).put(ids[3].clone(), &data[3]).unwrap();
+    let o = h.join().unwrap().unwrap();
+    assert_eq!(o.used.len(), 4);
+    let all: Vec<&Vec<u8>> = data.iter().collect();
+    assert!(c.node(2).get("rj-out").unwrap() == sum_of(&all));
 }

@@ -531,10 +531,10 @@ impl Inner {
     /// Sends the tails left by non-blocking sends; blocking here is harmless, this thread
     /// does nothing else.
     fn flush_loop(self: Arc<Self>, rx: Receiver<Arc<Conn>>) {
-        for c in rx {
-            if self.closing.load(Ordering::Acquire) {
-                break;
-            }
+        while !self.closing.load(Ordering::Acquire) {
+            let Ok(c) = rx.recv_timeout(Duration::from_millis(200)) else {
+                continue;
+            };
             let r = c.writer.lock().unwrap().flush_tail();
             if let Err(e) = r {
                 self.drop_conn(&c, format!("send failed: {e}"));
