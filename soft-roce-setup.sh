@@ -35,6 +35,9 @@ readonly VETH_ADDR=10.181.0.1 VETH_PREFIX=24
 readonly DEFAULT_DEV=rxe0
 # 9p mount tags (at most 31 characters) used between qemu and the guest.
 readonly TAG_ROOT=hostroot TAG_CWD=hostcwd TAG_CTL=phalanxctl
+# Name of the virtio serial port (and of its /dev link in the guest) that
+# carries CMD's stdout and stderr to this script's stdout.
+readonly OUT_PORT=phalanx-out
 # Where the control share appears inside the guest.
 readonly GUEST_CTL=/run/phalanx-vm
 # Bump when the initramfs layout changes in a way the content hash below would
@@ -89,9 +92,14 @@ vm
   CMD also gets PHALANX_RXE_DEV, PHALANX_RXE_ADDR, PHALANX_RXE_NETDEV and
   PHALANX_RXE_GID_INDEX (index of the IPv4-mapped RoCEv2 GID).
   Passed through from the host environment: ${PASS_ENV[*]}.
-  CMD's stdout and stderr both go to this script's stdout (the VM console),
-  followed by a line "phalanx-vm: exit status N".  Exit status: CMD's status,
-  124 if the VM ran longer than --timeout, 125 if the VM could not be set up.
+  CMD's stdout and stderr both go to this script's stdout (a virtio serial
+  port, so not a tty in the guest), followed by a line
+  "phalanx-vm: exit status N" (also printed for 124 and 125).  The guest's
+  serial console (kernel messages, setup errors) goes to stderr: all of it
+  when the VM failed or timed out, or with --verbose; otherwise only lines
+  that are not routine (e.g. kernel errors).
+  Exit status: CMD's status, 124 if the VM ran longer than --timeout (qemu
+  is killed), 125 if the VM could not be set up.
 
   --timeout SECS  wall-clock limit for the whole VM run (default 1200,
                   env PHALANX_VM_TIMEOUT)
@@ -101,10 +109,12 @@ vm
   --accel A       qemu accelerator, tcg (default) or kvm (env PHALANX_VM_ACCEL)
   --env N[=V]     pass variable N (with value V, or the host's value)
   --rebuild       rebuild the cached initramfs
-  --verbose       show kernel boot messages and setup details
+  --verbose       show the whole guest console (kernel boot messages, rxe0's
+                  GID table) on stderr, and the qemu command line
 
-  The initramfs is cached in \${XDG_CACHE_HOME:-\$HOME/.cache}/phalanx-vm/
-  (PHALANX_VM_CACHE overrides), keyed by kernel version.
+  The initramfs (and the kernel, uncompressed for a faster boot) are cached
+  in \${XDG_CACHE_HOME:-\$HOME/.cache}/phalanx-vm/ (PHALANX_VM_CACHE
+  overrides), keyed by kernel version and rebuilt when missing or stale.
 
   Example (as a cargo runner):
     CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="\$PWD/$PROG vm --" cargo test
@@ -115,7 +125,9 @@ EOF
 }
 
 log() { printf '%s: %s\n' "$PROG" "$*" >&2; }
-die() { log "error: $*"; exit 1; }
+# Exit status of die: 1, but 125 in vm mode (the VM could not be set up).
+DIE_STATUS=1
+die() { log "error: $*"; exit "$DIE_STATUS"; }
 
 # ============================================================================
 # host mode: create an rxe device on a kernel that has rdma_rxe
@@ -125,9 +137,11 @@ die() { log "error: $*"; exit 1; }
 # `rdma link show` prints lines like
 #   link rxe0/1 state ACTIVE physical_state LINK_UP netdev rxenet0
 rdma_dev_on_netdev() {
-    rdma link show 2>/dev/null | awk -v nd="$1" '
-        { for (i = 1; i < NF; i++) if ($i == "netdev" && $(i + 1) == nd) {
-              split($2, a, "/"); print a[1]; exit } }'
+    local links
+    links=$(rdma link show 2>/dev/null || true)
+    awk -v nd="$1" '
+        !found { for (i = 1; i < NF; i++) if ($i == "netdev" && $(i + 1) == nd) {
+                     split($2, a, "/"); print a[1]; found = 1; break } }' <<<"$links"
 }
 
 # Create the veth pair rxenet0/rxenet1 with 10.181.0.1/24 on rxenet0 and bring
@@ -138,7 +152,9 @@ ensure_veth() {
         modprobe veth 2>/dev/null || true   # may be built in
         ip link add "$VETH0" type veth peer name "$VETH1"
     fi
-    if ! ip -4 -o addr show dev "$VETH0" | grep -qF " $VETH_ADDR/"; then
+    local addrs
+    addrs=$(ip -4 -o addr show dev "$VETH0")
+    if [[ $addrs != *" $VETH_ADDR/"* ]]; then
         ip addr add "$VETH_ADDR/$VETH_PREFIX" dev "$VETH0"
     fi
     ip link set dev "$VETH0" up
@@ -241,7 +257,10 @@ host_mode() {
     ip link set dev "$netdev" up
     rdma link add "$name" type rxe netdev "$netdev"
     wait_active "$name" "$wait_secs" || exit 1
-    log "$name on $netdev is ACTIVE; IPv4-mapped GID index: $(ipv4_gid_index "$name")"
+    local gid_index
+    gid_index=$(ipv4_gid_index "$name")
+    log "$name on $netdev is ACTIVE; IPv4-mapped GID index:" \
+        "${gid_index:-none (no IPv4 address on $netdev)}"
 }
 
 # ============================================================================
@@ -267,21 +286,22 @@ pick_kernel() {
     for dir in /lib/modules/*/; do
         ver=${dir%/}; ver=${ver##*/}
         [[ -r /boot/vmlinuz-$ver ]] || continue
-        find "$dir" -name 'rdma_rxe.ko*' -print -quit 2>/dev/null | grep -q . || continue
+        [[ -n $(find "$dir" -name 'rdma_rxe.ko*' -print -quit 2>/dev/null) ]] || continue
         printf '%s\n' "$ver"
     done | sort -V | tail -n 1
 }
 
 # Modules (paths in load order, deduplicated) the initramfs insmods: virtio
-# 9p and overlay for the root file system, veth and Soft-RoCE for rxe0 (plus
-# crc32_generic, which rdma_rxe requests at run time and which the initramfs
-# cannot autoload: it has no /sbin/modprobe).  Built-in ones are skipped.
+# serial for CMD's output, virtio 9p and overlay for the root file system,
+# veth and Soft-RoCE for rxe0 (plus crc32_generic, which rdma_rxe requests at
+# run time and which the initramfs cannot autoload: it has no /sbin/modprobe).
+# Built-in ones are skipped.
 # Loading them from the initramfs with the static busybox is much faster
 # under TCG than kmod's modprobe reading them over 9p.
 initramfs_modules() {
     local ver=$1 m
-    for m in virtio_pci 9pnet_virtio 9p overlay veth crc32_generic \
-        rdma_rxe ib_uverbs rdma_ucm; do
+    for m in virtio_pci virtio_console 9pnet_virtio 9p overlay veth \
+        crc32_generic rdma_rxe ib_uverbs rdma_ucm; do
         modprobe -S "$ver" --show-depends "$m" ||
             die "modprobe -S $ver --show-depends $m failed"
     done | awk '$1 == "insmod" && !seen[$2]++ { print $2 }'
@@ -290,7 +310,8 @@ initramfs_modules() {
 # The initramfs /init (busybox sh).  Everything that busybox can do is done
 # here, before switch_root, because every exec of a dynamically linked program
 # from the 9p root costs ~60 ms under TCG (a static busybox applet ~15 ms):
-#  - load the modules (virtio 9p, overlay, veth, rdma_rxe, ib_uverbs, rdma_ucm);
+#  - load the modules (virtio console and 9p, overlay, veth, rdma_rxe,
+#    ib_uverbs, rdma_ucm), find the virtio port for CMD's output;
 #  - root: the host's / (9p, read-only) under a tmpfs overlay, with a fresh
 #    /tmp and /run; the control share at /run/phalanx-vm; the host's current
 #    directory (path in the control share's file cwd) read-write at the same
@@ -315,13 +336,25 @@ exec </dev/console >/dev/console 2>&1
 /bin/busybox --install -s /bin
 export PATH=/bin
 fail() { echo "phalanx-vm initramfs: \$*"; poweroff -f; sleep 10; }
-# Console output reaches the host as is: no \\n -> \\r\\n translation.
-stty -onlcr
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 while read -r m; do
     insmod "/mods/\$m" || fail "insmod \$m failed"
 done </mods/order
+# The virtio serial port named $OUT_PORT carries CMD's output to the host's
+# stdout (fast, and not a tty: no \\n -> \\r\\n translation).  Its device
+# (/dev/vportNpM) appears once qemu has announced the port; link it to
+# /dev/$OUT_PORT.
+i=0
+until [ -e /dev/$OUT_PORT ]; do
+    for p in /sys/class/virtio-ports/*; do
+        [ -r \$p/name ] && read -r n <\$p/name && [ "\$n" = $OUT_PORT ] &&
+            ln -sf \${p##*/} /dev/$OUT_PORT
+    done
+    [ -e /dev/$OUT_PORT ] && break
+    i=\$((i + 1)); [ \$i -lt 50 ] || fail "no virtio port $OUT_PORT"
+    sleep 0.1
+done
 
 R=/newroot C=/newroot$GUEST_CTL
 mkdir -p /lower /rw \$R
@@ -467,6 +500,22 @@ env_passes() {
     return 1
 }
 
+# Print the guest's serial console log $1 (kernel messages, the initramfs's
+# and guest setup's messages) to stderr: all of it ($2 = all) or, after a
+# normal run, only lines other than the routine power-off message.
+show_console_log() {
+    local file=$1 what=$2 line
+    [[ -s $file ]] || return 0
+    while IFS= read -r line || [[ -n $line ]]; do
+        line=${line//$'\r'/}
+        [[ -n $line ]] || continue
+        if [[ $what != all ]]; then
+            [[ $line == *'reboot: Power down' ]] && continue
+        fi
+        printf 'guest console: %s\n' "$line" >&2
+    done <"$file"
+}
+
 # State for the cleanup trap of vm mode.
 VM_WORK='' QEMU_PID='' WATCHDOG_PID=''
 
@@ -489,6 +538,7 @@ vm_cleanup() {
 }
 
 vm_mode() {
+    DIE_STATUS=125
     local timeout=${PHALANX_VM_TIMEOUT:-1200} mem=${PHALANX_VM_MEM:-4096}
     local smp=${PHALANX_VM_SMP:-} accel=${PHALANX_VM_ACCEL:-tcg} ver=''
     local rebuild=0 verbose=0 extra_env=()
@@ -533,6 +583,7 @@ vm_mode() {
     local cwd
     cwd=$(pwd -P)
     [[ $cwd != / ]] || die "refusing to share / read-write; cd to the project first"
+    [[ $cwd != *$'\n'* ]] || die "the current directory's path contains a newline"
 
     local cache initrd kimg
     cache=${PHALANX_VM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/phalanx-vm}
@@ -557,11 +608,6 @@ vm_mode() {
         while IFS= read -r name; do
             env_passes "$name" && printf 'export %s=%q\n' "$name" "${!name}"
         done < <(compgen -e)
-        if ! [[ -t 1 ]]; then
-            # Guest stdout is the serial console (a tty); the host's is not,
-            # so ask programs for plain output.
-            printf 'export TERM=dumb NO_COLOR=1\n'
-        fi
         for entry in "${extra_env[@]}"; do
             name=${entry%%=*}
             [[ $name =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]] || die "--env: bad name '$name'"
@@ -585,7 +631,8 @@ vm_mode() {
     printf '%s\n' "$verbose" >"$ctl/verbose"
 
     # qemu's -virtfs option is comma separated: double commas in paths.
-    local q_cwd=${cwd//,/,,} q_ctl=${ctl//,/,,}
+    local log=$VM_WORK/console.log
+    local q_cwd=${cwd//,/,,} q_ctl=${ctl//,/,,} q_log=${log//,/,,}
     # mitigations=off: a throw-away test VM; saves time under TCG.
     local append="console=ttyS0 panic=-1 rdinit=/init mitigations=off"
     ((verbose)) || append+=" quiet"
@@ -595,7 +642,10 @@ vm_mode() {
         qemu-system-x86_64
         -accel "$accel_opt" -cpu max -smp "$smp" -m "$mem"
         -display none -no-reboot -nodefaults -monitor none
-        -serial stdio -nic none
+        -nic none
+        -chardev "file,id=log,path=$q_log" -serial chardev:log
+        -device virtio-serial-pci -chardev "stdio,id=out,signal=off"
+        -device "virtserialport,chardev=out,name=$OUT_PORT"
         -kernel "$kimg" -initrd "$initrd" -append "$append"
         -virtfs "local,path=/,mount_tag=$TAG_ROOT,security_model=none,readonly=on,multidevs=remap"
         -virtfs "local,path=$q_cwd,mount_tag=$TAG_CWD,security_model=none,multidevs=remap"
@@ -605,10 +655,13 @@ vm_mode() {
 
     # Run qemu in the background so that this shell can enforce the timeout
     # and handle Ctrl-C (background jobs of a script ignore SIGINT; the traps
-    # above kill qemu).  stdin is /dev/null so that qemu leaves the terminal
-    # alone.
+    # above kill qemu).  qemu's stdin is a FIFO that qemu itself holds open
+    # for writing too: never a tty (qemu leaves the terminal alone) and never
+    # at EOF (on EOF qemu would mark the stdio port as closed, and the guest's
+    # writes to it would block forever).
+    mkfifo "$VM_WORK/stdin"
     local start=$SECONDS
-    "${qemu[@]}" </dev/null &
+    "${qemu[@]}" <>"$VM_WORK/stdin" &
     QEMU_PID=$!
     # Watchdog: after $timeout seconds note the timeout and stop qemu.
     # Sleeps run in the background + wait, so that the TERM from the main
@@ -636,16 +689,25 @@ vm_mode() {
     WATCHDOG_PID=''
     local elapsed=$((SECONDS - start))
 
-    if [[ -e $VM_WORK/timed-out ]]; then
-        log "timeout: the VM ran longer than ${timeout}s; killed qemu (exit 124)"
-        exit 124
-    fi
     local rc=''
     [[ -r $ctl/rc ]] && rc=$(<"$ctl/rc")
+    if [[ -e $VM_WORK/timed-out ]]; then
+        show_console_log "$log" all
+        log "timeout: the VM ran longer than ${timeout}s; killed qemu (exit 124)"
+        echo "phalanx-vm: exit status 124 (timeout)"
+        exit 124
+    fi
     if ! [[ $rc =~ ^[0-9]+$ ]]; then
-        log "the VM exited (qemu status $qrc) without reporting an exit status;" \
-            "see the console output above (exit 125)"
+        show_console_log "$log" all
+        log "the VM exited (qemu status $qrc) without reporting an exit status" \
+            "(exit 125)"
+        echo "phalanx-vm: exit status 125 (VM setup failed)"
         exit 125
+    fi
+    if ((verbose)); then
+        show_console_log "$log" all
+    else
+        show_console_log "$log" unusual
     fi
     ((verbose == 0)) || log "VM run took ${elapsed}s, command exit status $rc"
     exit "$rc"
@@ -678,7 +740,7 @@ guest_mode() {
         if ((rc_written == 0)); then
             echo "phalanx-vm: setup failed (status $st)"
             echo 125 >"$ctl/rc" 2>/dev/null || true
-            echo "phalanx-vm: exit status 125"
+            echo "phalanx-vm: exit status 125" >"/dev/$OUT_PORT" 2>/dev/null || true
         fi
         guest_poweroff
     }
@@ -720,6 +782,8 @@ guest_mode() {
     # RDMA memory registration pins pages.
     ulimit -l unlimited
 
+    # CMD's stdout and stderr go to the virtio port (the host's stdout); this
+    # script's own messages go to the serial console (a log on the host).
     local rc=0
     cd "$cwd"
     set +e
@@ -729,7 +793,7 @@ guest_mode() {
         # cmd.sh is `exec CMD ARGS...`.
         # shellcheck disable=SC1091
         . "$ctl/cmd.sh"
-    ) </dev/null
+    ) </dev/null >/dev/$OUT_PORT 2>&1
     rc=$?
     set -e
     # Flush what CMD wrote (e.g. mmap'ed files in the cwd share) before
@@ -737,7 +801,7 @@ guest_mode() {
     sync
     echo "$rc" >"$ctl/rc"
     rc_written=1
-    echo "phalanx-vm: exit status $rc"
+    echo "phalanx-vm: exit status $rc" >/dev/$OUT_PORT
     exit "$rc"
 }
 

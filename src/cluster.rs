@@ -4,6 +4,90 @@ use crate::{ClusterConfig, Error, Node, NodeConfig, Result, TransportKind};
 use phalanx_transport::{NodeId, TcpConfig, TcpTransport, Transport};
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
+
+/// Which transport a cluster runs on, with its settings.
+#[derive(Debug, Clone)]
+pub enum TransportSettings {
+    Tcp(TcpConfig),
+    #[cfg(feature = "rdma")]
+    Rdma(phalanx_rdma::RdmaConfig),
+}
+
+impl TransportSettings {
+    /// Settings for `kind` with defaults, a heartbeat timeout, and (verbs) device and GID.
+    pub fn new(
+        kind: TransportKind,
+        heartbeat: Duration,
+        device: Option<String>,
+        gid_index: Option<u8>,
+    ) -> Result<Self> {
+        match kind {
+            TransportKind::Tcp => Ok(TransportSettings::Tcp(TcpConfig {
+                heartbeat_timeout: heartbeat,
+                ..TcpConfig::default()
+            })),
+            #[cfg(feature = "rdma")]
+            TransportKind::Rdma => Ok(TransportSettings::Rdma(phalanx_rdma::RdmaConfig {
+                device,
+                gid_index,
+                heartbeat_timeout: heartbeat,
+                ..Default::default()
+            })),
+            #[cfg(not(feature = "rdma"))]
+            TransportKind::Rdma => {
+                let _ = (device, gid_index);
+                Err(Error::Config(
+                    "this binary was built without the `rdma` feature".into(),
+                ))
+            }
+        }
+    }
+}
+
+/// A transport that is bound but not yet connected.
+enum Bound {
+    Tcp(TcpTransport),
+    #[cfg(feature = "rdma")]
+    Rdma(phalanx_rdma::RdmaTransport),
+}
+
+impl Bound {
+    fn bind(id: NodeId, addr: SocketAddr, t: &TransportSettings) -> Result<Bound> {
+        Ok(match t {
+            TransportSettings::Tcp(c) => Bound::Tcp(TcpTransport::bind(id, addr, c.clone())?),
+            #[cfg(feature = "rdma")]
+            TransportSettings::Rdma(c) => {
+                Bound::Rdma(phalanx_rdma::RdmaTransport::bind(id, addr, c.clone())?)
+            }
+        })
+    }
+
+    fn listen_addr(&self) -> SocketAddr {
+        match self {
+            Bound::Tcp(t) => Transport::listen_addr(t).expect("tcp listens"),
+            #[cfg(feature = "rdma")]
+            Bound::Rdma(t) => t.listen_addr(),
+        }
+    }
+
+    fn connect(&self, peers: &[(NodeId, SocketAddr)], dial_all: bool) -> Result<()> {
+        match self {
+            Bound::Tcp(t) => t.connect(peers, dial_all)?,
+            #[cfg(feature = "rdma")]
+            Bound::Rdma(t) => t.connect(peers, dial_all)?,
+        }
+        Ok(())
+    }
+
+    fn into_transport(self) -> Arc<dyn Transport> {
+        match self {
+            Bound::Tcp(t) => Arc::new(t),
+            #[cfg(feature = "rdma")]
+            Bound::Rdma(t) => Arc::new(t),
+        }
+    }
+}
 
 /// N nodes in one process, linked over TCP on 127.0.0.1.
 pub struct LocalCluster {
@@ -11,28 +95,35 @@ pub struct LocalCluster {
 }
 
 impl LocalCluster {
+    /// N nodes over TCP on 127.0.0.1.
     pub fn start(n: u32, cfg: NodeConfig, tcp: TcpConfig) -> Result<LocalCluster> {
+        Self::start_with(n, cfg, TransportSettings::Tcp(tcp))
+    }
+
+    /// N nodes on the given transport; out-of-band and TCP links use 127.0.0.1 (verbs traffic
+    /// goes through the chosen device).
+    pub fn start_with(n: u32, cfg: NodeConfig, t: TransportSettings) -> Result<LocalCluster> {
         let any: SocketAddr = "127.0.0.1:0".parse().expect("valid");
-        let transports = (0..n)
-            .map(|i| TcpTransport::bind(i, any, tcp.clone()))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        let peers: Vec<(NodeId, SocketAddr)> = transports
+        let bound = (0..n)
+            .map(|i| Bound::bind(i, any, &t))
+            .collect::<Result<Vec<_>>>()?;
+        let peers: Vec<(NodeId, SocketAddr)> = bound
             .iter()
             .enumerate()
-            .map(|(i, t)| (i as NodeId, t.listen_addr().expect("tcp listens")))
+            .map(|(i, b)| (i as NodeId, b.listen_addr()))
             .collect();
         std::thread::scope(|s| {
-            let hs: Vec<_> = transports
+            let hs: Vec<_> = bound
                 .iter()
-                .map(|t| s.spawn(|| t.connect(&peers, false)))
+                .map(|b| s.spawn(|| b.connect(&peers, false)))
                 .collect();
             hs.into_iter()
                 .try_for_each(|h| h.join().expect("connect thread"))
         })?;
-        let nodes = transports
+        let nodes = bound
             .into_iter()
             .enumerate()
-            .map(|(i, t)| Node::start(i as NodeId, n, Arc::new(t), cfg.clone()))
+            .map(|(i, b)| Node::start(i as NodeId, n, b.into_transport(), cfg.clone()))
             .collect::<Result<Vec<_>>>()?;
         Ok(LocalCluster { nodes })
     }
@@ -90,14 +181,21 @@ pub fn start_node(cfg: &ClusterConfig, id: NodeId, rejoin: bool) -> Result<Node>
     let addr = cfg
         .addr_of(id)
         .ok_or_else(|| Error::Config(format!("node {id} is not in the cluster config")))?;
-    match cfg.transport {
-        TransportKind::Tcp => {
-            let t = TcpTransport::bind(id, addr, cfg.tcp_config())?;
-            t.connect(&cfg.peers(), rejoin)?;
-            Node::start(id, cfg.nodes.len() as u32, Arc::new(t), cfg.node_config())
-        }
-        TransportKind::Rdma => Err(Error::Config(
-            "transport \"rdma\" is not built into this binary yet".into(),
-        )),
-    }
+    let settings = match cfg.transport {
+        TransportKind::Tcp => TransportSettings::Tcp(cfg.tcp_config()),
+        kind => TransportSettings::new(
+            kind,
+            cfg.tcp_config().heartbeat_timeout,
+            cfg.device.clone(),
+            cfg.gid_index,
+        )?,
+    };
+    let b = Bound::bind(id, addr, &settings)?;
+    b.connect(&cfg.peers(), rejoin)?;
+    Node::start(
+        id,
+        cfg.nodes.len() as u32,
+        b.into_transport(),
+        cfg.node_config(),
+    )
 }

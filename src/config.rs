@@ -46,7 +46,7 @@ impl Default for NodeConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum TransportKind {
     #[default]
@@ -84,7 +84,7 @@ pub struct ClusterConfig {
     /// Verbs device name (transport = "rdma").
     pub device: Option<String>,
     /// RoCE GID index (transport = "rdma"); default: the IPv4-mapped GID.
-    pub gid_index: Option<u32>,
+    pub gid_index: Option<u8>,
     pub nodes: Vec<NodeEntry>,
 }
 

@@ -19,7 +19,7 @@ pub mod reduce;
 pub mod store;
 mod transfer;
 
-pub use cluster::LocalCluster;
+pub use cluster::{LocalCluster, TransportSettings};
 pub use config::{ClusterConfig, NodeConfig, TransportKind, INLINE_LIMIT};
 pub use error::{Error, Result};
 pub use id::ObjectId;

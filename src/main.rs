@@ -3,8 +3,11 @@
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use phalanx::bench::{self, Algo, BenchRecord, BenchSpec, Collective, Degree};
-use phalanx::transport::{NodeId, TcpConfig};
-use phalanx::{cluster, ClusterConfig, LocalCluster, Node, NodeConfig, TransportKind};
+use phalanx::transport::NodeId;
+use phalanx::{
+    cluster, ClusterConfig, FaultAction, FaultPlan, LocalCluster, Node, NodeConfig, TransportKind,
+    TransportSettings,
+};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -31,18 +34,13 @@ enum Cmd {
         /// Receiver k starts its get k * stagger milliseconds after the put began.
         #[arg(long, default_value_t = 15)]
         stagger_ms: u64,
-        #[arg(long, value_enum, default_value = "tcp")]
-        transport: TransportArg,
+        #[command(flatten)]
+        transport: TransportOpts,
         #[arg(long, default_value = "4M")]
         chunk_size: String,
     },
-    /// Run node K of a cluster described in a TOML file, until killed.
-    Node {
-        #[arg(long)]
-        config: PathBuf,
-        #[arg(long)]
-        id: NodeId,
-    },
+    /// Run node K of a cluster described in a TOML file, until killed or stdin closes.
+    Node(NodeArgs),
     /// SPMD benchmark: start once per node (or use --local N).
     Bench(BenchArgs),
 }
@@ -81,14 +79,60 @@ struct BenchArgs {
     /// One JSON object per line and size instead of a table.
     #[arg(long)]
     json: bool,
-    #[arg(long, value_enum, default_value = "tcp")]
-    transport: TransportArg,
+    #[command(flatten)]
+    transport: TransportOpts,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum TransportArg {
-    Tcp,
-    Rdma,
+#[derive(clap::Args)]
+struct NodeArgs {
+    #[arg(long)]
+    config: PathBuf,
+    #[arg(long)]
+    id: NodeId,
+    /// This is a restarted node: link to whichever peers are alive.
+    #[arg(long)]
+    rejoin: bool,
+    /// Put an object of this many bytes (pattern data) once up: NAME=SIZE; repeatable.
+    #[arg(long, value_name = "NAME=SIZE")]
+    put: Vec<String>,
+    /// Get an object once up and check its pattern; repeatable.
+    #[arg(long, value_name = "NAME")]
+    get: Vec<String>,
+    /// Wait this long before the gets.
+    #[arg(long, default_value_t = 0)]
+    get_delay_ms: u64,
+    /// Fault injection: SIGKILL this process once it has served this many bytes of
+    /// --fault-object (or of any object: "*") in one transfer.
+    #[arg(long, requires = "fault_after_bytes")]
+    fault_object: Option<String>,
+    #[arg(long)]
+    fault_after_bytes: Option<u64>,
+    /// Exit when standard input closes (for test harnesses) instead of running forever.
+    #[arg(long)]
+    exit_on_stdin_eof: bool,
+}
+
+#[derive(clap::Args)]
+struct TransportOpts {
+    #[arg(long, value_enum, default_value = "tcp")]
+    transport: TransportKind,
+    /// Verbs device (transport rdma); default: the first one.
+    #[arg(long)]
+    device: Option<String>,
+    /// RoCE GID index (transport rdma); default: the IPv4-mapped GID.
+    #[arg(long)]
+    gid_index: Option<u8>,
+}
+
+impl TransportOpts {
+    fn settings(&self) -> Result<TransportSettings> {
+        Ok(TransportSettings::new(
+            self.transport,
+            Duration::from_secs(1),
+            self.device.clone(),
+            self.gid_index,
+        )?)
+    }
 }
 
 fn one_size(s: &str) -> Result<u64> {
@@ -119,26 +163,14 @@ fn run(cli: Cli) -> Result<()> {
             stagger_ms,
             transport,
             chunk_size,
-        } => {
-            if transport == TransportArg::Rdma {
-                bail!("the rdma transport is not built into this binary yet");
-            }
-            demo(nodes, one_size(&size)?, stagger_ms, one_size(&chunk_size)?)
-        }
-        Cmd::Node { config, id } => {
-            let cfg = ClusterConfig::load(&config)?;
-            let node = cluster::start_node(&cfg, id, false)
-                .with_context(|| format!("starting node {id}"))?;
-            println!(
-                "node {} up: {} nodes over {:?}",
-                node.id(),
-                node.num_nodes(),
-                cfg.transport
-            );
-            loop {
-                std::thread::park();
-            }
-        }
+        } => demo(
+            nodes,
+            one_size(&size)?,
+            stagger_ms,
+            one_size(&chunk_size)?,
+            transport.settings()?,
+        ),
+        Cmd::Node(args) => node_cmd(args),
         Cmd::Bench(args) => bench_cmd(args),
     }
 }
@@ -166,9 +198,6 @@ fn bench_cmd(a: BenchArgs) -> Result<()> {
     };
     let records = match (a.local, &a.config) {
         (Some(n), _) => {
-            if a.transport == TransportArg::Rdma {
-                bail!("the rdma transport is not built into this binary yet");
-            }
             if n < 2 {
                 bail!("--local needs at least 2 nodes");
             }
@@ -177,7 +206,7 @@ fn bench_cmd(a: BenchArgs) -> Result<()> {
                 arena_size: arena,
                 ..NodeConfig::default()
             };
-            let c = LocalCluster::start(n, cfg, TcpConfig::default())?;
+            let c = LocalCluster::start_with(n, cfg, a.transport.settings()?)?;
             let results: Vec<_> = std::thread::scope(|s| {
                 let hs: Vec<_> = c
                     .nodes
@@ -199,8 +228,10 @@ fn bench_cmd(a: BenchArgs) -> Result<()> {
         }
         (None, Some(path)) => {
             let mut cfg = ClusterConfig::load(path)?;
-            if a.transport == TransportArg::Rdma {
+            if a.transport.transport == TransportKind::Rdma {
                 cfg.transport = TransportKind::Rdma;
+                cfg.device = a.transport.device.clone().or(cfg.device);
+                cfg.gid_index = a.transport.gid_index.or(cfg.gid_index);
             }
             let rank = match a.id {
                 Some(r) => r,
@@ -251,7 +282,81 @@ fn print_records(groups: &[Vec<BenchRecord>], json: bool) {
     }
 }
 
-fn demo(n: u32, size: u64, stagger_ms: u64, chunk: u64) -> Result<()> {
+fn node_cmd(a: NodeArgs) -> Result<()> {
+    let cfg = ClusterConfig::load(&a.config)?;
+    let node = cluster::start_node(&cfg, a.id, a.rejoin)
+        .with_context(|| format!("starting node {}", a.id))?;
+    if let (Some(object), Some(after_bytes)) = (&a.fault_object, a.fault_after_bytes) {
+        node.inject_fault(FaultPlan {
+            object: object.as_str().into(),
+            after_bytes,
+            action: FaultAction::SigKill,
+        });
+    }
+    println!(
+        "{}",
+        serde_json::json!({"event": "up", "node": node.id(), "nodes": node.num_nodes()})
+    );
+    for p in &a.put {
+        let (name, size) = p
+            .split_once('=')
+            .with_context(|| format!("--put {p:?}: expected NAME=SIZE"))?;
+        let size = one_size(size)?;
+        node.put(name, &pattern(size))?;
+        println!(
+            "{}",
+            serde_json::json!({"event": "put", "object": name, "bytes": size})
+        );
+    }
+    std::thread::sleep(Duration::from_millis(a.get_delay_ms));
+    for name in &a.get {
+        let t0 = Instant::now();
+        let v = node
+            .get_view(name.as_str())
+            .with_context(|| format!("get {name}"))?;
+        let ok = *v == pattern(v.len() as u64)[..];
+        let sources: Vec<NodeId> = node
+            .transfer_log()
+            .iter()
+            .filter(|t| t.id.as_str() == name)
+            .map(|t| t.source)
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({"event": "got", "object": name, "bytes": v.len(), "ok": ok,
+                "seconds": t0.elapsed().as_secs_f64(), "sources": sources})
+        );
+        if !ok {
+            bail!("{name}: bytes differ from the pattern");
+        }
+    }
+    use std::io::Write;
+    std::io::stdout().flush()?;
+    if a.exit_on_stdin_eof {
+        let mut sink = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+        node.shutdown();
+        return Ok(());
+    }
+    loop {
+        std::thread::park();
+    }
+}
+
+/// Deterministic object content for the node command and the demo.
+fn pattern(size: u64) -> Vec<u8> {
+    (0..size)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect()
+}
+
+fn demo(
+    n: u32,
+    size: u64,
+    stagger_ms: u64,
+    chunk: u64,
+    transport: TransportSettings,
+) -> Result<()> {
     if n < 2 {
         bail!("the demo needs at least 2 nodes");
     }
@@ -260,11 +365,16 @@ fn demo(n: u32, size: u64, stagger_ms: u64, chunk: u64) -> Result<()> {
         chunk_size: chunk,
         ..NodeConfig::default()
     };
-    println!("starting {n} nodes over TCP on 127.0.0.1, object of {size} bytes, chunks of {chunk}");
-    let c = LocalCluster::start(n, cfg, TcpConfig::default())?;
-    let data: Vec<u8> = (0..size)
-        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
-        .collect();
+    let kind = match &transport {
+        TransportSettings::Tcp(_) => "TCP",
+        #[allow(unreachable_patterns)]
+        _ => "verbs (RDMA)",
+    };
+    println!(
+        "starting {n} nodes over {kind} on 127.0.0.1, object of {size} bytes, chunks of {chunk}"
+    );
+    let c = LocalCluster::start_with(n, cfg, transport)?;
+    let data = pattern(size);
     let t0 = Instant::now();
     let results: Vec<Result<(u32, Duration, Duration, bool)>> = std::thread::scope(|s| {
         let hs: Vec<_> = (1..n)

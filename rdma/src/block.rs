@@ -130,7 +130,10 @@ fn checksum(h: &Header, len: u32, seq: u32, payload: &[u8]) -> u32 {
 /// `[start, block.len())`. Panics if the payload does not fit (callers split first).
 pub fn encode(block: &mut [u8], n: usize, seq: u64, h: &Header, payload: &[u8]) -> usize {
     let size = block.len();
-    assert!(payload.len() <= max_payload(size), "payload too large for block");
+    assert!(
+        payload.len() <= max_payload(size),
+        "payload too large for block"
+    );
     let lap = lap_of(seq, n);
     let len = payload.len() as u32;
     let start = size - TRAILER_LEN - payload.len() - HEADER_LEN;
@@ -253,13 +256,18 @@ mod tests {
         let payload: Vec<u8> = (0..100u8).collect();
         let start = encode(&mut b, n, 0, &hdr(), &payload);
         assert_eq!(start, 256 - TRAILER_LEN - 100 - HEADER_LEN);
-        assert!(b[..start].iter().all(|&x| x == 0), "bytes above the message untouched");
+        assert!(
+            b[..start].iter().all(|&x| x == 0),
+            "bytes above the message untouched"
+        );
         assert_eq!(b[255], 1, "counter byte is the last byte");
         assert_eq!(decode(&b, n, 0), BlockState::Ready(hdr(), &payload[..]));
         // Empty and full payloads.
         let start = encode(&mut b, n, 4, &Header::new(Kind::Heartbeat), &[]);
         assert_eq!(start, 256 - TRAILER_LEN - HEADER_LEN);
-        assert!(matches!(decode(&b, n, 4), BlockState::Ready(h, p) if h.kind == Kind::Heartbeat && p.is_empty()));
+        assert!(
+            matches!(decode(&b, n, 4), BlockState::Ready(h, p) if h.kind == Kind::Heartbeat && p.is_empty())
+        );
         let full = vec![0xAB; max_payload(256)];
         assert_eq!(encode(&mut b, n, 8, &hdr(), &full), 0);
         assert_eq!(decode(&b, n, 8), BlockState::Ready(hdr(), &full[..]));
@@ -291,7 +299,11 @@ mod tests {
         // Only the trailer landed: header counter (old data there) disagrees.
         let mut t = old.clone();
         t[200 - TRAILER_LEN..].copy_from_slice(&new[200 - TRAILER_LEN..]);
-        assert!(matches!(decode(&t, n, 2), BlockState::Torn(_)), "{:?}", decode(&t, n, 2));
+        assert!(
+            matches!(decode(&t, n, 2), BlockState::Torn(_)),
+            "{:?}",
+            decode(&t, n, 2)
+        );
         // Header and trailer landed, payload not yet.
         let mut t = old.clone();
         t[start..start + HEADER_LEN].copy_from_slice(&new[start..start + HEADER_LEN]);
@@ -318,7 +330,9 @@ mod tests {
             let seq = lap * n as u64 + 1;
             assert_eq!(decode(&b, n, seq), BlockState::Stale, "lap {lap}");
             encode(&mut b, n, seq, &hdr(), &lap.to_le_bytes());
-            assert!(matches!(decode(&b, n, seq), BlockState::Ready(_, p) if p == lap.to_le_bytes()));
+            assert!(
+                matches!(decode(&b, n, seq), BlockState::Ready(_, p) if p == lap.to_le_bytes())
+            );
             assert_ne!(lap_of(seq, n), 0);
             assert_ne!(lap_of(seq, n), lap_of(seq + n as u64, n));
         }
@@ -333,7 +347,10 @@ mod tests {
             for bit in 0..8 {
                 let mut t = b.clone();
                 t[i] ^= 1 << bit;
-                assert!(!matches!(decode(&t, n, 5), BlockState::Ready(..)), "byte {i} bit {bit}");
+                assert!(
+                    !matches!(decode(&t, n, 5), BlockState::Ready(..)),
+                    "byte {i} bit {bit}"
+                );
             }
         }
     }

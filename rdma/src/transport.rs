@@ -326,7 +326,11 @@ impl RdmaTransport {
     /// Opens the RDMA device, binds the out-of-band TCP listener of node `id` and starts the
     /// progress, heartbeat and accept threads. Port 0 picks a free port;
     /// [`RdmaTransport::listen_addr`] tells which.
-    pub fn bind(id: NodeId, addr: SocketAddr, cfg: RdmaConfig) -> Result<RdmaTransport, TransportError> {
+    pub fn bind(
+        id: NodeId,
+        addr: SocketAddr,
+        cfg: RdmaConfig,
+    ) -> Result<RdmaTransport, TransportError> {
         if cfg.block_size < block::MIN_BLOCK || cfg.ring_blocks < 1 {
             return Err(setup_err(format!(
                 "block_size must be at least {} and ring_blocks at least 1",
@@ -336,7 +340,11 @@ impl RdmaTransport {
         let ctx = Context::open(cfg.device.as_deref())?;
         let port = ctx.query_port(cfg.port)?;
         if !port.active {
-            return Err(setup_err(format!("{} port {} is not ACTIVE", ctx.name(), cfg.port)));
+            return Err(setup_err(format!(
+                "{} port {} is not ACTIVE",
+                ctx.name(),
+                cfg.port
+            )));
         }
         let gid = ctx.select_gid(cfg.port, cfg.gid_index)?;
         let rc = RcParams {
@@ -424,7 +432,9 @@ impl RdmaTransport {
 
     /// Changes the eager/rendezvous boundary at run time (for measurements).
     pub fn set_rendezvous_threshold(&self, bytes: u64) {
-        self.inner.rendezvous_threshold.store(bytes, Ordering::Relaxed);
+        self.inner
+            .rendezvous_threshold
+            .store(bytes, Ordering::Relaxed);
     }
 
     pub fn rendezvous_threshold(&self) -> u64 {
@@ -444,7 +454,11 @@ impl RdmaTransport {
     /// Connects to `peers`: dials those with a lower id (all of them with `dial_all`, as a
     /// restarted node does to rejoin) and waits until every peer is linked, up to the
     /// connect timeout. Same contract as `TcpTransport::connect`.
-    pub fn connect(&self, peers: &[(NodeId, SocketAddr)], dial_all: bool) -> Result<(), TransportError> {
+    pub fn connect(
+        &self,
+        peers: &[(NodeId, SocketAddr)],
+        dial_all: bool,
+    ) -> Result<(), TransportError> {
         let deadline = Instant::now() + self.inner.cfg.connect_timeout;
         if dial_all {
             // Rejoining: every live peer answers; a dead one is skipped (it will dial us
@@ -480,12 +494,22 @@ impl RdmaTransport {
                     self.inner.id, self.inner.cfg.connect_timeout
                 )));
             }
-            conns = self.inner.conns_changed.wait_timeout(conns, deadline - now).unwrap().0;
+            conns = self
+                .inner
+                .conns_changed
+                .wait_timeout(conns, deadline - now)
+                .unwrap()
+                .0;
         }
     }
 
     /// Dials one peer now (for a peer that restarted and listens again).
-    pub fn dial(&self, peer: NodeId, addr: SocketAddr, timeout: Duration) -> Result<(), TransportError> {
+    pub fn dial(
+        &self,
+        peer: NodeId,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> Result<(), TransportError> {
         self.inner.dial(peer, addr, Instant::now() + timeout)
     }
 }
@@ -512,7 +536,9 @@ impl Inner {
     }
 
     fn next_psn(&self) -> u32 {
-        let x = self.psn_seed.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
+        let x = self
+            .psn_seed
+            .fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed);
         let x = (x ^ (x >> 29)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         ((x ^ (x >> 32)) & 0xff_ffff) as u32
     }
@@ -560,7 +586,10 @@ impl Inner {
             lay,
             remote: RemoteRing::default(),
             sq_depth,
-            tx: Mutex::new(TxState { next_seq: 0, next_op: 0 }),
+            tx: Mutex::new(TxState {
+                next_seq: 0,
+                next_op: 0,
+            }),
             rx: Mutex::new(RxState::default()),
             peer_consumed: AtomicU64::new(0),
             sent: AtomicU64::new(0),
@@ -577,8 +606,14 @@ impl Inner {
     }
 
     /// Fills in the peer's ring descriptors and brings the QP to RTS.
-    fn finish_conn(&self, mut conn: Conn, remote: &Hello, psn: u32) -> Result<Arc<Conn>, TransportError> {
-        if remote.ring_blocks as usize != conn.lay.n || remote.block_size as usize != conn.lay.bsize {
+    fn finish_conn(
+        &self,
+        mut conn: Conn,
+        remote: &Hello,
+        psn: u32,
+    ) -> Result<Arc<Conn>, TransportError> {
+        if remote.ring_blocks as usize != conn.lay.n || remote.block_size as usize != conn.lay.bsize
+        {
             return Err(setup_err(format!(
                 "ring geometry mismatch with peer {}: ours {}x{} bytes, theirs {}x{}",
                 remote.node, conn.lay.n, conn.lay.bsize, remote.ring_blocks, remote.block_size
@@ -593,11 +628,19 @@ impl Inner {
         conn.qp.to_rtr(&self.rc, self.port.active_mtu, &remote.ep)?;
         conn.qp.to_rts(&self.rc, psn)?;
         let conn = Arc::new(conn);
-        self.by_qpn.lock().unwrap().insert(conn.qp.qpn(), conn.clone());
+        self.by_qpn
+            .lock()
+            .unwrap()
+            .insert(conn.qp.qpn(), conn.clone());
         Ok(conn)
     }
 
-    fn dial(self: &Arc<Self>, peer: NodeId, addr: SocketAddr, deadline: Instant) -> Result<(), TransportError> {
+    fn dial(
+        self: &Arc<Self>,
+        peer: NodeId,
+        addr: SocketAddr,
+        deadline: Instant,
+    ) -> Result<(), TransportError> {
         let mut backoff = Duration::from_millis(5);
         let mut s = loop {
             if self.closing.load(Ordering::Acquire) {
@@ -627,7 +670,10 @@ impl Inner {
         s.read_exact(&mut b)?;
         let remote = Hello::decode(&b)?;
         if remote.node != peer {
-            return Err(setup_err(format!("dialed node {peer} at {addr} but node {} answered", remote.node)));
+            return Err(setup_err(format!(
+                "dialed node {peer} at {addr} but node {} answered",
+                remote.node
+            )));
         }
         let conn = self.finish_conn(conn, &remote, psn)?;
         // We are RTR now, so the acceptor may start sending once it reads this.
@@ -694,7 +740,9 @@ impl Inner {
         })();
         if let Err(e) = res {
             if matches!(e, TransportError::Malformed(_)) {
-                self.counters.malformed_frames.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .malformed_frames
+                    .fetch_add(1, Ordering::Relaxed);
             }
             if !self.closing.load(Ordering::Acquire) {
                 error!(node = self.id, ?from, "verbs connection setup failed: {e}");
@@ -752,9 +800,17 @@ impl Inner {
         conn.notify();
         if current && !self.leaving.load(Ordering::Acquire) {
             if reason == PEER_LEFT {
-                info!(node = self.id, peer = conn.peer, "verbs link closed: {reason}");
+                info!(
+                    node = self.id,
+                    peer = conn.peer,
+                    "verbs link closed: {reason}"
+                );
             } else {
-                warn!(node = self.id, peer = conn.peer, "verbs link down: {reason}");
+                warn!(
+                    node = self.id,
+                    peer = conn.peer,
+                    "verbs link down: {reason}"
+                );
             }
             self.counters.peers_down.fetch_add(1, Ordering::Relaxed);
             self.emit(Event::PeerDown {
@@ -788,7 +844,12 @@ impl Inner {
     }
 
     /// Waits until `ready()` holds, the link dies, or `deadline` passes (then `Ok(false)`).
-    fn wait_for(&self, conn: &Conn, deadline: Option<Instant>, ready: impl Fn() -> bool) -> Result<bool, TransportError> {
+    fn wait_for(
+        &self,
+        conn: &Conn,
+        deadline: Option<Instant>,
+        ready: impl Fn() -> bool,
+    ) -> Result<bool, TransportError> {
         let mut g = conn.sig.lock().unwrap();
         loop {
             if conn.dead.load(Ordering::Acquire) {
@@ -824,10 +885,15 @@ impl Inner {
     ) -> Result<u64, TransportError> {
         // One slot stays free for the progress thread's credit write.
         let limit = conn.sq_depth.saturating_sub(1).max(1);
-        self.wait_for(conn, None, || conn.sq_inflight.load(Ordering::Acquire) < limit)?;
+        self.wait_for(conn, None, || {
+            conn.sq_inflight.load(Ordering::Acquire) < limit
+        })?;
         let op = tx.next_op;
         conn.sq_inflight.fetch_add(1, Ordering::AcqRel);
-        if let Err(e) = conn.qp.post_write(WR_APP | op, mr, offset, len, raddr, rkey, imm) {
+        if let Err(e) = conn
+            .qp
+            .post_write(WR_APP | op, mr, offset, len, raddr, rkey, imm)
+        {
             conn.sq_inflight.fetch_sub(1, Ordering::AcqRel);
             return Err(TransportError::PeerFailed {
                 peer: conn.peer,
@@ -851,7 +917,9 @@ impl Inner {
     ) -> Result<bool, TransportError> {
         let seq = tx.next_seq;
         let n = conn.lay.n as u64;
-        if !self.wait_for(conn, deadline, || seq - conn.peer_consumed.load(Ordering::Acquire) < n)? {
+        if !self.wait_for(conn, deadline, || {
+            seq - conn.peer_consumed.load(Ordering::Acquire) < n
+        })? {
             return Ok(false);
         }
         let slot = conn.staging_block(seq);
@@ -864,7 +932,16 @@ impl Inner {
         let len = (conn.lay.bsize - start) as u32;
         let raddr = conn.remote.ring_addr + (seq % n) * conn.lay.bsize as u64 + start as u64;
         let bufs = conn.bufs.clone();
-        match self.post_app_write(conn, tx, &bufs, slot + start as u64, len, raddr, conn.remote.ring_rkey, Some(seq as u32 & IMM_MASK)) {
+        match self.post_app_write(
+            conn,
+            tx,
+            &bufs,
+            slot + start as u64,
+            len,
+            raddr,
+            conn.remote.ring_rkey,
+            Some(seq as u32 & IMM_MASK),
+        ) {
             Ok(_) => {
                 tx.next_seq += 1;
                 Ok(true)
@@ -947,7 +1024,11 @@ impl Inner {
             }
             if self.cfg.busy_poll {
                 // Spin, but let other threads of a shared core run now and then.
-                idle = if wcs.is_empty() { idle.wrapping_add(1) } else { 0 };
+                idle = if wcs.is_empty() {
+                    idle.wrapping_add(1)
+                } else {
+                    0
+                };
                 if idle % 256 == 255 {
                     std::thread::yield_now();
                 } else {
@@ -965,7 +1046,11 @@ impl Inner {
             if !conn.dead.load(Ordering::Acquire) {
                 self.fail_conn(
                     &conn,
-                    format!("work completion error: {} (status {})", wc.status_str(), wc.status),
+                    format!(
+                        "work completion error: {} (status {})",
+                        wc.status_str(),
+                        wc.status
+                    ),
                 );
             }
             return;
@@ -1011,7 +1096,12 @@ impl Inner {
         let p = (conn.bufs.addr() + conn.lay.notify_in) as *const u64;
         // SAFETY: notify_in is 16 bytes inside our registered buffer, 64-byte aligned; the
         // peer writes it by DMA, hence volatile reads.
-        let (a, b) = unsafe { (std::ptr::read_volatile(p), std::ptr::read_volatile(p.add(1))) };
+        let (a, b) = unsafe {
+            (
+                std::ptr::read_volatile(p),
+                std::ptr::read_volatile(p.add(1)),
+            )
+        };
         let known = conn.peer_consumed.load(Ordering::Acquire);
         let sent = conn.sent.load(Ordering::Acquire);
         let c = if a == !b && a >= known && a <= sent {
@@ -1094,7 +1184,9 @@ impl Inner {
                             return;
                         }
                         Err(e) => {
-                            self.counters.malformed_frames.fetch_add(1, Ordering::Relaxed);
+                            self.counters
+                                .malformed_frames
+                                .fetch_add(1, Ordering::Relaxed);
                             self.fail_conn(conn, format!("malformed block: {e}"));
                             return;
                         }
@@ -1103,8 +1195,13 @@ impl Inner {
                 BlockState::Stale | BlockState::Torn(_) if seq >= rx.imm_seen => break,
                 other => {
                     drop(rx);
-                    self.counters.malformed_frames.fetch_add(1, Ordering::Relaxed);
-                    self.fail_conn(conn, format!("block {seq} invalid after its completion: {other:?}"));
+                    self.counters
+                        .malformed_frames
+                        .fetch_add(1, Ordering::Relaxed);
+                    self.fail_conn(
+                        conn,
+                        format!("block {seq} invalid after its completion: {other:?}"),
+                    );
                     return;
                 }
             }
@@ -1115,7 +1212,13 @@ impl Inner {
     }
 
     /// Acts on one block message. `Ok(false)` on a goodbye.
-    fn deliver(&self, conn: &Conn, rx: &mut RxState, h: &Header, payload: &[u8]) -> Result<bool, TransportError> {
+    fn deliver(
+        &self,
+        conn: &Conn,
+        rx: &mut RxState,
+        h: &Header,
+        payload: &[u8],
+    ) -> Result<bool, TransportError> {
         let peer = conn.peer;
         match h.kind {
             Kind::Heartbeat => {}
@@ -1123,41 +1226,65 @@ impl Inner {
             Kind::Ctrl => {
                 if h.flags & FLAG_FIRST != 0 {
                     if rx.partial.is_some() {
-                        return Err(TransportError::Malformed("control message restarted".into()));
+                        return Err(TransportError::Malformed(
+                            "control message restarted".into(),
+                        ));
                     }
                     let total = h.a as usize;
                     if total > MAX_CTRL_LEN {
-                        return Err(TransportError::MessageTooLarge { len: total, max: MAX_CTRL_LEN });
+                        return Err(TransportError::MessageTooLarge {
+                            len: total,
+                            max: MAX_CTRL_LEN,
+                        });
                     }
                     rx.partial = Some((total, Vec::with_capacity(total)));
                 }
                 let Some((total, buf)) = rx.partial.as_mut() else {
-                    return Err(TransportError::Malformed("control fragment without a start".into()));
+                    return Err(TransportError::Malformed(
+                        "control fragment without a start".into(),
+                    ));
                 };
                 if buf.len() + payload.len() > *total {
-                    return Err(TransportError::Malformed("control message longer than announced".into()));
+                    return Err(TransportError::Malformed(
+                        "control message longer than announced".into(),
+                    ));
                 }
                 buf.extend_from_slice(payload);
                 if h.flags & FLAG_LAST != 0 {
                     let (total, msg) = rx.partial.take().expect("partial");
                     if msg.len() != total {
-                        return Err(TransportError::Malformed("control message shorter than announced".into()));
+                        return Err(TransportError::Malformed(
+                            "control message shorter than announced".into(),
+                        ));
                     }
                     self.counters.ctrl_received.fetch_add(1, Ordering::Relaxed);
                     self.emit(Event::Ctrl { peer, msg });
                 }
             }
             Kind::Data | Kind::DataDone => {
-                let arena = self.arena.lock().unwrap().clone().ok_or(TransportError::NoArena)?;
-                let len = if h.kind == Kind::Data { payload.len() as u64 } else { h.d };
+                let arena = self
+                    .arena
+                    .lock()
+                    .unwrap()
+                    .clone()
+                    .ok_or(TransportError::NoArena)?;
+                let len = if h.kind == Kind::Data {
+                    payload.len() as u64
+                } else {
+                    h.d
+                };
                 arena.arena().check(h.c, len)?;
                 if h.kind == Kind::Data {
                     // SAFETY: bounds checked; the store reserved this range for the stream and
                     // nobody else reads or writes it until the Data event is handled.
                     unsafe { arena.arena().slice_mut(h.c, len) }.copy_from_slice(payload);
-                    self.counters.payload_bytes_copied.fetch_add(len, Ordering::Relaxed);
+                    self.counters
+                        .payload_bytes_copied
+                        .fetch_add(len, Ordering::Relaxed);
                 }
-                self.counters.data_bytes_received.fetch_add(len, Ordering::Relaxed);
+                self.counters
+                    .data_bytes_received
+                    .fetch_add(len, Ordering::Relaxed);
                 self.emit(Event::Data {
                     peer,
                     stream: h.a,
@@ -1187,11 +1314,15 @@ impl Inner {
                     self.fail_conn(&c, format!("no heartbeat for {timeout:?}"));
                     continue;
                 }
-                if now.saturating_sub(c.last_send.load(Ordering::Relaxed)) < period.as_nanos() as u64 {
+                if now.saturating_sub(c.last_send.load(Ordering::Relaxed))
+                    < period.as_nanos() as u64
+                {
                     continue;
                 }
                 // A held send lock means a message is on its way, which is proof of life.
-                let Ok(mut tx) = c.tx.try_lock() else { continue };
+                let Ok(mut tx) = c.tx.try_lock() else {
+                    continue;
+                };
                 if c.dead.load(Ordering::Acquire) {
                     continue;
                 }
@@ -1208,13 +1339,19 @@ impl Inner {
         if goodbye && first {
             let conns: Vec<Arc<Conn>> = self.conns.lock().unwrap().values().cloned().collect();
             for c in conns {
-                let Ok(mut tx) = self.lock_tx(&c) else { continue };
+                let Ok(mut tx) = self.lock_tx(&c) else {
+                    continue;
+                };
                 let deadline = Instant::now() + Duration::from_millis(500);
-                if let Ok(true) = self.send_block(&c, &mut tx, &Header::new(Kind::Bye), &[], Some(deadline)) {
+                if let Ok(true) =
+                    self.send_block(&c, &mut tx, &Header::new(Kind::Bye), &[], Some(deadline))
+                {
                     let last = tx.next_op;
                     drop(tx);
                     // Wait for the goodbye to reach the peer before tearing the QP down.
-                    let _ = self.wait_for(&c, Some(deadline), || c.ops_done.load(Ordering::Acquire) >= last);
+                    let _ = self.wait_for(&c, Some(deadline), || {
+                        c.ops_done.load(Ordering::Acquire) >= last
+                    });
                 }
             }
         }
@@ -1223,7 +1360,13 @@ impl Inner {
         }
         let conns: Vec<Arc<Conn>> = self.conns.lock().unwrap().drain().map(|(_, c)| c).collect();
         self.conns_changed.notify_all();
-        let all: Vec<Arc<Conn>> = self.by_qpn.lock().unwrap().drain().map(|(_, c)| c).collect();
+        let all: Vec<Arc<Conn>> = self
+            .by_qpn
+            .lock()
+            .unwrap()
+            .drain()
+            .map(|(_, c)| c)
+            .collect();
         for c in conns.iter().chain(all.iter()) {
             c.dead.store(true, Ordering::Release);
             let _ = c.qp.to_error();
@@ -1259,7 +1402,10 @@ impl Transport for RdmaTransport {
         }
         match MemoryRegion::register(&self.inner.pd, arena) {
             Ok(mr) => {
-                self.inner.counters.registrations.fetch_add(1, Ordering::Relaxed);
+                self.inner
+                    .counters
+                    .registrations
+                    .fetch_add(1, Ordering::Relaxed);
                 *self.inner.arena.lock().unwrap() = Some(Arc::new(mr));
                 Ok(())
             }
@@ -1271,7 +1417,13 @@ impl Transport for RdmaTransport {
     }
 
     fn remote_region(&self, offset: u64, len: u64) -> Result<RemoteRegion, TransportError> {
-        let mr = self.inner.arena.lock().unwrap().clone().ok_or(TransportError::NoArena)?;
+        let mr = self
+            .inner
+            .arena
+            .lock()
+            .unwrap()
+            .clone()
+            .ok_or(TransportError::NoArena)?;
         mr.arena().check(offset, len)?;
         Ok(RemoteRegion {
             node: self.inner.id,
@@ -1305,14 +1457,21 @@ impl Transport for RdmaTransport {
         len: u64,
     ) -> Result<(), TransportError> {
         let inner = &self.inner;
-        let mr = inner.arena.lock().unwrap().clone().ok_or(TransportError::NoArena)?;
+        let mr = inner
+            .arena
+            .lock()
+            .unwrap()
+            .clone()
+            .ok_or(TransportError::NoArena)?;
         mr.arena().check(src_offset, len)?;
         dst.check(dst_offset, len)?;
         let conn = inner.conn(peer)?;
         if len == 0 {
             return Ok(());
         }
-        let rendezvous = len >= inner.rendezvous_threshold.load(Ordering::Relaxed) && dst.rkey != 0 && dst.addr != 0;
+        let rendezvous = len >= inner.rendezvous_threshold.load(Ordering::Relaxed)
+            && dst.rkey != 0
+            && dst.addr != 0;
         if !rendezvous {
             let max = block::max_payload(conn.lay.bsize) as u64;
             let mut tx = inner.lock_tx(&conn)?;
@@ -1331,8 +1490,14 @@ impl Transport for RdmaTransport {
                 // and unchanged until this call returns (trait contract).
                 let src = unsafe { mr.arena().slice(src_offset + done, n) };
                 inner.send_block(&conn, &mut tx, &h, src, None)?;
-                inner.counters.payload_bytes_copied.fetch_add(n, Ordering::Relaxed);
-                inner.counters.data_bytes_sent.fetch_add(n, Ordering::Relaxed);
+                inner
+                    .counters
+                    .payload_bytes_copied
+                    .fetch_add(n, Ordering::Relaxed);
+                inner
+                    .counters
+                    .data_bytes_sent
+                    .fetch_add(n, Ordering::Relaxed);
                 done += n;
             }
             return Ok(());
@@ -1373,11 +1538,16 @@ impl Transport for RdmaTransport {
             drop(tx);
             in_flight.push_back(op);
             last_op = op;
-            inner.counters.data_bytes_sent.fetch_add(n, Ordering::Relaxed);
+            inner
+                .counters
+                .data_bytes_sent
+                .fetch_add(n, Ordering::Relaxed);
             done += n;
         }
         // The source may be reused once the last chunk write has completed.
-        inner.wait_for(&conn, None, || conn.ops_done.load(Ordering::Acquire) > last_op)?;
+        inner.wait_for(&conn, None, || {
+            conn.ops_done.load(Ordering::Acquire) > last_op
+        })?;
         Ok(())
     }
 
@@ -1399,7 +1569,8 @@ impl Transport for RdmaTransport {
         // Only if every fragment has a credit and a send-queue slot right now.
         let max = block::max_payload(conn.lay.bsize);
         let blocks = msg.len().div_ceil(max).max(1) as u64;
-        let free_blocks = conn.lay.n as u64 - (tx.next_seq - conn.peer_consumed.load(Ordering::Acquire));
+        let free_blocks =
+            conn.lay.n as u64 - (tx.next_seq - conn.peer_consumed.load(Ordering::Acquire));
         let limit = conn.sq_depth.saturating_sub(1).max(1);
         let free_sq = limit.saturating_sub(conn.sq_inflight.load(Ordering::Acquire));
         if blocks > free_blocks || blocks > free_sq {

@@ -13,7 +13,10 @@ fn have_device(test: &str) -> bool {
         .with_test_writer()
         .try_init();
     if verbs::device_names().is_empty() {
-        println!("{test}: no RDMA device: skipped");
+        // Written to the real stderr, not through the test harness's capture, so the skip
+        // shows in a plain `cargo test` run.
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "{test}: no RDMA device: skipped");
         false
     } else {
         true
@@ -51,7 +54,10 @@ fn pair(cfg: RdmaConfig, arena_len: usize) -> (Node, Node) {
     h.join().unwrap().expect("connect a");
     // Both saw PeerUp.
     for n in [&a, &b] {
-        let e = n.t.events().recv_timeout(Duration::from_secs(10)).expect("PeerUp");
+        let e =
+            n.t.events()
+                .recv_timeout(Duration::from_secs(10))
+                .expect("PeerUp");
         assert!(matches!(e, Event::PeerUp { .. }), "{e:?}");
     }
     (a, b)
@@ -141,7 +147,10 @@ fn ctrl_ring_wraps_over_many_laps() {
     let count = 1200;
     let sizes: Vec<usize> = (0..count).map(|i| (i * 37) % 260).collect();
     let blocks: usize = sizes.iter().map(|&s| s.div_ceil(75).max(1)).sum();
-    assert!(blocks / 2 > 3 * 255, "test must wrap the counter byte ({blocks} blocks)");
+    assert!(
+        blocks / 2 > 3 * 255,
+        "test must wrap the counter byte ({blocks} blocks)"
+    );
     let ta = a.t.clone();
     let sizes2 = sizes.clone();
     let sender = std::thread::spawn(move || {
@@ -163,7 +172,10 @@ fn ctrl_ring_wraps_over_many_laps() {
     assert_eq!(sa.ctrl_sent, count as u64);
     assert_eq!(sb.ctrl_received, count as u64);
     assert_eq!(sb.malformed_frames, 0);
-    println!("{count} messages over {blocks} blocks ({} laps of a 2-block ring)", blocks / 2);
+    println!(
+        "{count} messages over {blocks} blocks ({} laps of a 2-block ring)",
+        blocks / 2
+    );
     a.t.shutdown();
     b.t.shutdown();
 }
@@ -175,7 +187,16 @@ fn large_ctrl_messages_fragment_in_order_both_ways() {
     }
     let (a, b) = pair(cfg(), 1 << 20);
     let max = phalanx_rdma::block::max_payload(cfg().block_size);
-    let sizes = [0, 1, max - 1, max, max + 1, 3 * max + 5, 1 << 20, MAX_CTRL_LEN];
+    let sizes = [
+        0,
+        1,
+        max - 1,
+        max,
+        max + 1,
+        3 * max + 5,
+        1 << 20,
+        MAX_CTRL_LEN,
+    ];
     let ta = a.t.clone();
     let tb = b.t.clone();
     let s1 = std::thread::spawn(move || {
@@ -193,7 +214,10 @@ fn large_ctrl_messages_fragment_in_order_both_ways() {
             match next_event(n, Duration::from_secs(60)) {
                 Event::Ctrl { msg, .. } => {
                     assert_eq!(msg.len(), s);
-                    assert!(msg == pattern(i + base, s), "message {i} of {s} bytes intact");
+                    assert!(
+                        msg == pattern(i + base, s),
+                        "message {i} of {s} bytes intact"
+                    );
                 }
                 other => panic!("unexpected event {other:?}"),
             }
@@ -221,7 +245,12 @@ fn small_write_goes_through_blocks() {
     let mut mark = 100;
     while mark < 100 + len {
         match next_event(&b, Duration::from_secs(10)) {
-            Event::Data { stream, offset, len: l, .. } => {
+            Event::Data {
+                stream,
+                offset,
+                len: l,
+                ..
+            } => {
                 assert_eq!((stream, offset), (7, mark));
                 mark += l;
             }
@@ -231,8 +260,14 @@ fn small_write_goes_through_blocks() {
     assert!(same(&a.arena, 8192, &b.arena, 65536 + 100, len));
     let (da, db) = (delta(a.t.stats(), a0), delta(b.t.stats(), b0));
     println!("4 KiB eager: sender {da:?}\nreceiver {db:?}");
-    assert_eq!(da.payload_bytes_copied, len, "copied into the blocks at the sender");
-    assert_eq!(db.payload_bytes_copied, len, "copied out of the blocks at the receiver");
+    assert_eq!(
+        da.payload_bytes_copied, len,
+        "copied into the blocks at the sender"
+    );
+    assert_eq!(
+        db.payload_bytes_copied, len,
+        "copied out of the blocks at the receiver"
+    );
     assert_eq!(da.registrations + db.registrations, 0);
     assert_eq!(da.data_bytes_sent, len);
     assert_eq!(db.data_bytes_received, len);
@@ -257,7 +292,12 @@ fn large_write_is_zero_copy_rendezvous() {
     let mut events = 0;
     while mark < 4096 + len {
         match next_event(&b, Duration::from_secs(120)) {
-            Event::Data { stream, offset, len: l, .. } => {
+            Event::Data {
+                stream,
+                offset,
+                len: l,
+                ..
+            } => {
                 assert_eq!((stream, offset), (3, mark), "in order, contiguous");
                 mark += l;
                 events += 1;
@@ -274,8 +314,16 @@ fn large_write_is_zero_copy_rendezvous() {
         secs,
         len as f64 / secs / 1e6
     );
-    assert_eq!(da.payload_bytes_copied + db.payload_bytes_copied, 0, "zero copy");
-    assert_eq!(da.registrations + db.registrations, 0, "no registration per transfer");
+    assert_eq!(
+        da.payload_bytes_copied + db.payload_bytes_copied,
+        0,
+        "zero copy"
+    );
+    assert_eq!(
+        da.registrations + db.registrations,
+        0,
+        "no registration per transfer"
+    );
     assert_eq!(db.data_bytes_received, len);
     assert!(events > 1, "chunk pipelining produces several events");
     a.t.shutdown();
@@ -317,9 +365,15 @@ fn killed_peer_is_reported_down_within_timeout() {
     let (a, b) = pair(c, 1 << 20);
     // Traffic works, and an idle link stays up across several heartbeat periods.
     a.t.send(1, b"ping").unwrap();
-    assert!(matches!(next_event(&b, Duration::from_secs(5)), Event::Ctrl { .. }));
+    assert!(matches!(
+        next_event(&b, Duration::from_secs(5)),
+        Event::Ctrl { .. }
+    ));
     std::thread::sleep(timeout * 2);
-    assert!(a.t.is_connected(1) && b.t.is_connected(0), "idle link stays up");
+    assert!(
+        a.t.is_connected(1) && b.t.is_connected(0),
+        "idle link stays up"
+    );
     assert!(b.t.events().try_recv().is_err(), "no spurious event");
     let t0 = Instant::now();
     a.t.kill();
@@ -328,7 +382,10 @@ fn killed_peer_is_reported_down_within_timeout() {
             let dt = t0.elapsed();
             println!("PeerDown after {dt:?}: {reason}");
             assert_eq!(peer, 0);
-            assert!(dt <= timeout + timeout / 2, "detected within the timeout (+ one heartbeat period): {dt:?}");
+            assert!(
+                dt <= timeout + timeout / 2,
+                "detected within the timeout (+ one heartbeat period): {dt:?}"
+            );
         }
         other => panic!("unexpected event {other:?}"),
     }
@@ -366,12 +423,22 @@ fn restarted_peer_rejoins() {
     }
     let (a, b) = pair(cfg(), 1 << 20);
     a.t.kill();
-    assert!(matches!(next_event(&b, Duration::from_secs(5)), Event::PeerDown { .. }));
+    assert!(matches!(
+        next_event(&b, Duration::from_secs(5)),
+        Event::PeerDown { .. }
+    ));
     // Node 0 comes back and dials everybody.
     let a2 = node(0, cfg(), 1 << 20);
-    a2.t.connect(&[(1, b.t.listen_addr())], true).expect("rejoin");
-    assert!(matches!(next_event(&b, Duration::from_secs(10)), Event::PeerUp { peer: 0 }));
-    assert!(matches!(next_event(&a2, Duration::from_secs(10)), Event::PeerUp { peer: 1 }));
+    a2.t.connect(&[(1, b.t.listen_addr())], true)
+        .expect("rejoin");
+    assert!(matches!(
+        next_event(&b, Duration::from_secs(10)),
+        Event::PeerUp { peer: 0 }
+    ));
+    assert!(matches!(
+        next_event(&a2, Duration::from_secs(10)),
+        Event::PeerUp { peer: 1 }
+    ));
     b.t.send(0, b"welcome back").unwrap();
     match next_event(&a2, Duration::from_secs(10)) {
         Event::Ctrl { msg, .. } => assert_eq!(msg, b"welcome back"),
@@ -501,10 +568,25 @@ fn threshold_sweep() {
     }
     let (a, b) = pair(cfg(), 8 << 20);
     let dst = b.t.remote_region(0, 8 << 20).unwrap();
-    let iters: usize = std::env::var("PHALANX_SWEEP_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(30);
+    let iters: usize = std::env::var("PHALANX_SWEEP_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(30);
     println!("size_bytes eager_us rendezvous_us (median of {iters}, write + all data events)");
     let mut stream = 0;
-    for size in [256u64, 1 << 10, 2 << 10, 4 << 10, 8 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 1 << 20] {
+    for size in [
+        256u64,
+        1 << 10,
+        2 << 10,
+        4 << 10,
+        8 << 10,
+        16 << 10,
+        32 << 10,
+        64 << 10,
+        128 << 10,
+        256 << 10,
+        1 << 20,
+    ] {
         let mut res = [0f64; 2];
         for (k, threshold) in [u64::MAX, 0].into_iter().enumerate() {
             a.t.set_rendezvous_threshold(threshold);

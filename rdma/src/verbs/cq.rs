@@ -148,7 +148,9 @@ impl CompletionQueue {
             for w in &wc[..n as usize] {
                 let imm = if w.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0 {
                     // SAFETY: IBV_WC_WITH_IMM says the union holds imm_data (big endian).
-                    Some(u32::from_be(unsafe { w.imm_data_invalidated_rkey_union.imm_data }))
+                    Some(u32::from_be(unsafe {
+                        w.imm_data_invalidated_rkey_union.imm_data
+                    }))
                 } else {
                     None
                 };
@@ -174,7 +176,11 @@ impl CompletionQueue {
     /// acknowledged and the CQ re-armed. Returns (completion event, extra readable). The
     /// caller polls the CQ after this whatever it returns (completions may have arrived
     /// before the CQ was armed).
-    pub fn wait(&self, extra: Option<BorrowedFd<'_>>, timeout: Duration) -> Result<(bool, bool), VerbsError> {
+    pub fn wait(
+        &self,
+        extra: Option<BorrowedFd<'_>>,
+        timeout: Duration,
+    ) -> Result<(bool, bool), VerbsError> {
         use nix::poll::{PollFd, PollFlags, PollTimeout};
         let fd = self.channel.fd();
         // SAFETY: the fd belongs to the channel, which outlives this call.

@@ -22,10 +22,7 @@ impl DeviceList {
         let list = unsafe { ibv_get_device_list(&mut n) };
         if list.is_null() {
             // No verbs devices or no kernel support at all (ENOSYS): both mean "none".
-            return Ok(DeviceList {
-                list,
-                len: 0,
-            });
+            return Ok(DeviceList { list, len: 0 });
         }
         Ok(DeviceList {
             list,
@@ -173,7 +170,9 @@ impl Context {
             "/sys/class/infiniband/{}/ports/{}/gid_attrs/types/{}",
             self.name, port, index
         );
-        std::fs::read_to_string(p).ok().map(|s| s.trim().to_string())
+        std::fs::read_to_string(p)
+            .ok()
+            .map(|s| s.trim().to_string())
     }
 
     /// Picks the GID to use on `port`: `index` if given; otherwise an IPv4-mapped GID
@@ -188,12 +187,17 @@ impl Context {
         let info = self.query_port(port)?;
         let mut first_v4: Option<GidInfo> = None;
         for i in 0..info.gid_tbl_len.min(256) {
-            let Ok(gid) = self.query_gid(port, i) else { continue };
+            let Ok(gid) = self.query_gid(port, i) else {
+                continue;
+            };
             let v4_mapped = gid[..10].iter().all(|&b| b == 0) && gid[10] == 0xff && gid[11] == 0xff;
             if !v4_mapped {
                 continue;
             }
-            let g = GidInfo { index: i as u8, gid };
+            let g = GidInfo {
+                index: i as u8,
+                gid,
+            };
             if self.gid_type(port, i).is_some_and(|t| t.contains("v2")) {
                 return Ok(g);
             }

@@ -16,7 +16,9 @@ mod pd;
 mod qp;
 
 pub use cq::{CompletionChannel, CompletionQueue, WorkCompletion};
-pub use device::{device_names, Context, GidInfo, PortInfo, LINK_LAYER_ETHERNET, LINK_LAYER_INFINIBAND};
+pub use device::{
+    device_names, Context, GidInfo, PortInfo, LINK_LAYER_ETHERNET, LINK_LAYER_INFINIBAND,
+};
 pub use mr::MemoryRegion;
 pub use pd::ProtectionDomain;
 pub use qp::{QpEndpoint, QpState, QueuePair, RcParams};

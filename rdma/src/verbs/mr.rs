@@ -24,13 +24,23 @@ unsafe impl Sync for MemoryRegion {}
 
 impl MemoryRegion {
     /// Registers all of `mem` for local write and remote write.
-    pub fn register(pd: &Arc<ProtectionDomain>, mem: Arc<Arena>) -> Result<MemoryRegion, VerbsError> {
+    pub fn register(
+        pd: &Arc<ProtectionDomain>,
+        mem: Arc<Arena>,
+    ) -> Result<MemoryRegion, VerbsError> {
         let access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
             | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
             | ibv_access_flags::IBV_ACCESS_REMOTE_READ;
         // SAFETY: the arena is a live mapping of mem.len() bytes that we keep alive (Arc) for
         // as long as the registration exists.
-        let mr = unsafe { ibv_reg_mr(pd.pd, mem.as_ptr().cast(), mem.len().max(1), access.0 as i32) };
+        let mr = unsafe {
+            ibv_reg_mr(
+                pd.pd,
+                mem.as_ptr().cast(),
+                mem.len().max(1),
+                access.0 as i32,
+            )
+        };
         if mr.is_null() {
             return Err(VerbsError::errno("ibv_reg_mr"));
         }

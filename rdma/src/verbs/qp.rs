@@ -100,7 +100,12 @@ impl QueuePair {
         *self.state.lock().unwrap()
     }
 
-    fn modify(&self, attr: &mut ibv_qp_attr, mask: ibv_qp_attr_mask, to: QpState) -> Result<(), VerbsError> {
+    fn modify(
+        &self,
+        attr: &mut ibv_qp_attr,
+        mask: ibv_qp_attr_mask,
+        to: QpState,
+    ) -> Result<(), VerbsError> {
         // SAFETY: the QP is alive and `attr` is initialised for every bit in `mask`.
         let rc = unsafe { ibv_modify_qp(self.qp, attr, mask.0 as i32) };
         if rc != 0 {
@@ -127,7 +132,12 @@ impl QueuePair {
         self.modify(&mut a, m, QpState::Init)
     }
 
-    pub fn to_rtr(&self, p: &RcParams, local_mtu: u32, remote: &QpEndpoint) -> Result<(), VerbsError> {
+    pub fn to_rtr(
+        &self,
+        p: &RcParams,
+        local_mtu: u32,
+        remote: &QpEndpoint,
+    ) -> Result<(), VerbsError> {
         // SAFETY: ibv_qp_attr is plain old data; zero is valid.
         let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = ibv_qp_state::IBV_QPS_RTR;

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs every verbs test inside a Soft-RoCE VM (soft-roce-setup.sh vm): the verbs-layer unit
+# and integration tests of phalanx-rdma, the store/broadcast/reduce tests on the verbs
+# transport, and the 4-node demo with --transport rdma. Test binaries are built on the host.
+# Prints the number of tests that passed; fails if any failed or was skipped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bins=$(cargo test --release -p phalanx-rdma -p phalanx --test verbs_cluster --lib --tests --no-run \
+    --message-format=json 2>/dev/null | grep -o '"executable":"[^"]*"' | cut -d'"' -f4)
+pick() { grep "/$1-" <<<"$bins" | head -1 | sed "s|^$PWD/||"; }
+unit=$(pick phalanx_rdma)
+integ=$(pick verbs_transport)
+cluster=$(pick verbs_cluster)
+for b in "$unit" "$integ" "$cluster"; do
+    [[ -n $b && -x $b ]] || { echo "verbs test binary missing ($b)" >&2; exit 1; }
+done
+cargo build --release -p phalanx --bin phalanx
+
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cmd="set -e
+echo '== phalanx-rdma unit tests'; $unit --test-threads=1
+echo '== verbs transport tests'; timeout 900 $integ --test-threads=1
+echo '== store and collectives on verbs'; timeout 900 $cluster --test-threads=1
+echo '== demo, 4 nodes, verbs'; timeout 600 target/release/phalanx demo --nodes 4 --size 16M --transport rdma"
+status=0
+bash soft-roce-setup.sh vm --timeout 2400 --mem 4096 -- sh -c "$cmd" 2>&1 | tee "$log" || status=$?
+
+passed=$(grep -o 'test result: ok\. [0-9]* passed' "$log" | awk '{s += $4} END {print s + 0}')
+failed=$(grep -o '[0-9]* failed' "$log" | awk '{s += $1} END {print s + 0}')
+skipped=$(grep -c 'no RDMA device: skipped' "$log" || true)
+echo "verbs tests in the VM: $passed passed, $failed failed, $skipped skipped"
+grep -q 'all 3 copies verified byte for byte' "$log" || { echo "verbs demo did not verify"; status=1; }
+if (( status != 0 || failed != 0 || skipped != 0 || passed == 0 )); then
+    echo "verbs VM tests FAILED" >&2
+    exit 1
+fi
