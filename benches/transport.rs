@@ -1,7 +1,8 @@
 //! Point-to-point transfers over TCP loopback: a Phalanx remote `get` (zero-copy view) next to
 //! a plain `std::net::TcpStream` doing the same request/response in the same run.
 //!
-//! `cargo bench --bench transport` (add `-- p2p` or `-- rtt` to pick a group).
+//! `cargo bench --bench transport` (add `-- p2p` or `-- rtt` to pick a group). The verbs
+//! group `p2p_verbs` runs where an RDMA device exists (the Soft-RoCE VM).
 
 use criterion::{
     criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput,
@@ -113,5 +114,43 @@ fn rtt(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, rtt, p2p);
+/// The same p2p get over the verbs transport (an RDMA device must exist: run it inside
+/// `soft-roce-setup.sh vm`; sizes above PHALANX_BENCH_MAX_BYTES, default 1 GiB, are skipped,
+/// since Soft-RoCE under emulation moves tens of MB/s).
+#[cfg(feature = "rdma")]
+fn p2p_verbs(c: &mut Criterion) {
+    use phalanx::{TransportKind, TransportSettings};
+    if !phalanx_rdma::rdma_available() {
+        eprintln!("p2p_verbs: no RDMA device: skipped (run inside `soft-roce-setup.sh vm`)");
+        return;
+    }
+    let max: u64 = std::env::var("PHALANX_BENCH_MAX_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(1 << 30);
+    let sizes: Vec<u64> = SIZES.iter().copied().filter(|&s| s <= max).collect();
+    let biggest = sizes.iter().copied().max().unwrap_or(0);
+    let t = TransportSettings::new(TransportKind::Rdma, Duration::from_secs(3), None, None).unwrap();
+    let cl = LocalCluster::start_with(2, NodeConfig { arena_size: 2 * biggest + (64 << 20), ..NodeConfig::default() }, t).unwrap();
+    let mut g = c.benchmark_group("p2p_verbs");
+    g.sampling_mode(SamplingMode::Flat);
+    g.sample_size(10);
+    for &size in &sizes {
+        g.throughput(Throughput::Bytes(size));
+        let id = name_on_shard0(cl.node(0), &format!("p2pv-{size}"));
+        cl.node(0).put(id.as_str(), &vec![3u8; size as usize]).unwrap();
+        g.bench_with_input(BenchmarkId::new("phalanx_get_view", size), &size, |b, &size| {
+            b.iter(|| {
+                let v = cl.node(1).get_view(id.as_str()).unwrap();
+                assert_eq!(v.len() as u64, size);
+                drop(v);
+                assert!(cl.node(1).evict_local(id.as_str()));
+            })
+        });
+        cl.node(0).delete(id.as_str()).unwrap();
+    }
+    g.finish();
+}
+
+#[cfg(not(feature = "rdma"))]
+fn p2p_verbs(_: &mut Criterion) {}
+
+criterion_group!(benches, rtt, p2p, p2p_verbs);
 criterion_main!(benches);
