@@ -120,6 +120,48 @@ pub fn combine(op: ReduceOp, dtype: DType, acc: &mut [u8], x: &[u8]) {
     }
 }
 
+#[inline]
+fn apply_into<T: Elem>(op: ReduceOp, out: &mut [T], a: &[T], b: &[T]) {
+    // One monomorphic loop per op (a function pointer here would block vectorisation).
+    let pairs = out.iter_mut().zip(a.iter().zip(b));
+    match op {
+        ReduceOp::Sum => pairs.for_each(|(o, (&x, &y))| *o = T::sum(x, y)),
+        ReduceOp::Prod => pairs.for_each(|(o, (&x, &y))| *o = T::prod(x, y)),
+        ReduceOp::Min => pairs.for_each(|(o, (&x, &y))| *o = T::min(x, y)),
+        ReduceOp::Max => pairs.for_each(|(o, (&x, &y))| *o = T::max(x, y)),
+    }
+}
+
+fn combine_into_typed<T: Elem>(op: ReduceOp, out: &mut [u8], a: &[u8], b: &[u8]) {
+    match (
+        bytemuck::try_cast_slice_mut::<u8, T>(out),
+        bytemuck::try_cast_slice::<u8, T>(a),
+        bytemuck::try_cast_slice::<u8, T>(b),
+    ) {
+        (Ok(o), Ok(x), Ok(y)) => apply_into(op, o, x, y),
+        (_, _, _) => {
+            out.copy_from_slice(a);
+            combine_typed::<T>(op, out, b);
+        }
+    }
+}
+
+/// `out[i] = a[i] ⊕ b[i]`: one pass instead of a copy and a combine.
+pub fn combine_into(op: ReduceOp, dtype: DType, out: &mut [u8], a: &[u8], b: &[u8]) {
+    assert!(
+        out.len() == a.len() && a.len() == b.len(),
+        "combine of unequal lengths"
+    );
+    assert_eq!(out.len() % dtype.size(), 0, "partial element");
+    match dtype {
+        DType::F32 => combine_into_typed::<f32>(op, out, a, b),
+        DType::F64 => combine_into_typed::<f64>(op, out, a, b),
+        DType::I32 => combine_into_typed::<i32>(op, out, a, b),
+        DType::I64 => combine_into_typed::<i64>(op, out, a, b),
+        DType::U8 => combine_into_typed::<u8>(op, out, a, b),
+    }
+}
+
 /// Byte-wise reference kernel (no typed slices): the scalar baseline for the kernel bench.
 pub fn combine_scalar(op: ReduceOp, dtype: DType, acc: &mut [u8], x: &[u8]) {
     macro_rules! go {
@@ -173,6 +215,32 @@ mod tests {
                     bytemuck::cast_slice::<u64, u8>(&a2),
                     "{op:?} {dtype:?}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn combine_into_equals_copy_then_combine() {
+        for dtype in [DType::F32, DType::F64, DType::I32, DType::I64, DType::U8] {
+            for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max, ReduceOp::Prod] {
+                let a: Vec<u64> = (0..64).map(|i| i * 0x0101_0101 + 3).collect();
+                let b: Vec<u64> = (0..64).map(|i| (i * 7919) ^ 0x0202_0202).collect();
+                let mut want = a.clone();
+                combine(
+                    op,
+                    dtype,
+                    bytemuck::cast_slice_mut(&mut want),
+                    bytemuck::cast_slice(&b),
+                );
+                let mut out = vec![0u64; 64];
+                combine_into(
+                    op,
+                    dtype,
+                    bytemuck::cast_slice_mut(&mut out),
+                    bytemuck::cast_slice(&a),
+                    bytemuck::cast_slice(&b),
+                );
+                assert_eq!(out, want, "{op:?} {dtype:?}");
             }
         }
     }

@@ -6,7 +6,7 @@
 //! is published as a partial copy from its first byte, so readers overlap with the reduce.
 
 use crate::node::{Fetched, Inner};
-use crate::ops::{combine, DType, ReduceOp};
+use crate::ops::{combine, combine_into, DType, ReduceOp};
 use crate::protocol::{Msg, ObjectInfo, ReduceTask, Reply};
 use crate::{Error, Node, ObjectId, Result};
 use crossbeam_channel::{Receiver, Select};
@@ -294,11 +294,20 @@ impl Inner {
                 avail = avail.min(got);
             }
             let end = (off + chunk).min(off + (avail - off) / esz * esz);
-            out.fill_with(end - off, |dst| {
-                dst.copy_from_slice(own.bytes(off, end));
-                for c in &children {
-                    combine(t.op, t.dtype, dst, c.bytes(off, end));
+            out.fill_with(end - off, |dst| match children.split_first() {
+                Some((first, rest)) => {
+                    combine_into(
+                        t.op,
+                        t.dtype,
+                        dst,
+                        own.bytes(off, end),
+                        first.bytes(off, end),
+                    );
+                    for c in rest {
+                        combine(t.op, t.dtype, dst, c.bytes(off, end));
+                    }
                 }
+                None => dst.copy_from_slice(own.bytes(off, end)),
             })?;
             off = end;
         }
