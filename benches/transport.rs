@@ -58,6 +58,15 @@ fn name_on_shard0(node: &Node, prefix: &str) -> String {
         .unwrap()
 }
 
+/// One remote get of `id` by node 1 (zero-copy view), then node 1 drops its copy so the next
+/// get pulls again.
+fn remote_get(cl: &LocalCluster, id: &str, size: u64) {
+    let v = cl.node(1).get_view(id).unwrap();
+    assert_eq!(v.len() as u64, size);
+    drop(v);
+    assert!(cl.node(1).evict_local(id));
+}
+
 fn cluster(arena: u64) -> LocalCluster {
     LocalCluster::start(
         2,
@@ -87,14 +96,11 @@ fn p2p(c: &mut Criterion) {
         g.bench_with_input(BenchmarkId::new("plain_tcp", size), &size, |b, &size| {
             b.iter(|| plain.fetch(&mut buf[..size as usize]))
         });
-        g.bench_with_input(BenchmarkId::new("phalanx_get_view", size), &size, |b, _| {
-            b.iter(|| {
-                let v = cl.node(1).get_view(id.as_str()).unwrap();
-                assert_eq!(v.len() as u64, size);
-                drop(v);
-                assert!(cl.node(1).evict_local(id.as_str()));
-            })
-        });
+        g.bench_with_input(
+            BenchmarkId::new("phalanx_get_view", size),
+            &size,
+            |b, &size| b.iter(|| remote_get(&cl, &id, size)),
+        );
         cl.node(0).delete(id.as_str()).unwrap();
     }
     g.finish();
@@ -124,26 +130,37 @@ fn p2p_verbs(c: &mut Criterion) {
         eprintln!("p2p_verbs: no RDMA device: skipped (run inside `soft-roce-setup.sh vm`)");
         return;
     }
-    let max: u64 = std::env::var("PHALANX_BENCH_MAX_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(1 << 30);
+    let max: u64 = std::env::var("PHALANX_BENCH_MAX_BYTES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1 << 30);
     let sizes: Vec<u64> = SIZES.iter().copied().filter(|&s| s <= max).collect();
     let biggest = sizes.iter().copied().max().unwrap_or(0);
-    let t = TransportSettings::new(TransportKind::Rdma, Duration::from_secs(3), None, None).unwrap();
-    let cl = LocalCluster::start_with(2, NodeConfig { arena_size: 2 * biggest + (64 << 20), ..NodeConfig::default() }, t).unwrap();
+    let t =
+        TransportSettings::new(TransportKind::Rdma, Duration::from_secs(3), None, None).unwrap();
+    let cl = LocalCluster::start_with(
+        2,
+        NodeConfig {
+            arena_size: 2 * biggest + (64 << 20),
+            ..NodeConfig::default()
+        },
+        t,
+    )
+    .unwrap();
     let mut g = c.benchmark_group("p2p_verbs");
     g.sampling_mode(SamplingMode::Flat);
     g.sample_size(10);
     for &size in &sizes {
         g.throughput(Throughput::Bytes(size));
         let id = name_on_shard0(cl.node(0), &format!("p2pv-{size}"));
-        cl.node(0).put(id.as_str(), &vec![3u8; size as usize]).unwrap();
-        g.bench_with_input(BenchmarkId::new("phalanx_get_view", size), &size, |b, &size| {
-            b.iter(|| {
-                let v = cl.node(1).get_view(id.as_str()).unwrap();
-                assert_eq!(v.len() as u64, size);
-                drop(v);
-                assert!(cl.node(1).evict_local(id.as_str()));
-            })
-        });
+        cl.node(0)
+            .put(id.as_str(), &vec![3u8; size as usize])
+            .unwrap();
+        g.bench_with_input(
+            BenchmarkId::new("phalanx_get_view", size),
+            &size,
+            |b, &size| b.iter(|| remote_get(&cl, &id, size)),
+        );
         cl.node(0).delete(id.as_str()).unwrap();
     }
     g.finish();
