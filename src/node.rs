@@ -224,6 +224,12 @@ impl Node {
             down_watchers: Mutex::new(Vec::new()),
             reduce_cancels: Mutex::new(HashMap::new()),
         });
+        // A (re)joining node treats peers it could not reach as down until they link up.
+        inner
+            .down_peers
+            .lock()
+            .unwrap()
+            .extend((0..nodes).filter(|&p| p != id && !inner.transport.is_connected(p)));
         let d = inner.clone();
         let h = std::thread::Builder::new()
             .name(format!("phx-node-{id}"))
@@ -546,8 +552,25 @@ impl Inner {
         self.bandwidth_bits.store(new.to_bits(), Ordering::Relaxed);
     }
 
+    /// The node holding the directory entry of `id`: highest-random-weight hashing over the
+    /// nodes this node believes alive, so that when a shard's node dies its objects move to
+    /// one deterministic other node (and move back when it rejoins).
     pub fn shard_of(&self, id: &ObjectId) -> NodeId {
-        (id.stable_hash() % self.nodes as u64) as NodeId
+        let down = self.down_peers.lock().unwrap();
+        Self::hrw_owner(id, self.nodes, |n| n == self.id || !down.contains(&n))
+    }
+
+    fn hrw_owner(id: &ObjectId, nodes: u32, alive: impl Fn(NodeId) -> bool) -> NodeId {
+        let h = id.stable_hash();
+        let weight = |n: NodeId| {
+            let x = (h ^ (n as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+                .wrapping_mul(0xff51_afd7_ed55_8ccd);
+            x ^ (x >> 29)
+        };
+        (0..nodes)
+            .filter(|&n| alive(n))
+            .max_by_key(|&n| weight(n))
+            .unwrap_or(0)
     }
 
     pub fn is_closed(&self) -> bool {
@@ -602,33 +625,70 @@ impl Inner {
         }
     }
 
-    /// A peer came back after a failure: give its directory shard our copies again.
-    fn republish_to(&self, peer: NodeId) {
+    pub fn next_stream(&self) -> StreamId {
+        self.next_stream.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A dead shard is not fatal to a producer: the copy is here, and this node republishes
+    /// it to the entry's next owner (or to the shard when it rejoins).
+    pub fn tolerate_shard_down(&self, id: &ObjectId, r: Result<()>) -> Result<()> {
+        match r {
+            Err(Error::PeerDown(p)) => {
+                warn!(node = self.id, %id, shard = p, "directory shard down; the entry is republished when ownership settles");
+                Ok(())
+            }
+            r => r,
+        }
+    }
+
+    /// Announces a local copy (partial or complete) to the object's directory shard.
+    pub fn publish(&self, id: &ObjectId, size: u64, complete: bool) -> Result<()> {
+        let r = self.send(
+            self.shard_of(id),
+            Msg::Publish {
+                id: id.clone(),
+                size,
+                node: self.id,
+                complete,
+            },
+        );
+        self.tolerate_shard_down(id, r)
+    }
+
+    /// Directory ownership changed (a peer died, or rejoined): give the new owner of every
+    /// affected entry our copies again. `was_owner(id)` says whether the entry moved.
+    fn republish(&self, moved: impl Fn(&ObjectId) -> bool) {
         for (id, size, complete) in self.store.summary() {
-            if self.shard_of(&id) != peer {
+            if !moved(&id) {
                 continue;
             }
             let small = size < INLINE_LIMIT && complete;
             let msg = match self.store.lookup(&id) {
                 Some(c) if small => Msg::PutInline {
                     rid: 0,
-                    id,
+                    id: id.clone(),
                     node: self.id,
                     data: c.filled(0, size).to_vec(),
                 },
                 _ => Msg::Publish {
-                    id,
+                    id: id.clone(),
                     size,
                     node: self.id,
                     complete,
                 },
             };
-            let _ = self.send(peer, msg);
+            let _ = self.send(self.shard_of(&id), msg);
         }
     }
 
-    pub fn next_stream(&self) -> StreamId {
-        self.next_stream.fetch_add(1, Ordering::Relaxed)
+    /// `peer` died: entries it owned move to the next node by HRW order.
+    fn republish_after_death(&self, peer: NodeId) {
+        let down = self.down_peers.lock().unwrap().clone();
+        let nodes = self.nodes;
+        let me = self.id;
+        self.republish(|id| {
+            Self::hrw_owner(id, nodes, |n| n == me || n == peer || !down.contains(&n)) == peer
+        });
     }
 
     /// Sends a control message; messages to ourselves take the local queue.
@@ -700,32 +760,6 @@ impl Inner {
         }
     }
 
-    /// A dead shard is not fatal to a producer: the copy is here, and this node republishes
-    /// it to the shard when that node rejoins.
-    pub fn tolerate_shard_down(&self, id: &ObjectId, r: Result<()>) -> Result<()> {
-        match r {
-            Err(Error::PeerDown(p)) if p == self.shard_of(id) => {
-                warn!(node = self.id, %id, shard = p, "directory shard down; the entry waits for its rejoin");
-                Ok(())
-            }
-            r => r,
-        }
-    }
-
-    /// Announces a local copy (partial or complete) to the object's directory shard.
-    pub fn publish(&self, id: &ObjectId, size: u64, complete: bool) -> Result<()> {
-        let r = self.send(
-            self.shard_of(id),
-            Msg::Publish {
-                id: id.clone(),
-                size,
-                node: self.id,
-                complete,
-            },
-        );
-        self.tolerate_shard_down(id, r)
-    }
-
     /// Tells the directory that evicted copies are gone.
     pub fn withdraw(&self, ids: &[ObjectId]) {
         for id in ids {
@@ -744,12 +778,15 @@ impl Inner {
             match m {
                 Local::Msg(from, msg) => self.on_msg(from, msg),
                 Local::Event(Event::PeerDown { peer, reason }) => {
-                    self.down_peers.lock().unwrap().insert(peer);
-                    self.on_peer_down(peer, &reason)
+                    let newly = self.down_peers.lock().unwrap().insert(peer);
+                    self.on_peer_down(peer, &reason);
+                    if newly {
+                        self.republish_after_death(peer);
+                    }
                 }
                 Local::Event(Event::PeerUp { peer }) => {
                     if self.down_peers.lock().unwrap().remove(&peer) {
-                        self.republish_to(peer);
+                        self.republish(|id| self.shard_of(id) == peer);
                     }
                 }
                 Local::Event(_) => {}

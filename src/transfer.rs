@@ -90,9 +90,10 @@ impl Inner {
     }
 
     fn locate(&self, id: &ObjectId, resume: bool, exclude: &[NodeId]) -> Result<Located> {
-        let shard = self.shard_of(id);
         let deadline = Instant::now() + self.cfg.op_timeout;
         loop {
+            // Recomputed each time: a dead shard's entries move to another node.
+            let shard = self.shard_of(id);
             let r = self.call(shard, |rid| Msg::Locate {
                 rid,
                 id: id.clone(),
@@ -103,10 +104,9 @@ impl Inner {
             match r {
                 Ok(Reply::Located(l)) => return Ok(l),
                 Ok(r) => return Err(self.unexpected(r)),
-                // The shard's node died: wait for it to rejoin (its copies get republished).
-                Err(Error::PeerDown(p))
-                    if p == shard && Instant::now() < deadline && !self.is_closed() =>
-                {
+                // The shard died under us: its entries reappear at the next owner once the
+                // holders republish them.
+                Err(Error::PeerDown(_)) if Instant::now() < deadline && !self.is_closed() => {
                     std::thread::sleep(Duration::from_millis(50));
                 }
                 Err(e) => return Err(e),

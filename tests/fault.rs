@@ -391,3 +391,28 @@ fn reduce_waits_for_a_rejoin_when_too_few_inputs_remain() {
     let all: Vec<&Vec<u8>> = data.iter().collect();
     assert!(c.node(2).get("rj-out").unwrap() == sum_of(&all));
 }
+
+#[test]
+fn a_dead_shard_hands_its_entries_to_the_next_node() {
+    let c = LocalCluster::start(4, cfg(), tcp()).unwrap();
+    let old = name_on(c.node(0), "shard-old", 3);
+    let new = name_on(c.node(0), "shard-new", 3);
+    let small = name_on(c.node(0), "shard-small", 3);
+    let a: Vec<u8> = (0..(8 << 20)).map(|i| (i % 251) as u8).collect();
+    c.node(0).put(old.clone(), &a).unwrap();
+    assert!(c.node(1).get(old.clone()).unwrap() == a);
+    c.node(0).put(small.clone(), b"tiny").unwrap();
+    c.node(3).kill();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while (0..3).any(|k| c.node(k).shard_of(new.clone()) == 3) {
+        assert!(Instant::now() < deadline, "the death was not noticed");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // New objects whose shard was the dead node work at once...
+    let b: Vec<u8> = (0..(4 << 20)).map(|i| (i % 241) as u8).collect();
+    c.node(1).put(new.clone(), &b).unwrap();
+    assert!(c.node(2).get(new).unwrap() == b);
+    // ...and the holders of older ones republished them to the new owner.
+    assert!(c.node(2).get(old).unwrap() == a);
+    assert_eq!(c.node(2).get(small).unwrap(), b"tiny");
+}
