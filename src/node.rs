@@ -105,6 +105,7 @@ pub(crate) struct Inner {
     bandwidth_bits: AtomicU64,
     pub fault: Mutex<Option<FaultPlan>>,
     pub fault_fired: AtomicBool,
+    pub fault_fired_at: Mutex<Option<Instant>>,
     /// Peers seen down and not back yet.
     down_peers: Mutex<std::collections::HashSet<NodeId>>,
     /// Reduce coordinators watching for dead peers.
@@ -220,6 +221,7 @@ impl Node {
             bandwidth_bits: AtomicU64::new(0),
             fault: Mutex::new(None),
             fault_fired: AtomicBool::new(false),
+            fault_fired_at: Mutex::new(None),
             down_peers: Mutex::new(Default::default()),
             down_watchers: Mutex::new(Vec::new()),
             reduce_cancels: Mutex::new(HashMap::new()),
@@ -479,6 +481,11 @@ impl Node {
         self.inner.fault_fired.load(Ordering::Acquire)
     }
 
+    /// When the injected fault fired.
+    pub fn fault_fired_at(&self) -> Option<Instant> {
+        *self.inner.fault_fired_at.lock().unwrap()
+    }
+
     /// Whether the node has been stopped or killed.
     pub fn is_closed(&self) -> bool {
         self.inner.is_closed()
@@ -612,6 +619,7 @@ impl Inner {
             Some(p) => p.action,
             None => return,
         };
+        *self.fault_fired_at.lock().unwrap() = Some(Instant::now());
         self.fault_fired.store(true, Ordering::Release);
         warn!(node = self.id, "injected fault fires: {action:?}");
         match action {
