@@ -17,6 +17,8 @@ const LOG_LIMIT: usize = 1 << 16;
 struct Loc {
     complete: bool,
     serving: Option<NodeId>,
+    /// The assignment the copy is serving (see `Located::Source::token`).
+    token: u64,
     depends_on: Option<NodeId>,
 }
 
@@ -139,6 +141,7 @@ impl Shard {
                 let l = e.locs.entry(node).or_insert(Loc {
                     complete,
                     serving: None,
+                    token: 0,
                     depends_on: None,
                 });
                 l.complete |= complete;
@@ -161,6 +164,7 @@ impl Shard {
                     Loc {
                         complete: true,
                         serving: None,
+                        token: 0,
                         depends_on: None,
                     },
                 );
@@ -201,13 +205,19 @@ impl Shard {
                 id,
                 source,
                 receiver,
+                token,
                 ok,
             } => {
                 if let Some(e) = self.entries.get_mut(&id) {
+                    let current = e
+                        .locs
+                        .get(&source)
+                        .is_some_and(|s| s.serving == Some(receiver) && s.token == token);
+                    if !current {
+                        return; // a stale report: the source already serves a newer assignment
+                    }
                     if let Some(s) = e.locs.get_mut(&source) {
-                        if s.serving == Some(receiver) {
-                            s.serving = None;
-                        }
+                        s.serving = None;
                     }
                     if ok {
                         if let Some(r) = e.locs.get_mut(&receiver) {
@@ -307,11 +317,13 @@ impl Shard {
         let source_complete = {
             let s = e.locs.get_mut(&source).expect("picked");
             s.serving = Some(w.node);
+            s.token = w.rid;
             s.complete
         };
         let r = e.locs.entry(w.node).or_insert(Loc {
             complete: false,
             serving: None,
+            token: 0,
             depends_on: None,
         });
         r.depends_on = Some(source);
@@ -330,7 +342,11 @@ impl Shard {
             out,
             w.node,
             w.rid,
-            Reply::Located(Located::Source { node: source, size }),
+            Reply::Located(Located::Source {
+                node: source,
+                size,
+                token: w.rid,
+            }),
         );
         None
     }
@@ -381,13 +397,29 @@ impl Shard {
 mod tests {
     use super::*;
 
+    /// A source assignment, with the token blanked for comparison.
+    fn src(node: NodeId) -> Located {
+        Located::Source {
+            node,
+            size: 100,
+            token: 0,
+        }
+    }
+
     fn located(out: &Out, to: NodeId) -> Located {
         out.iter()
             .find_map(|(n, m)| match m {
                 Msg::Reply {
                     reply: Reply::Located(l),
                     ..
-                } if *n == to => Some(l.clone()),
+                } if *n == to => Some(match l.clone() {
+                    Located::Source { node, size, .. } => Located::Source {
+                        node,
+                        size,
+                        token: 0,
+                    },
+                    l => l,
+                }),
                 _ => None,
             })
             .expect("a Located reply")
@@ -434,15 +466,12 @@ mod tests {
         // Receiver 1 arrives before the put: it waits.
         assert!(locate(&mut s, 1, vec![]).is_empty());
         let out = publish(&mut s, 0, false);
-        assert_eq!(located(&out, 1), Located::Source { node: 0, size: 100 });
+        assert_eq!(located(&out, 1), src(0));
         // 0 is busy serving 1; 2 is sent to the partial copy at 1.
         let out = locate(&mut s, 2, vec![]);
-        assert_eq!(located(&out, 2), Located::Source { node: 1, size: 100 });
+        assert_eq!(located(&out, 2), src(1));
         // 0 and 1 busy, 2 free: 3 pulls from 2.
-        assert_eq!(
-            located(&locate(&mut s, 3, vec![]), 3),
-            Located::Source { node: 2, size: 100 }
-        );
+        assert_eq!(located(&locate(&mut s, 3, vec![]), 3), src(2));
         // 0 completes its put and 1 finishes: both are free; 4 gets a complete copy first.
         publish(&mut s, 0, true);
         let mut out = Vec::new();
@@ -452,22 +481,33 @@ mod tests {
                 id: "x".into(),
                 source: 0,
                 receiver: 1,
+                token: 99, // stale: not this assignment's token
                 ok: true,
             },
             &mut out,
         );
         assert_eq!(
             located(&locate(&mut s, 4, vec![]), 4),
-            Located::Source { node: 0, size: 100 }
+            src(3),
+            "0 is still serving 1"
         );
-        // 1 is complete but still serving 2; the lowest free partial copy is 3.
-        assert_eq!(
-            located(&locate(&mut s, 5, vec![]), 5),
-            Located::Source { node: 3, size: 100 }
+        s.handle(
+            1,
+            Msg::TransferDone {
+                id: "x".into(),
+                source: 0,
+                receiver: 1,
+                token: 1, // the Locate's rid
+                ok: true,
+            },
+            &mut out,
         );
+        assert_eq!(located(&locate(&mut s, 6, vec![]), 6), src(0));
+        // 1 is complete but still serving 2, 3 serves 4: the lowest free partial copy is 4.
+        assert_eq!(located(&locate(&mut s, 5, vec![]), 5), src(4));
         let log = s.assignments();
-        assert_eq!(log.len(), 5);
-        assert!(log[3].source_complete && !log[1].source_complete);
+        assert_eq!(log.len(), 6);
+        assert!(log[4].source_complete && !log[1].source_complete && !log[3].source_complete);
     }
 
     #[test]
@@ -489,7 +529,7 @@ mod tests {
         );
         // A fresh complete copy appears at 3: 1 is served from it.
         let out = publish(&mut s, 3, true);
-        assert_eq!(located(&out, 1), Located::Source { node: 3, size: 100 });
+        assert_eq!(located(&out, 1), src(3));
     }
 
     #[test]

@@ -13,8 +13,10 @@ pub type Rid = u64;
 pub enum Located {
     /// A small object, served by the directory itself.
     Inline(Vec<u8>),
-    /// Pull `size` bytes from `node`; the requester is now listed as a partial copy.
-    Source { node: NodeId, size: u64 },
+    /// Pull `size` bytes from `node`; the requester is now listed as a partial copy. `token`
+    /// names this assignment: the matching `TransferDone` releases the source, a stale one
+    /// does not.
+    Source { node: NodeId, size: u64, token: u64 },
     /// The requester itself holds a copy (a local producer, or a concurrent local get).
     Local,
     /// Deleted, or the requester asked not to wait and nothing is there.
@@ -81,6 +83,7 @@ pub enum Msg {
         id: ObjectId,
         source: NodeId,
         receiver: NodeId,
+        token: u64,
         ok: bool,
     },
     /// `node` no longer holds `id` (evicted, or its transfer failed).

@@ -35,7 +35,7 @@ impl Inner {
                 .store
                 .wait_lookup(id, self.cfg.op_timeout)
                 .map(Fetched::Copy),
-            Located::Source { node, size } => {
+            Located::Source { node, size, token } => {
                 let (copy, evicted) = match self.store.create(id, size, false) {
                     Ok(c) => c,
                     Err(Error::AlreadyExists(_)) => {
@@ -46,6 +46,7 @@ impl Inner {
                                 id: id.clone(),
                                 source: node,
                                 receiver: self.id,
+                                token,
                                 ok: false,
                             },
                         );
@@ -62,6 +63,7 @@ impl Inner {
                                 id: id.clone(),
                                 source: node,
                                 receiver: self.id,
+                                token,
                                 ok: false,
                             },
                         );
@@ -82,7 +84,7 @@ impl Inner {
                 let id2 = id.clone();
                 std::thread::Builder::new()
                     .name(format!("phx-pull-{}", self.id))
-                    .spawn(move || me.drive(id2, driver_copy, node, exclude_owned))
+                    .spawn(move || me.drive(id2, driver_copy, (node, token), exclude_owned))
                     .map_err(|e| Error::Config(format!("spawn: {e}")))?;
                 Ok(Fetched::Copy(copy))
             }
@@ -119,10 +121,10 @@ impl Inner {
         self: Arc<Self>,
         id: ObjectId,
         copy: CopyRef,
-        first: NodeId,
+        first: (NodeId, u64),
         mut exclude: Vec<NodeId>,
     ) {
-        let mut source = first;
+        let (mut source, mut token) = first;
         loop {
             let from = copy.watermark();
             let start = Instant::now();
@@ -149,6 +151,7 @@ impl Inner {
                     id: id.clone(),
                     source,
                     receiver: self.id,
+                    token,
                     ok,
                 },
             );
@@ -167,7 +170,10 @@ impl Inner {
                 exclude.push(source);
             }
             match self.locate(&id, true, &exclude) {
-                Ok(Located::Source { node, .. }) => source = node,
+                Ok(Located::Source { node, token: t, .. }) => {
+                    source = node;
+                    token = t;
+                }
                 Ok(Located::Inline(_) | Located::NotFound | Located::Local) | Err(_) => {
                     let _ = self.send(
                         shard,
