@@ -43,6 +43,15 @@ enum Cmd {
     Node(NodeArgs),
     /// SPMD benchmark: start once per node (or use --local N).
     Bench(BenchArgs),
+    /// Render `--json` bench records (JSON lines) as SVG plots: latency against size and
+    /// against arrival interval, one line per algorithm.
+    Plot {
+        /// A file of JSON lines appended by `phalanx bench --json` ('#' lines are ignored).
+        results: PathBuf,
+        /// Directory for the SVG files.
+        #[arg(long, default_value = ".")]
+        out: PathBuf,
+    },
 }
 
 #[derive(clap::Args)]
@@ -172,6 +181,12 @@ fn run(cli: Cli) -> Result<()> {
         ),
         Cmd::Node(args) => node_cmd(args),
         Cmd::Bench(args) => bench_cmd(args),
+        Cmd::Plot { results, out } => {
+            for f in phalanx::plot::plot(&results, &out)? {
+                println!("{}", f.display());
+            }
+            Ok(())
+        }
     }
 }
 
