@@ -459,48 +459,16 @@ impl RdmaTransport {
         peers: &[(NodeId, SocketAddr)],
         dial_all: bool,
     ) -> Result<(), TransportError> {
-        let deadline = Instant::now() + self.inner.cfg.connect_timeout;
-        if dial_all {
-            // Rejoining: every live peer answers; a dead one is skipped (it will dial us
-            // when it comes back).
-            let short = Instant::now() + Duration::from_secs(2).min(self.inner.cfg.connect_timeout);
-            for &(peer, addr) in peers.iter().filter(|p| p.0 != self.inner.id) {
-                if let Err(e) = self.inner.dial(peer, addr, short) {
-                    warn!(node = self.inner.id, peer, "not rejoined: {e}");
-                }
-            }
-            return Ok(());
-        }
-        for &(peer, addr) in peers {
-            if peer >= self.inner.id {
-                continue;
-            }
-            self.inner.dial(peer, addr, deadline)?;
-        }
-        let mut conns = self.inner.conns.lock().unwrap();
-        loop {
-            let missing: Vec<NodeId> = peers
-                .iter()
-                .map(|p| p.0)
-                .filter(|p| *p != self.inner.id && !conns.contains_key(p))
-                .collect();
-            if missing.is_empty() {
-                return Ok(());
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(setup_err(format!(
-                    "node {}: peers {missing:?} did not connect within {:?}",
-                    self.inner.id, self.inner.cfg.connect_timeout
-                )));
-            }
-            conns = self
-                .inner
-                .conns_changed
-                .wait_timeout(conns, deadline - now)
-                .unwrap()
-                .0;
-        }
+        let inner = &self.inner;
+        phalanx_transport::mesh::connect_mesh(
+            inner.id,
+            peers,
+            dial_all,
+            inner.cfg.connect_timeout,
+            |peer, addr, deadline| inner.dial(peer, addr, deadline),
+            &inner.conns,
+            &inner.conns_changed,
+        )
     }
 
     /// Dials one peer now (for a peer that restarted and listens again).

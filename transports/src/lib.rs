@@ -15,6 +15,7 @@
 mod error;
 mod frame;
 mod memory;
+pub mod mesh;
 pub mod tcp;
 
 pub use error::TransportError;
