@@ -135,8 +135,9 @@ fn broadcast_survives_an_inner_node_dying_mid_transfer() {
         };
         let c = LocalCluster::start(8, cfg(), tcp()).unwrap();
         let id = name_on(c.node(0), &format!("ft-inner-{seed}"), 7);
-        // Node 2 arrives second: it pulls from node 1's partial copy and serves node 3.
-        let victim = 2;
+        // Node 1 arrives first and pulls from the putter; as the copy preferred right after
+        // the putter's, it serves a later receiver whatever the machine's speed.
+        let victim = 1;
         c.node(victim).inject_fault(FaultPlan {
             object: id.clone(),
             after_bytes: (8 + 4 * seed) << 20,
