@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod config;
 pub mod directory;
 mod error;
+mod fault;
 mod id;
 mod node;
 pub mod ops;
@@ -18,14 +19,15 @@ pub mod protocol;
 pub mod reduce;
 pub mod store;
 mod transfer;
+mod view;
 
 pub use cluster::{LocalCluster, TransportSettings};
 pub use config::{ClusterConfig, NodeConfig, TransportKind, INLINE_LIMIT};
 pub use error::{Error, Result};
+pub use fault::{FaultAction, FaultPlan};
 pub use id::ObjectId;
-pub use node::{
-    FaultAction, FaultPlan, Node, ObjectReader, ObjectView, ServeRecord, TransferRecord,
-};
+pub use node::{Node, ServeRecord, TransferRecord};
 pub use ops::{DType, ReduceOp};
 pub use phalanx_transport as transport;
 pub use reduce::{ReduceOptions, ReduceOutcome, Tree};
+pub use view::{ObjectReader, ObjectView};

@@ -4,8 +4,10 @@
 
 use crate::config::{NodeConfig, INLINE_LIMIT};
 use crate::directory::{Assignment, Shard};
+use crate::fault::FaultPlan;
 use crate::protocol::{Msg, ObjectInfo, Reply, Rid};
 use crate::store::{CopyRef, CopyStatus, Store};
+use crate::view::{Fetched, ObjectReader, ObjectView};
 use crate::{Error, ObjectId, Result};
 use crossbeam_channel::{Receiver, Sender};
 use phalanx_transport::{Arena, Event, EventHandler, NodeId, StreamId, Transport, TransportStats};
@@ -13,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tracing::{debug, error, warn};
 
 /// How a receiver's inbound stream ended.
@@ -27,24 +29,6 @@ pub(crate) struct Inbound {
     pub copy: CopyRef,
     pub source: NodeId,
     pub done: Sender<InboundEnd>,
-}
-
-/// What the fault-injection hook does when it fires.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FaultAction {
-    /// The node drops every link abruptly and stops (in-process tests).
-    DropLinks,
-    /// The whole process receives SIGKILL.
-    SigKill,
-}
-
-/// Kill this node once it has sent `after_bytes` bytes of `object` (`"*"`: any object) in
-/// one transfer it serves.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FaultPlan {
-    pub object: ObjectId,
-    pub after_bytes: u64,
-    pub action: FaultAction,
 }
 
 /// One pull as the receiver saw it.
@@ -119,70 +103,6 @@ pub(crate) struct Inner {
 pub struct Node {
     pub(crate) inner: Arc<Inner>,
     dispatcher: Arc<Mutex<Option<JoinHandle<()>>>>,
-}
-
-/// A read-only view of a complete object; the copy stays in place while the view lives.
-pub enum ObjectView {
-    Arena(CopyRef),
-    Owned(Vec<u8>),
-}
-
-impl std::ops::Deref for ObjectView {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match self {
-            ObjectView::Arena(c) => c.as_slice().expect("views hold complete copies"),
-            ObjectView::Owned(v) => v,
-        }
-    }
-}
-
-/// Reads an object front to back while it is still arriving.
-pub struct ObjectReader {
-    src: Fetched,
-    pos: u64,
-    timeout: Duration,
-}
-
-pub(crate) enum Fetched {
-    Copy(CopyRef),
-    Owned(Vec<u8>),
-}
-
-impl ObjectReader {
-    /// Total size of the object.
-    pub fn size(&self) -> u64 {
-        match &self.src {
-            Fetched::Copy(c) => c.size(),
-            Fetched::Owned(v) => v.len() as u64,
-        }
-    }
-}
-
-impl std::io::Read for ObjectReader {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        match &self.src {
-            Fetched::Owned(v) => {
-                let rest = &v[(self.pos as usize).min(v.len())..];
-                let n = rest.len().min(buf.len());
-                buf[..n].copy_from_slice(&rest[..n]);
-                self.pos += n as u64;
-                Ok(n)
-            }
-            Fetched::Copy(c) => {
-                if buf.is_empty() || self.pos >= c.size() {
-                    return Ok(0);
-                }
-                let wm = c
-                    .wait_beyond(self.pos, self.timeout)
-                    .map_err(std::io::Error::other)?;
-                let n = ((wm - self.pos) as usize).min(buf.len());
-                c.read_at(self.pos, &mut buf[..n]);
-                self.pos += n as u64;
-                Ok(n)
-            }
-        }
-    }
 }
 
 impl Node {
@@ -601,35 +521,6 @@ impl Inner {
         }
         for (_, ib) in self.inbound.lock().unwrap().drain() {
             let _ = ib.done.send(InboundEnd::Failed("node shut down".into()));
-        }
-    }
-
-    /// Fires the injected fault if it applies to serving bytes of `id` up to `end`; returns
-    /// how many bytes may still be sent before it fires.
-    pub fn fault_budget(&self, id: &ObjectId, sent: u64) -> Option<u64> {
-        let f = self.fault.lock().unwrap();
-        let plan = f
-            .as_ref()
-            .filter(|p| p.object == *id || p.object.as_str() == "*")?;
-        Some(plan.after_bytes.saturating_sub(sent))
-    }
-
-    pub fn fire_fault(&self) {
-        let action = match self.fault.lock().unwrap().take() {
-            Some(p) => p.action,
-            None => return,
-        };
-        *self.fault_fired_at.lock().unwrap() = Some(Instant::now());
-        self.fault_fired.store(true, Ordering::Release);
-        warn!(node = self.id, "injected fault fires: {action:?}");
-        match action {
-            FaultAction::DropLinks => self.close(true),
-            FaultAction::SigKill => {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::getpid(),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
         }
     }
 

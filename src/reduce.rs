@@ -5,9 +5,10 @@
 //! intermediate object that its parent pulls while it fills. The root writes the target, which
 //! is published as a partial copy from its first byte, so readers overlap with the reduce.
 
-use crate::node::{Fetched, Inner};
+use crate::node::Inner;
 use crate::ops::{combine, combine_into, DType, ReduceOp};
 use crate::protocol::{Msg, ObjectInfo, ReduceTask, Reply};
+use crate::view::Fetched;
 use crate::{Error, Node, ObjectId, Result};
 use crossbeam_channel::{Receiver, Select};
 use phalanx_transport::NodeId;

@@ -2,9 +2,10 @@
 //! source streams whatever it has (its copy may itself be partial) chunk by chunk. A failed
 //! or refused source is replaced and the pull resumes at the receiver's watermark.
 
-use crate::node::{Fetched, Inbound, InboundEnd, Inner, ServeRecord, TransferRecord};
+use crate::node::{Inbound, InboundEnd, Inner, ServeRecord, TransferRecord};
 use crate::protocol::{Located, Msg, Reply};
 use crate::store::CopyRef;
+use crate::view::Fetched;
 use crate::{Error, ObjectId, Result};
 use phalanx_transport::{NodeId, RemoteRegion, StreamId};
 use std::sync::atomic::{AtomicBool, Ordering};
