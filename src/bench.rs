@@ -236,6 +236,28 @@ fn check_sum(v: &[u8], n: u32, size: u64) -> Result<()> {
     })
 }
 
+/// The end of a multi-process benchmark: rank 0 says it is done, every other rank confirms
+/// it saw that, and only then do the processes leave.
+pub fn finish_barrier(node: &Node) -> Result<()> {
+    let others = 1..node.num_nodes();
+    if node.id() == 0 {
+        node.put("bench/end", b"e")?;
+        for k in others {
+            node.get(format!("bench/left/{k}"))?;
+        }
+    } else {
+        node.get("bench/end")?;
+        node.put(format!("bench/left/{}", node.id()), b"l")?;
+        // Stay until rank 0 has read the confirmation (rank 0 deletes nothing; the objects
+        // are tiny and leave with the cluster).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while node.transport().is_connected(0) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+    Ok(())
+}
+
 /// Runs one rank of the benchmark. Rank 0 returns the records (one per size).
 pub fn run_rank(node: &Node, spec: &BenchSpec) -> Result<Vec<BenchRecord>> {
     let n = node.num_nodes();

@@ -255,8 +255,9 @@ fn bench_cmd(a: BenchArgs) -> Result<()> {
             let node = cluster::start_node(&cfg, rank, false)
                 .with_context(|| format!("starting rank {rank}"))?;
             let r = run_all(&node).with_context(|| format!("rank {rank}"))?;
-            // Let the other ranks finish their last deletes before leaving.
-            std::thread::sleep(Duration::from_millis(300));
+            // Final barrier: nobody leaves (taking its directory shard and its copies along)
+            // while rank 0 still needs them.
+            bench::finish_barrier(&node).with_context(|| format!("rank {rank}: final barrier"))?;
             node.shutdown();
             if rank != 0 {
                 return Ok(());
