@@ -199,3 +199,17 @@ pub fn start_node(cfg: &ClusterConfig, id: NodeId, rejoin: bool) -> Result<Node>
         cfg.node_config(),
     )
 }
+
+/// The rank of this process in an SPMD launch: `PHALANX_RANK`, else `SLURM_PROCID`.
+pub fn rank_from_env() -> Result<NodeId> {
+    for var in ["PHALANX_RANK", "SLURM_PROCID"] {
+        if let Ok(v) = std::env::var(var) {
+            return v
+                .parse()
+                .map_err(|_| Error::Config(format!("{var}={v:?} is not a rank")));
+        }
+    }
+    Err(Error::Config(
+        "no rank: pass --id, or set PHALANX_RANK or SLURM_PROCID".into(),
+    ))
+}

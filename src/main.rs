@@ -250,7 +250,7 @@ fn bench_cmd(a: BenchArgs) -> Result<()> {
             }
             let rank = match a.id {
                 Some(r) => r,
-                None => rank_from_env()?,
+                None => phalanx::cluster::rank_from_env()?,
             };
             let node = cluster::start_node(&cfg, rank, false)
                 .with_context(|| format!("starting rank {rank}"))?;
@@ -268,17 +268,6 @@ fn bench_cmd(a: BenchArgs) -> Result<()> {
     };
     print_records(&records, a.json);
     Ok(())
-}
-
-fn rank_from_env() -> Result<NodeId> {
-    for var in ["PHALANX_RANK", "SLURM_PROCID"] {
-        if let Ok(v) = std::env::var(var) {
-            return v
-                .parse()
-                .with_context(|| format!("{var}={v:?} is not a rank"));
-        }
-    }
-    bail!("no rank: pass --id, or set PHALANX_RANK or SLURM_PROCID")
 }
 
 fn print_records(groups: &[Vec<BenchRecord>], json: bool) {

@@ -419,17 +419,6 @@ pub fn mib(b: u64) -> f64 {
     b as f64 / (1u64 << 20) as f64
 }
 
-fn rank_from_env() -> Result<NodeId> {
-    for var in ["PHALANX_RANK", "SLURM_PROCID"] {
-        if let Ok(v) = std::env::var(var) {
-            return v
-                .parse()
-                .with_context(|| format!("{var}={v:?} is not a rank"));
-        }
-    }
-    bail!("no rank: pass --id, or set PHALANX_RANK or SLURM_PROCID")
-}
-
 /// Runs `body` on every rank, once per algorithm, and returns rank 0's results (only on the
 /// process that holds rank 0). `arena` is the arena size each node needs (local mode; a
 /// configured cluster's `arena_size` must be at least that).
@@ -524,7 +513,7 @@ pub fn run<R: Send>(
             }
             let rank = match common.id {
                 Some(r) => r,
-                None => rank_from_env()?,
+                None => phalanx::cluster::rank_from_env()?,
             };
             let node = cluster::start_node(&cfg, rank, false)
                 .with_context(|| format!("starting rank {rank}"))?;
