@@ -264,6 +264,14 @@ impl Shard {
                 }
                 reply(out, from, rid, Reply::Deleted(nodes));
             }
+            Msg::Reset { rid, id } => {
+                let nodes = self
+                    .entries
+                    .remove(&id)
+                    .map(|e| e.locs.keys().copied().collect())
+                    .unwrap_or_default();
+                reply(out, from, rid, Reply::Deleted(nodes));
+            }
             other => {
                 tracing::warn!(from, "directory got a non-directory message {other:?}");
             }

@@ -29,5 +29,5 @@ pub use id::ObjectId;
 pub use node::{Node, ServeRecord, TransferRecord};
 pub use ops::{DType, ReduceOp};
 pub use phalanx_transport as transport;
-pub use reduce::{ReduceOptions, ReduceOutcome, Tree};
+pub use reduce::{ReduceHandle, ReduceOptions, ReduceOutcome, SourceClaims, Tree};
 pub use view::{ObjectReader, ObjectView};

@@ -323,6 +323,13 @@ impl Node {
         self.inner.shard_of(&id.into())
     }
 
+    /// The node that holds the directory entry of `id` while every node is alive. Placement
+    /// is highest-random-weight hashing, so that node keeps the entry for as long as it lives,
+    /// whoever else dies: unlike [`Node::shard_of`], this does not change with membership.
+    pub fn home_shard(&self, id: impl Into<ObjectId>) -> NodeId {
+        Inner::hrw_owner(&id.into(), self.inner.nodes, |_| true)
+    }
+
     /// Synchronous location query: the directory entry as it stands now.
     pub fn locate(&self, id: impl Into<ObjectId>) -> Result<Option<ObjectInfo>> {
         let id = id.into();
@@ -433,9 +440,24 @@ impl Node {
 
 impl Inner {
     pub fn delete(&self, id: &ObjectId) -> Result<()> {
-        let nodes = match self.call(self.shard_of(id), |rid| Msg::Delete {
-            rid,
-            id: id.clone(),
+        self.remove_copies(id, false)
+    }
+
+    /// Drops every copy of `id` but keeps its readers waiting for a new one (see `Msg::Reset`).
+    pub fn reset(&self, id: &ObjectId) -> Result<()> {
+        self.remove_copies(id, true)
+    }
+
+    fn remove_copies(&self, id: &ObjectId, reset: bool) -> Result<()> {
+        let nodes = match self.call(self.shard_of(id), |rid| match reset {
+            false => Msg::Delete {
+                rid,
+                id: id.clone(),
+            },
+            true => Msg::Reset {
+                rid,
+                id: id.clone(),
+            },
         })? {
             Reply::Deleted(n) => n,
             r => return Err(self.unexpected(r)),

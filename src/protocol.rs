@@ -107,6 +107,13 @@ pub enum Msg {
         rid: Rid,
         id: ObjectId,
     },
+    /// Forgets every copy of an object that will be produced again with other bytes (a
+    /// reduce target recomputed after a failure): like `Delete`, but readers and subscribers
+    /// keep waiting for the new copy instead of being told it is gone.
+    Reset {
+        rid: Rid,
+        id: ObjectId,
+    },
 
     // ---- data plane ----
     /// Please write bytes `[from, size)` of `id` into `dst`, tagged `stream`.
@@ -176,6 +183,7 @@ impl Msg {
                 | Msg::Query { .. }
                 | Msg::Subscribe { .. }
                 | Msg::Delete { .. }
+                | Msg::Reset { .. }
         )
     }
 

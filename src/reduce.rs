@@ -10,13 +10,17 @@ use crate::ops::{combine, combine_into, DType, ReduceOp};
 use crate::protocol::{Msg, ObjectInfo, ReduceTask, Reply};
 use crate::view::Fetched;
 use crate::{Error, Node, ObjectId, Result};
-use crossbeam_channel::{Receiver, Select};
+use crossbeam_channel::{Receiver, Select, Sender};
 use phalanx_transport::NodeId;
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tracing::warn;
+
+/// Failed tasks of one position before the whole reduce gives up.
+const MAX_TASK_ERRORS: u32 = 3;
 
 /// Shape of a d-ary tree over `n` positions, numbered breadth-first (root 0).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,6 +102,13 @@ pub struct ReduceOptions {
     pub chunk: u64,
     /// Give up after this long (default: the node's op timeout).
     pub timeout: Option<Duration>,
+    /// Sources that are always used, whenever they become ready (e.g. the current model in
+    /// `model' = model + first k gradients`); the others fill the remaining positions in
+    /// arrival order. Each must be one of the sources.
+    pub required: Vec<ObjectId>,
+    /// A pool shared by concurrent reduces over overlapping sources: a source placed by one
+    /// of them is never placed by another, also when a failure makes one pick a spare.
+    pub claims: Option<Arc<SourceClaims>>,
 }
 
 impl Default for ReduceOptions {
@@ -106,7 +117,80 @@ impl Default for ReduceOptions {
             degree: None,
             chunk: 1 << 20,
             timeout: None,
+            required: Vec::new(),
+            claims: None,
         }
+    }
+}
+
+/// Which reduce (by target) has taken which source. A source stays taken when its reduce
+/// succeeds; a reduce that fails gives its sources back.
+#[derive(Debug, Default)]
+pub struct SourceClaims {
+    owner: Mutex<HashMap<ObjectId, ObjectId>>,
+}
+
+impl SourceClaims {
+    pub fn new() -> Arc<Self> {
+        Arc::default()
+    }
+
+    /// Takes `source` for `target`; true if it was free or already `target`'s.
+    pub fn try_claim(&self, source: &ObjectId, target: &ObjectId) -> bool {
+        let mut owner = self.owner.lock().unwrap();
+        match owner.get(source) {
+            Some(t) => t == target,
+            None => {
+                owner.insert(source.clone(), target.clone());
+                true
+            }
+        }
+    }
+
+    /// The reduce that took `source`, if any.
+    pub fn owner_of(&self, source: &ObjectId) -> Option<ObjectId> {
+        self.owner.lock().unwrap().get(source).cloned()
+    }
+
+    /// Gives back every source `target` took.
+    pub fn release(&self, target: &ObjectId) {
+        self.owner.lock().unwrap().retain(|_, t| t != target);
+    }
+
+    /// Forgets `source` (e.g. once it is deleted) so the pool does not grow without bound.
+    pub fn forget(&self, source: &ObjectId) {
+        self.owner.lock().unwrap().remove(source);
+    }
+}
+
+/// A reduce running in the background ([`Node::reduce_start`]).
+pub struct ReduceHandle {
+    placed: Receiver<Vec<ObjectId>>,
+    thread: JoinHandle<Result<ReduceOutcome>>,
+}
+
+impl ReduceHandle {
+    /// Blocks until every position of the tree has a source and returns them in arrival
+    /// order: the inputs this reduce combines unless a failure replaces one (the outcome has
+    /// the final list). `None` if the reduce ended before that; [`ReduceHandle::wait`] says why.
+    pub fn inputs(&self) -> Option<Vec<ObjectId>> {
+        self.placed.recv().ok()
+    }
+
+    /// Like [`ReduceHandle::inputs`], giving up after `timeout` (then `None` too).
+    pub fn inputs_timeout(&self, timeout: Duration) -> Option<Vec<ObjectId>> {
+        self.placed.recv_timeout(timeout).ok()
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.thread.is_finished()
+    }
+
+    /// Waits for the reduce to finish.
+    pub fn wait(self) -> Result<ReduceOutcome> {
+        self.thread
+            .join()
+            .unwrap_or_else(|_| Err(Error::InvalidArgument("reduce thread panicked".into())))
     }
 }
 
@@ -166,8 +250,54 @@ impl Node {
         dtype: DType,
         opts: &ReduceOptions,
     ) -> Result<ReduceOutcome> {
-        self.inner
-            .coordinate_reduce(target.into(), sources, num_objects, op, dtype, opts)
+        let target = target.into();
+        let r = self.inner.coordinate_reduce(
+            target.clone(),
+            sources,
+            num_objects,
+            (op, dtype),
+            opts,
+            None,
+        );
+        if let (Err(_), Some(c)) = (&r, &opts.claims) {
+            c.release(&target);
+        }
+        r
+    }
+
+    /// Starts a reduce and returns at once: [`ReduceHandle::inputs`] tells which sources were
+    /// placed as soon as the tree is full (long before the result is complete), so a caller
+    /// can hand the partial target to its readers and start the next reduce meanwhile.
+    pub fn reduce_start(
+        &self,
+        target: impl Into<ObjectId>,
+        sources: Vec<ObjectId>,
+        num_objects: usize,
+        op: ReduceOp,
+        dtype: DType,
+        opts: ReduceOptions,
+    ) -> ReduceHandle {
+        let target = target.into();
+        let inner = self.inner.clone();
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let thread = std::thread::Builder::new()
+            .name(format!("reduce {target}"))
+            .spawn(move || {
+                let r = inner.coordinate_reduce(
+                    target.clone(),
+                    &sources,
+                    num_objects,
+                    (op, dtype),
+                    &opts,
+                    Some(tx),
+                );
+                if let (Err(_), Some(c)) = (&r, &opts.claims) {
+                    c.release(&target);
+                }
+                r
+            })
+            .expect("spawn a reduce coordinator thread");
+        ReduceHandle { placed: rx, thread }
     }
 
     /// Allreduce from the coordinator's side: reduces all `sources` into `target` and returns
@@ -248,7 +378,6 @@ impl Inner {
         t: &ReduceTask,
         cancel: &AtomicBool,
     ) -> Result<()> {
-        let esz = t.dtype.size() as u64;
         let cancelled = || Error::InvalidArgument(format!("reduce task for {} cancelled", t.out));
         let own = self.input(&t.own)?;
         let children = t
@@ -273,6 +402,26 @@ impl Inner {
         }
         let (out, evicted) = self.store.create(&t.out, t.size, true)?;
         self.withdraw(&evicted);
+        let r = self.fill_reduce_output(t, &own, &children, &out, cancel);
+        if r.is_err() {
+            // Readers of the partial output (local ones and the pulls it serves) get an error
+            // now instead of waiting for bytes that will not come.
+            out.fail();
+        }
+        r
+    }
+
+    /// Streams `own ⊕ children` into `out` chunk by chunk as the inputs fill.
+    fn fill_reduce_output(
+        &self,
+        t: &ReduceTask,
+        own: &Input,
+        children: &[Input],
+        out: &crate::store::CopyRef,
+        cancel: &AtomicBool,
+    ) -> Result<()> {
+        let esz = t.dtype.size() as u64;
+        let cancelled = || Error::InvalidArgument(format!("reduce task for {} cancelled", t.out));
         self.publish(&t.out, t.size, false)?;
         let chunk = (t.chunk / esz).max(1) * esz;
         let timeout = self.cfg.op_timeout;
@@ -280,7 +429,7 @@ impl Inner {
         while off < t.size {
             let need = (off + esz).min(t.size);
             let mut avail = t.size;
-            for i in std::iter::once(&own).chain(&children) {
+            for i in std::iter::once(own).chain(children) {
                 // Wait in slices so a cancel is seen while an input stalls.
                 let deadline = Instant::now() + timeout;
                 let got = loop {
@@ -312,6 +461,9 @@ impl Inner {
             })?;
             off = end;
         }
+        if cancel.load(Ordering::Acquire) || out.is_detached() {
+            return Err(cancelled());
+        }
         self.publish(&t.out, t.size, true)?;
         Ok(())
     }
@@ -342,9 +494,9 @@ impl Inner {
         target: ObjectId,
         sources: &[ObjectId],
         num: usize,
-        op: ReduceOp,
-        dtype: DType,
+        (op, dtype): (ReduceOp, DType),
         opts: &ReduceOptions,
+        mut placed_tx: Option<Sender<Vec<ObjectId>>>,
     ) -> Result<ReduceOutcome> {
         if num == 0 || num > sources.len() {
             return Err(Error::InvalidArgument(format!(
@@ -358,6 +510,14 @@ impl Inner {
         if uniq.len() != sources.len() {
             return Err(Error::InvalidArgument("duplicate reduce sources".into()));
         }
+        let required: Vec<bool> = sources.iter().map(|s| opts.required.contains(s)).collect();
+        let num_required = required.iter().filter(|r| **r).count();
+        if num_required != opts.required.len() || num_required > num {
+            return Err(Error::InvalidArgument(format!(
+                "reduce {target}: {} required sources, {num_required} of them among the sources, num_objects {num}",
+                opts.required.len()
+            )));
+        }
         let timeout = opts.timeout.unwrap_or(self.cfg.op_timeout);
         let deadline = Instant::now() + timeout;
         let down = self.watch_peer_down();
@@ -365,6 +525,9 @@ impl Inner {
         let mut subs: Vec<Option<Receiver<Result<Reply>>>> = vec![None; sources.len()];
         // Sources whose directory shard is unreachable: subscribed again until it rejoins.
         let mut resub: Vec<usize> = (0..sources.len()).collect();
+        // Sources seen only on dead nodes: asked again a little later, once the directory has
+        // dropped the dead copies (a recomputed upstream target comes back elsewhere).
+        let mut later: Vec<(usize, Instant)> = Vec::new();
         let mut run = Run {
             target: target.clone(),
             sources: sources.to_vec(),
@@ -385,11 +548,18 @@ impl Inner {
             spares: VecDeque::new(),
             dead: HashSet::new(),
             placed_at: Vec::new(),
+            required,
+            num_required,
+            claims: opts.claims.clone(),
+            task_errors: Vec::new(),
         };
         loop {
             if run.finished() {
                 break;
             }
+            let now = Instant::now();
+            resub.extend(later.iter().filter(|l| l.1 <= now).map(|l| l.0));
+            later.retain(|l| l.1 > now);
             resub.retain(|&i| match self.subscribe_rx(&sources[i]) {
                 Ok(rx) => {
                     subs[i] = Some(rx);
@@ -402,6 +572,7 @@ impl Inner {
             } else {
                 deadline.min(Instant::now() + Duration::from_millis(100))
             };
+            let wake = later.iter().map(|l| l.1).fold(wake, Instant::min);
             // Wait for the next source to become ready, a task to finish, or a peer to die.
             let mut sel = Select::new();
             sel.recv(&down);
@@ -447,6 +618,12 @@ impl Inner {
                 subs[i] = None;
                 let Some(info) = info else {
                     // Deleted before it became ready: it can never take part.
+                    if run.required[i] {
+                        return Err(Error::InvalidArgument(format!(
+                            "reduce {target}: required source {} was deleted before it became ready",
+                            sources[i]
+                        )));
+                    }
                     if run.placed() + run.spares.len() + subs.iter().flatten().count() < num {
                         return Err(Error::InvalidArgument(format!(
                             "reduce {target}: fewer than {num} sources can still become ready"
@@ -454,7 +631,9 @@ impl Inner {
                     }
                     continue;
                 };
-                run.arrived(i, &info)?;
+                if !run.arrived(i, &info)? {
+                    later.push((i, Instant::now() + Duration::from_millis(50)));
+                }
             } else {
                 let p = task_ix[k - 1 - sub_ix.len()];
                 let r = what.recv(run.tasks[p].as_ref().expect("listed"));
@@ -462,6 +641,17 @@ impl Inner {
                 match r {
                     Ok(Ok(Reply::Ack)) => run.done[p] = true,
                     Ok(Err(Error::PeerDown(node))) => resub.extend(self.repair(&mut run, node)),
+                    Ok(Ok(Reply::Error(e))) if run.task_errors[p] < MAX_TASK_ERRORS => {
+                        // Usually an input that vanished under the task (reset upstream, or
+                        // a holder that died and is repaired next): compute it again.
+                        warn!(
+                            node = self.id,
+                            position = p,
+                            "reduce {target}: task failed ({e}); again"
+                        );
+                        run.task_errors[p] += 1;
+                        self.recompute(&mut run, p);
+                    }
                     Ok(Ok(Reply::Error(e))) => {
                         return Err(Error::Protocol {
                             peer: run.slots[p].map_or(self.id, |s| s.1),
@@ -493,6 +683,11 @@ impl Inner {
                     }
                 }
             }
+            if run.placed() == num {
+                if let Some(tx) = placed_tx.take() {
+                    let _ = tx.send(run.used_in_arrival_order());
+                }
+            }
         }
         let done = Instant::now();
         let tree = run.tree.take().expect("at least one source");
@@ -502,12 +697,7 @@ impl Inner {
                 let _ = self.delete(&run.out_of(&tree, p));
             }
         }
-        let mut order: Vec<usize> = (0..num).collect();
-        order.sort_by_key(|&p| run.placed_at[p]);
-        let used = order
-            .iter()
-            .map(|&p| sources[run.slots[p].expect("placed").0].clone())
-            .collect();
+        let used = run.used_in_arrival_order();
         let recomputed = (0..num).filter(|&p| run.dispatches[p] > 1).collect();
         let last_ready = run
             .placed_at
@@ -584,15 +774,8 @@ impl Inner {
         }
         let mut resubscribe = Vec::new();
         for &a in &affected {
-            let needs_task = a == 0 || !tree.is_leaf(a);
-            if needs_task && (run.tasks[a].is_some() || run.done[a]) {
-                // Stop the running task and discard its (partial) result.
-                let out = run.out_of(&tree, a);
-                if let Some((_, n)) = run.slots[a].filter(|s| !run.dead.contains(&s.1)) {
-                    let _ = self.send(n, Msg::CancelReduce { out: out.clone() });
-                }
-                let _ = self.delete(&out);
-                run.gen[a] += 1;
+            if run.tasks[a].is_some() || run.done[a] {
+                self.discard(run, &tree, a);
             }
             run.tasks[a] = None;
             run.done[a] = false;
@@ -612,6 +795,37 @@ impl Inner {
         );
         run.fill_from_spares();
         resubscribe
+    }
+
+    /// Stops position `a`'s task and drops its (partial) output, which is computed again
+    /// under a new generation. The target keeps its name: its readers wait for the new bytes.
+    fn discard(&self, run: &mut Run, tree: &Tree, a: usize) {
+        if a != 0 && tree.is_leaf(a) {
+            return; // a leaf's output is its source, not ours to drop
+        }
+        let out = run.out_of(tree, a);
+        if let Some((_, n)) = run.slots[a].filter(|s| !run.dead.contains(&s.1)) {
+            let _ = self.send(n, Msg::CancelReduce { out: out.clone() });
+        }
+        let _ = if a == 0 {
+            self.reset(&out)
+        } else {
+            self.delete(&out)
+        };
+        run.gen[a] += 1;
+        run.tasks[a] = None;
+        run.done[a] = false;
+    }
+
+    /// Position `p`'s task failed: it and every ancestor (all of them read its output) are
+    /// computed again.
+    fn recompute(&self, run: &mut Run, p: usize) {
+        let tree = run.tree.clone().expect("a task runs only in a tree");
+        let mut cur = Some(p);
+        while let Some(a) = cur {
+            self.discard(run, &tree, a);
+            cur = tree.parent[a];
+        }
     }
 
     /// A channel that receives the id of every peer that goes down from now on.
@@ -646,11 +860,29 @@ struct Run {
     spares: VecDeque<(usize, NodeId)>,
     dead: HashSet<NodeId>,
     placed_at: Vec<Option<Instant>>,
+    /// Per source: always used.
+    required: Vec<bool>,
+    num_required: usize,
+    claims: Option<Arc<SourceClaims>>,
+    /// Per position: failed tasks so far.
+    task_errors: Vec<u32>,
 }
 
 impl Run {
     fn placed(&self) -> usize {
         self.slots.iter().flatten().count()
+    }
+
+    /// The placed sources, in the order they were placed.
+    fn used_in_arrival_order(&self) -> Vec<ObjectId> {
+        let mut order: Vec<usize> = (0..self.slots.len())
+            .filter(|&p| self.slots[p].is_some())
+            .collect();
+        order.sort_by_key(|&p| self.placed_at[p]);
+        order
+            .iter()
+            .map(|&p| self.sources[self.slots[p].expect("placed").0].clone())
+            .collect()
     }
 
     fn finished(&self) -> bool {
@@ -682,8 +914,9 @@ impl Run {
         }
     }
 
-    /// A source became ready: place it, or keep it as a spare.
-    fn arrived(&mut self, i: usize, info: &ObjectInfo) -> Result<()> {
+    /// A source became ready: place it, or keep it as a spare. False if every copy it has
+    /// is on a dead node (ask again later).
+    fn arrived(&mut self, i: usize, info: &ObjectInfo) -> Result<bool> {
         let esz = self.dtype.size() as u64;
         if !info.size.is_multiple_of(esz) {
             return Err(Error::InvalidArgument(format!(
@@ -703,6 +936,7 @@ impl Run {
             self.done = vec![false; self.num];
             self.dispatches = vec![0; self.num];
             self.placed_at = vec![None; self.num];
+            self.task_errors = vec![0; self.num];
         } else if info.size != self.size {
             return Err(Error::InvalidArgument(format!(
                 "reduce input {} has {} bytes, others {}",
@@ -719,25 +953,37 @@ impl Run {
             .min_by_key(|l| (placed(l.node), !l.complete))
             .map(|l| l.node)
         else {
-            return Ok(());
+            return Ok(false);
         };
         self.spares.push_back((i, node));
         self.fill_from_spares();
-        Ok(())
+        Ok(true)
     }
 
-    /// Empty positions take spares in generalised in-order.
+    /// Empty positions take spares in generalised in-order. The first in-order positions
+    /// (the deepest) are kept for the required sources, so a long-lived required input (a
+    /// model) is a leaf and the target lands on the node of the last optional arrival rather
+    /// than on the same node every time; the other positions take optional sources in
+    /// arrival order, only those no other reduce sharing the claims took.
     fn fill_from_spares(&mut self) {
         let Some(tree) = &self.tree else { return };
-        for &p in &tree.inorder {
-            if self.slots[p].is_none() {
-                match self.spares.pop_front() {
-                    Some(s) => {
-                        self.slots[p] = Some(s);
-                        self.placed_at[p] = Some(Instant::now());
-                    }
-                    None => return,
+        let inorder = tree.inorder.clone();
+        for (k, p) in inorder.into_iter().enumerate() {
+            if self.slots[p].is_some() {
+                continue;
+            }
+            let for_required = k < self.num_required;
+            let pick = self.spares.iter().position(|&(i, _)| {
+                if for_required || self.required[i] {
+                    return for_required && self.required[i];
                 }
+                self.claims
+                    .as_ref()
+                    .is_none_or(|c| c.try_claim(&self.sources[i], &self.target))
+            });
+            if let Some(s) = pick.and_then(|ix| self.spares.remove(ix)) {
+                self.slots[p] = Some(s);
+                self.placed_at[p] = Some(Instant::now());
             }
         }
     }

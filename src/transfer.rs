@@ -171,6 +171,21 @@ impl Inner {
                 exclude.push(source);
             }
             match self.locate(&id, true, &exclude) {
+                Ok(Located::Source { node, token: t, .. }) if copy.is_detached() => {
+                    // Deleted or reset while we waited: the new source may hold other bytes.
+                    let _ = self.send(
+                        shard,
+                        Msg::TransferDone {
+                            id: id.clone(),
+                            source: node,
+                            receiver: self.id,
+                            token: t,
+                            ok: false,
+                        },
+                    );
+                    copy.fail();
+                    return;
+                }
                 Ok(Located::Source { node, token: t, .. }) => {
                     source = node;
                     token = t;

@@ -3,7 +3,9 @@
 use phalanx::ops::combine;
 use phalanx::reduce::TreeSlot;
 use phalanx::transport::TcpConfig;
-use phalanx::{DType, Error, LocalCluster, NodeConfig, ObjectId, ReduceOp, ReduceOptions};
+use phalanx::{
+    DType, Error, LocalCluster, NodeConfig, ObjectId, ReduceOp, ReduceOptions, SourceClaims,
+};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
@@ -308,6 +310,119 @@ fn composed_reduce_starts_on_the_partial_upstream_result() {
         combine(ReduceOp::Sum, DType::I64, &mut want, &data[id]);
     }
     assert!(c.node(2).get("comp-down").unwrap() == want);
+}
+
+/// The asynchronous parameter server's pattern: `model' = model + first k gradients`, where
+/// the next update starts (on the partial model') before the first is done, and both draw
+/// from one pool of gradients.
+#[test]
+fn required_sources_and_shared_claims_in_pipelined_reduces() {
+    let c = cluster(6);
+    let elems = 1_000_000;
+    let grads: Vec<ObjectId> = (0..6).map(|k| ObjectId::new(format!("pg-{k}"))).collect();
+    let m0 = ObjectId::new("pm-0");
+    let m1 = ObjectId::new("pm-1");
+    // Three gradients arrive before the model: the model is still used, with exactly two.
+    let order = [3, 1, 4, 0, 5, 2];
+    let mut data = HashMap::new();
+    for (k, id) in grads.iter().enumerate() {
+        data.insert(id.clone(), input(DType::I64, elems, 300 + k as u64));
+    }
+    let model = input(DType::I64, elems, 299);
+    let claims = SourceClaims::new();
+    let opts = |required: &ObjectId| ReduceOptions {
+        degree: Some(1),
+        required: vec![required.clone()],
+        claims: Some(claims.clone()),
+        ..Default::default()
+    };
+    let with = |m: &ObjectId| -> Vec<ObjectId> {
+        std::iter::once(m.clone())
+            .chain(grads.iter().cloned())
+            .collect()
+    };
+    let n0 = c.node(0).clone();
+    let first = n0.reduce_start(
+        m1.clone(),
+        with(&m0),
+        3,
+        ReduceOp::Sum,
+        DType::I64,
+        opts(&m0),
+    );
+    let put = |k: usize| {
+        c.node(k).put(grads[k].clone(), &data[&grads[k]]).unwrap();
+        std::thread::sleep(Duration::from_millis(40));
+    };
+    order[..3].iter().for_each(|&k| put(k));
+    c.node(5).put(m0.clone(), &model).unwrap();
+    let placed = first.inputs().expect("the first reduce placed its inputs");
+    assert_eq!(placed.len(), 3);
+    assert!(
+        placed.contains(&m0),
+        "the required model is used: {placed:?}"
+    );
+    assert!(placed.contains(&grads[3]) && placed.contains(&grads[1]));
+    // The next update starts while the first may still run; the pool keeps them disjoint.
+    let m2 = ObjectId::new("pm-2");
+    let second = n0.reduce_start(
+        m2.clone(),
+        with(&m1),
+        3,
+        ReduceOp::Sum,
+        DType::I64,
+        opts(&m1),
+    );
+    std::thread::sleep(Duration::from_millis(40));
+    order[3..].iter().for_each(|&k| put(k));
+    let second_in = second
+        .inputs()
+        .expect("the second reduce placed its inputs");
+    let o1 = first.wait().unwrap();
+    let o2 = second.wait().unwrap();
+    assert_eq!(o1.used, placed);
+    assert_eq!(o2.used, second_in);
+    let g2: Vec<&ObjectId> = o2.used.iter().filter(|id| **id != m1).collect();
+    assert_eq!(
+        g2,
+        vec![&grads[4], &grads[0]],
+        "the next two in arrival order"
+    );
+    // The required input sits at the deepest position (a leaf), not at the root.
+    for o in [&o1, &o2] {
+        let slot = o.tree.iter().find(|s| s.children.is_empty()).unwrap();
+        assert!(slot.object == m0 || slot.object == m1, "{:?}", o.tree);
+    }
+    assert_eq!(claims.owner_of(&grads[4]), Some(m2.clone()));
+    assert_eq!(claims.owner_of(&grads[5]), None);
+    let mut want = model.clone();
+    for k in [3, 1, 4, 0] {
+        combine(ReduceOp::Sum, DType::I64, &mut want, &data[&grads[k]]);
+    }
+    assert!(
+        c.node(4).get(m2).unwrap() == want,
+        "m2 = m0 + g3 + g1 + g4 + g0"
+    );
+}
+
+#[test]
+fn a_required_source_outside_the_sources_is_rejected() {
+    let c = cluster(2);
+    let err = c
+        .node(0)
+        .reduce_with(
+            "req-out",
+            &[ObjectId::new("req-a"), ObjectId::new("req-b")],
+            1,
+            ReduceOp::Sum,
+            DType::F32,
+            &ReduceOptions {
+                required: vec![ObjectId::new("req-c")],
+                ..Default::default()
+            },
+        )
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
 }
 
 #[test]

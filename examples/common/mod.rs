@@ -116,7 +116,9 @@ impl Ctx<'_> {
         let mut salt = 0u32;
         loop {
             let id = ObjectId::new(format!("{base}~{salt}"));
-            if self.node.shard_of(id.clone()) == 0 {
+            // Not `shard_of`: that follows membership, and every rank must derive the same
+            // name whenever it asks, before or after a worker dies.
+            if self.node.home_shard(id.clone()) == 0 {
                 return id;
             }
             salt += 1;
@@ -428,6 +430,12 @@ pub fn run<R: Send>(
     arena: u64,
     body: impl Fn(&mut Ctx) -> Result<Option<R>> + Sync,
 ) -> Result<Vec<(Algo, R)>> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
     let mut out = Vec::new();
     match (common.local, &common.config) {
         (Some(n), _) => {
@@ -477,7 +485,12 @@ pub fn run<R: Send>(
                                     prefix: format!("{name}/{algo:?}"),
                                     start: Instant::now(),
                                 };
-                                body(&mut ctx)
+                                let r = body(&mut ctx);
+                                if let Err(e) = &r {
+                                    // Now, not at the join: the other ranks may wait long.
+                                    eprintln!("[rank {}] stopped: {e:#}", node.id());
+                                }
+                                r
                             })
                         })
                         .collect();
