@@ -18,6 +18,9 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 use tracing::{debug, error, warn};
 
+/// Extra fetches a `get` makes when the copy it reads is dropped under it.
+const FETCH_ATTEMPTS: u32 = 3;
+
 /// How a receiver's inbound stream ended.
 #[derive(Debug)]
 pub(crate) enum InboundEnd {
@@ -240,7 +243,20 @@ impl Node {
 
     /// Fetches a copy of the object's bytes, waiting for the object to be put if needed.
     pub fn get(&self, id: impl Into<ObjectId>) -> Result<Vec<u8>> {
-        let mut r = self.get_stream(id)?;
+        let id = id.into();
+        let mut attempt = 0;
+        loop {
+            match self.get_once(&id) {
+                // The copy was dropped under us: deleted (the next try says so at once), or
+                // reset because its producer recomputes it (the next try waits for it).
+                Err(Error::NotFound(_)) if attempt < FETCH_ATTEMPTS => attempt += 1,
+                r => return r,
+            }
+        }
+    }
+
+    fn get_once(&self, id: &ObjectId) -> Result<Vec<u8>> {
+        let mut r = self.get_stream(id.clone())?;
         let mut out = vec![0u8; r.size() as usize];
         use std::io::Read;
         r.read_exact(&mut out).map_err(|e| match e.into_inner() {
@@ -276,15 +292,26 @@ impl Node {
         id: impl Into<ObjectId>,
         exclude: &[NodeId],
     ) -> Result<ObjectView> {
-        match self.inner.fetch_excluding(&id.into(), exclude)? {
-            Fetched::Owned(v) => Ok(ObjectView::Owned(v)),
-            Fetched::Copy(c) => {
-                let size = c.size();
-                let mut wm = 0;
-                while wm < size || c.status() != CopyStatus::Complete {
-                    wm = c.wait_beyond(wm, self.inner.cfg.op_timeout)?;
+        let id = id.into();
+        let mut attempt = 0;
+        loop {
+            let r = match self.inner.fetch_excluding(&id, exclude) {
+                Ok(Fetched::Owned(v)) => Ok(ObjectView::Owned(v)),
+                Ok(Fetched::Copy(c)) => {
+                    let size = c.size();
+                    let mut wm = 0;
+                    let mut r = Ok(());
+                    while r.is_ok() && (wm < size || c.status() != CopyStatus::Complete) {
+                        r = c.wait_beyond(wm, self.inner.cfg.op_timeout).map(|w| wm = w);
+                    }
+                    r.map(|()| ObjectView::Arena(c))
                 }
-                Ok(ObjectView::Arena(c))
+                Err(e) => Err(e),
+            };
+            match r {
+                // As in `get`: a dropped copy is fetched again.
+                Err(Error::NotFound(_)) if attempt < FETCH_ATTEMPTS => attempt += 1,
+                r => return r,
             }
         }
     }

@@ -26,20 +26,42 @@ impl Inner {
         id: &ObjectId,
         exclude: &[NodeId],
     ) -> Result<Fetched> {
-        if let Some(c) = self.store.lookup(id) {
-            return Ok(Fetched::Copy(c));
-        }
-        match self.locate(id, false, exclude)? {
+        let deadline = Instant::now() + self.cfg.op_timeout;
+        let located = loop {
+            if let Some(c) = self.store.lookup(id) {
+                return Ok(Fetched::Copy(c));
+            }
+            match self.locate(id, false, exclude)? {
+                Located::Local => {
+                    // A local put or pull registers its copy before the directory hears of
+                    // it, so the copy is here or about to be. If it is not, the directory's
+                    // entry is stale (a pull whose copy was just dropped, e.g. by a reset):
+                    // withdraw it and ask again.
+                    let wait = Duration::from_millis(100);
+                    if let Ok(c) = self.store.wait_lookup(id, wait) {
+                        return Ok(Fetched::Copy(c));
+                    }
+                    if Instant::now() >= deadline {
+                        return Err(Error::Timeout(
+                            self.cfg.op_timeout,
+                            format!("the local copy of {id}"),
+                        ));
+                    }
+                    debug!(node = self.id, %id, "stale local location; asking again");
+                    self.withdraw(std::slice::from_ref(id));
+                }
+                other => break other,
+            }
+        };
+        match located {
             Located::Inline(data) => Ok(Fetched::Owned(data)),
             Located::NotFound => Err(Error::NotFound(id.clone())),
-            Located::Local => self
-                .store
-                .wait_lookup(id, self.cfg.op_timeout)
-                .map(Fetched::Copy),
+            Located::Local => unreachable!("handled above"),
             Located::Source { node, size, token } => {
                 let (copy, evicted) = match self.store.create(id, size, false) {
                     Ok(c) => c,
                     Err(Error::AlreadyExists(_)) => {
+                        debug!(node = self.id, %id, "a local copy appeared first; waiting for it");
                         // A concurrent local get or a local producer got there first.
                         let _ = self.send(
                             self.shard_of(id),
@@ -162,6 +184,13 @@ impl Inner {
             };
             if copy.is_detached() || self.is_closed() {
                 debug!(node = self.id, %id, "pull stopped: copy deleted or node closing");
+                let _ = self.send(
+                    shard,
+                    Msg::Withdraw {
+                        id: id.clone(),
+                        node: self.id,
+                    },
+                );
                 copy.fail();
                 return;
             }
@@ -181,6 +210,13 @@ impl Inner {
                             receiver: self.id,
                             token: t,
                             ok: false,
+                        },
+                    );
+                    let _ = self.send(
+                        shard,
+                        Msg::Withdraw {
+                            id: id.clone(),
+                            node: self.id,
                         },
                     );
                     copy.fail();

@@ -364,6 +364,88 @@ fn reduce_replaces_a_dead_input_and_recomputes_only_its_ancestors() {
     }
 }
 
+/// The root of a reduce dies while a reader streams the target from it: the coordinator
+/// resets the target (its bytes included the dead input) and recomputes it with the spare;
+/// the reader, whose partial copy was dropped, ends with exactly the new result.
+#[test]
+fn a_reader_of_a_reduce_target_gets_the_recomputed_result_when_the_root_dies() {
+    use phalanx::{DType, ReduceOp, ReduceOptions};
+    let c = LocalCluster::start(6, cfg(), tcp()).unwrap();
+    let elems = 2 << 20; // 16 MiB of i64
+    let victim: NodeId = 4;
+    // Chain in arrival order: inputs 0, 1, 2 on nodes 1, 2, 3, the root input 3 on node 4,
+    // the spare 4 on node 5. No directory entry of this reduce lives on the victim.
+    let ids: Vec<ObjectId> = (0..5)
+        .map(|k| name_on(c.node(0), &format!("rr-in-{k}"), 0))
+        .collect();
+    let target = (0..)
+        .map(|i| format!("rr-out-{i}"))
+        .find(|t| {
+            std::iter::once(t.clone())
+                .chain((1..4).flat_map(|p| (0..4).map(move |g| format!("{t}#reduce-{p}.{g}"))))
+                .all(|n| c.node(0).shard_of(n.as_str()) != victim)
+        })
+        .unwrap();
+    let data: Vec<Vec<u8>> = (0..5).map(|k| i64_input(k + 40, elems)).collect();
+    c.node(victim as usize).inject_fault(FaultPlan {
+        object: ObjectId::new(target.as_str()),
+        after_bytes: 4 << 20,
+        action: FaultAction::DropLinks,
+    });
+    let (outcome, read) = std::thread::scope(|s| {
+        let coord = c.node(0).clone();
+        let ids2 = ids.clone();
+        let t = target.clone();
+        let h = s.spawn(move || {
+            coord.reduce_with(
+                t.as_str(),
+                &ids2,
+                4,
+                ReduceOp::Sum,
+                DType::I64,
+                &ReduceOptions {
+                    degree: Some(1),
+                    ..Default::default()
+                },
+            )
+        });
+        let reader = c.node(1).clone();
+        let t = target.clone();
+        let r = s.spawn(move || reader.get(t.as_str()));
+        for k in 0..4 {
+            let put = c.node(k + 1).put(ids[k].clone(), &data[k]);
+            // The victim may die while its own put still streams (the root serves at once).
+            assert!(put.is_ok() || k + 1 == victim as usize, "{put:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The spare becomes ready only once the root has started serving the reader.
+        std::thread::sleep(Duration::from_millis(200));
+        c.node(5).put(ids[4].clone(), &data[4]).unwrap();
+        (h.join().unwrap().unwrap(), r.join().unwrap().unwrap())
+    });
+    assert!(
+        c.node(victim as usize).fault_fired(),
+        "the root never served the reader"
+    );
+    assert!(outcome.recomputed.contains(&0), "{:?}", outcome.recomputed);
+    let mut used = outcome.used.clone();
+    used.sort();
+    let mut want = vec![
+        ids[0].clone(),
+        ids[1].clone(),
+        ids[2].clone(),
+        ids[4].clone(),
+    ];
+    want.sort();
+    assert_eq!(used, want, "the spare replaced the root's input");
+    let expect = sum_of(&[&data[0], &data[1], &data[2], &data[4]]);
+    assert!(
+        read == expect,
+        "the reader's bytes are not the recomputed result"
+    );
+    assert!(c.node(2).get(target.as_str()).unwrap() == expect);
+}
+
 #[test]
 fn reduce_waits_for_a_rejoin_when_too_few_inputs_remain() {
     use phalanx::{DType, Error, ReduceOp, ReduceOptions};
