@@ -1043,6 +1043,77 @@ mod tests {
     }
 
     #[test]
+    fn claims_keep_concurrent_reduces_apart() {
+        let c = SourceClaims::new();
+        let (g, a, b) = (ObjectId::new("g"), ObjectId::new("a"), ObjectId::new("b"));
+        assert!(c.try_claim(&g, &a));
+        assert!(
+            c.try_claim(&g, &a),
+            "taking again for the same reduce is fine"
+        );
+        assert!(!c.try_claim(&g, &b), "another reduce cannot take it");
+        c.release(&a); // a failed: its sources go back to the pool
+        assert!(c.try_claim(&g, &b));
+        assert_eq!(c.owner_of(&g), Some(b.clone()));
+        c.forget(&g);
+        assert_eq!(c.owner_of(&g), None);
+    }
+
+    #[test]
+    fn required_sources_take_the_deepest_positions() {
+        let mut run = Run {
+            target: ObjectId::new("t"),
+            sources: ["m", "g0", "g1", "g2"].map(ObjectId::new).to_vec(),
+            num: 3,
+            op: ReduceOp::Sum,
+            dtype: DType::F32,
+            chunk: 1 << 20,
+            degree: Some(1),
+            latency: 1e-4,
+            bandwidth: 1e9,
+            tree: None,
+            size: 0,
+            slots: Vec::new(),
+            gen: Vec::new(),
+            tasks: Vec::new(),
+            done: Vec::new(),
+            dispatches: Vec::new(),
+            spares: VecDeque::new(),
+            dead: HashSet::new(),
+            placed_at: Vec::new(),
+            required: vec![true, false, false, false],
+            num_required: 1,
+            claims: None,
+            task_errors: Vec::new(),
+        };
+        let info = |node| ObjectInfo {
+            size: 64,
+            inline: false,
+            locations: vec![crate::protocol::LocationInfo {
+                node,
+                complete: true,
+                serving: None,
+                depends_on: None,
+            }],
+        };
+        // Two gradients arrive first: they leave the leaf (position 2) to the model.
+        assert!(run.arrived(1, &info(1)).unwrap());
+        assert!(run.arrived(2, &info(2)).unwrap());
+        assert_eq!(run.slots[2], None);
+        assert_eq!(run.placed(), 2);
+        // A third gradient finds no room; the model still does.
+        assert!(run.arrived(3, &info(3)).unwrap());
+        assert_eq!(run.placed(), 2);
+        assert!(run.arrived(0, &info(4)).unwrap());
+        assert_eq!(run.slots[2], Some((0, 4)));
+        assert_eq!(run.used_in_arrival_order()[2], ObjectId::new("m"));
+        assert_eq!(run.spares.len(), 1, "the third gradient stays a spare");
+        // Every copy on dead nodes: asked again later.
+        run.dead.insert(5);
+        assert!(!run.arrived(3, &info(5)).unwrap());
+    }
+
+    #[test]
     fn degree_model() {
         // Large objects: bandwidth dominates, a chain wins.
         assert_eq!(choose_degree(8, 64 << 20, 50e-6, 1.25e9), 1);
