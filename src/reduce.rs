@@ -510,8 +510,7 @@ impl Inner {
         if uniq.len() != sources.len() {
             return Err(Error::InvalidArgument("duplicate reduce sources".into()));
         }
-        let required: Vec<bool> = sources.iter().map(|s| opts.required.contains(s)).collect();
-        let num_required = required.iter().filter(|r| **r).count();
+        let num_required = sources.iter().filter(|s| opts.required.contains(s)).count();
         if num_required != opts.required.len() || num_required > num {
             return Err(Error::InvalidArgument(format!(
                 "reduce {target}: {} required sources, {num_required} of them among the sources, num_objects {num}",
@@ -528,31 +527,8 @@ impl Inner {
         // Sources seen only on dead nodes: asked again a little later, once the directory has
         // dropped the dead copies (a recomputed upstream target comes back elsewhere).
         let mut later: Vec<(usize, Instant)> = Vec::new();
-        let mut run = Run {
-            target: target.clone(),
-            sources: sources.to_vec(),
-            num,
-            op,
-            dtype,
-            chunk: opts.chunk,
-            degree: opts.degree,
-            latency: self.measure_latency(),
-            bandwidth: self.bandwidth_estimate(),
-            tree: None,
-            size: 0,
-            slots: Vec::new(),
-            gen: Vec::new(),
-            tasks: Vec::new(),
-            done: Vec::new(),
-            dispatches: Vec::new(),
-            spares: VecDeque::new(),
-            dead: HashSet::new(),
-            placed_at: Vec::new(),
-            required,
-            num_required,
-            claims: opts.claims.clone(),
-            task_errors: Vec::new(),
-        };
+        let link = (self.measure_latency(), self.bandwidth_estimate());
+        let mut run = Run::new(target.clone(), sources, num, (op, dtype), opts, link);
         loop {
             if run.finished() {
                 break;
@@ -869,6 +845,43 @@ struct Run {
 }
 
 impl Run {
+    /// A reduce with nothing placed yet; `link` is the (latency s, bandwidth B/s) estimate.
+    fn new(
+        target: ObjectId,
+        sources: &[ObjectId],
+        num: usize,
+        (op, dtype): (ReduceOp, DType),
+        opts: &ReduceOptions,
+        (latency, bandwidth): (f64, f64),
+    ) -> Run {
+        let required: Vec<bool> = sources.iter().map(|s| opts.required.contains(s)).collect();
+        Run {
+            target,
+            sources: sources.to_vec(),
+            num,
+            op,
+            dtype,
+            chunk: opts.chunk,
+            degree: opts.degree,
+            latency,
+            bandwidth,
+            tree: None,
+            size: 0,
+            slots: Vec::new(),
+            gen: Vec::new(),
+            tasks: Vec::new(),
+            done: Vec::new(),
+            dispatches: Vec::new(),
+            spares: VecDeque::new(),
+            dead: HashSet::new(),
+            placed_at: Vec::new(),
+            num_required: required.iter().filter(|r| **r).count(),
+            required,
+            claims: opts.claims.clone(),
+            task_errors: Vec::new(),
+        }
+    }
+
     fn placed(&self) -> usize {
         self.slots.iter().flatten().count()
     }
@@ -1061,31 +1074,14 @@ mod tests {
 
     #[test]
     fn required_sources_take_the_deepest_positions() {
-        let mut run = Run {
-            target: ObjectId::new("t"),
-            sources: ["m", "g0", "g1", "g2"].map(ObjectId::new).to_vec(),
-            num: 3,
-            op: ReduceOp::Sum,
-            dtype: DType::F32,
-            chunk: 1 << 20,
+        let sources = ["m", "g0", "g1", "g2"].map(ObjectId::new);
+        let opts = ReduceOptions {
             degree: Some(1),
-            latency: 1e-4,
-            bandwidth: 1e9,
-            tree: None,
-            size: 0,
-            slots: Vec::new(),
-            gen: Vec::new(),
-            tasks: Vec::new(),
-            done: Vec::new(),
-            dispatches: Vec::new(),
-            spares: VecDeque::new(),
-            dead: HashSet::new(),
-            placed_at: Vec::new(),
-            required: vec![true, false, false, false],
-            num_required: 1,
-            claims: None,
-            task_errors: Vec::new(),
+            required: vec![sources[0].clone()],
+            ..Default::default()
         };
+        let kind = (ReduceOp::Sum, DType::F32);
+        let mut run = Run::new(ObjectId::new("t"), &sources, 3, kind, &opts, (1e-4, 1e9));
         let info = |node| ObjectInfo {
             size: 64,
             inline: false,

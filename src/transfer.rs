@@ -27,7 +27,7 @@ impl Inner {
         exclude: &[NodeId],
     ) -> Result<Fetched> {
         let deadline = Instant::now() + self.cfg.op_timeout;
-        let located = loop {
+        let (node, size, token) = loop {
             if let Some(c) = self.store.lookup(id) {
                 return Ok(Fetched::Copy(c));
             }
@@ -50,68 +50,38 @@ impl Inner {
                     debug!(node = self.id, %id, "stale local location; asking again");
                     self.withdraw(std::slice::from_ref(id));
                 }
-                other => break other,
+                Located::Inline(data) => return Ok(Fetched::Owned(data)),
+                Located::NotFound => return Err(Error::NotFound(id.clone())),
+                Located::Source { node, size, token } => break (node, size, token),
             }
         };
-        match located {
-            Located::Inline(data) => Ok(Fetched::Owned(data)),
-            Located::NotFound => Err(Error::NotFound(id.clone())),
-            Located::Local => unreachable!("handled above"),
-            Located::Source { node, size, token } => {
-                let (copy, evicted) = match self.store.create(id, size, false) {
-                    Ok(c) => c,
-                    Err(Error::AlreadyExists(_)) => {
-                        debug!(node = self.id, %id, "a local copy appeared first; waiting for it");
-                        // A concurrent local get or a local producer got there first.
-                        let _ = self.send(
-                            self.shard_of(id),
-                            Msg::TransferDone {
-                                id: id.clone(),
-                                source: node,
-                                receiver: self.id,
-                                token,
-                                ok: false,
-                            },
-                        );
-                        return self
-                            .store
-                            .wait_lookup(id, self.cfg.op_timeout)
-                            .map(Fetched::Copy);
-                    }
-                    Err(e) => {
-                        let shard = self.shard_of(id);
-                        let _ = self.send(
-                            shard,
-                            Msg::TransferDone {
-                                id: id.clone(),
-                                source: node,
-                                receiver: self.id,
-                                token,
-                                ok: false,
-                            },
-                        );
-                        let _ = self.send(
-                            shard,
-                            Msg::Withdraw {
-                                id: id.clone(),
-                                node: self.id,
-                            },
-                        );
-                        return Err(e);
-                    }
-                };
-                self.withdraw(&evicted);
-                let me = self.clone();
-                let exclude_owned = exclude.to_vec();
-                let driver_copy = copy.clone();
-                let id2 = id.clone();
-                std::thread::Builder::new()
-                    .name(format!("phx-pull-{}", self.id))
-                    .spawn(move || me.drive(id2, driver_copy, (node, token), exclude_owned))
-                    .map_err(|e| Error::Config(format!("spawn: {e}")))?;
-                Ok(Fetched::Copy(copy))
+        let (copy, evicted) = match self.store.create(id, size, false) {
+            Ok(c) => c,
+            Err(Error::AlreadyExists(_)) => {
+                debug!(node = self.id, %id, "a local copy appeared first; waiting for it");
+                // A concurrent local get or a local producer got there first.
+                self.transfer_done(self.shard_of(id), id, node, token, false);
+                return self
+                    .store
+                    .wait_lookup(id, self.cfg.op_timeout)
+                    .map(Fetched::Copy);
             }
-        }
+            Err(e) => {
+                self.transfer_done(self.shard_of(id), id, node, token, false);
+                self.withdraw(std::slice::from_ref(id));
+                return Err(e);
+            }
+        };
+        self.withdraw(&evicted);
+        let me = self.clone();
+        let exclude_owned = exclude.to_vec();
+        let driver_copy = copy.clone();
+        let id2 = id.clone();
+        std::thread::Builder::new()
+            .name(format!("phx-pull-{}", self.id))
+            .spawn(move || me.drive(id2, driver_copy, (node, token), exclude_owned))
+            .map_err(|e| Error::Config(format!("spawn: {e}")))?;
+        Ok(Fetched::Copy(copy))
     }
 
     fn locate(&self, id: &ObjectId, resume: bool, exclude: &[NodeId]) -> Result<Located> {
@@ -168,30 +138,14 @@ impl Inner {
                 ok,
             });
             let shard = self.shard_of(&id);
-            let _ = self.send(
-                shard,
-                Msg::TransferDone {
-                    id: id.clone(),
-                    source,
-                    receiver: self.id,
-                    token,
-                    ok,
-                },
-            );
+            self.transfer_done(shard, &id, source, token, ok);
             let reason = match outcome {
                 Ok(()) => return,
                 Err(e) => e,
             };
             if copy.is_detached() || self.is_closed() {
                 debug!(node = self.id, %id, "pull stopped: copy deleted or node closing");
-                let _ = self.send(
-                    shard,
-                    Msg::Withdraw {
-                        id: id.clone(),
-                        node: self.id,
-                    },
-                );
-                copy.fail();
+                self.abandon_pull(shard, &id, &copy);
                 return;
             }
             warn!(node = self.id, %id, source, at = copy.watermark(), "pull failed ({reason}); finding another source");
@@ -202,24 +156,8 @@ impl Inner {
             match self.locate(&id, true, &exclude) {
                 Ok(Located::Source { node, token: t, .. }) if copy.is_detached() => {
                     // Deleted or reset while we waited: the new source may hold other bytes.
-                    let _ = self.send(
-                        shard,
-                        Msg::TransferDone {
-                            id: id.clone(),
-                            source: node,
-                            receiver: self.id,
-                            token: t,
-                            ok: false,
-                        },
-                    );
-                    let _ = self.send(
-                        shard,
-                        Msg::Withdraw {
-                            id: id.clone(),
-                            node: self.id,
-                        },
-                    );
-                    copy.fail();
+                    self.transfer_done(shard, &id, node, t, false);
+                    self.abandon_pull(shard, &id, &copy);
                     return;
                 }
                 Ok(Located::Source { node, token: t, .. }) => {
@@ -227,18 +165,37 @@ impl Inner {
                     token = t;
                 }
                 Ok(Located::Inline(_) | Located::NotFound | Located::Local) | Err(_) => {
-                    let _ = self.send(
-                        shard,
-                        Msg::Withdraw {
-                            id: id.clone(),
-                            node: self.id,
-                        },
-                    );
-                    copy.fail();
+                    self.abandon_pull(shard, &id, &copy);
                     return;
                 }
             }
         }
+    }
+
+    /// Releases the source of an assignment (and, if `ok`, marks our copy complete).
+    fn transfer_done(&self, shard: NodeId, id: &ObjectId, source: NodeId, token: u64, ok: bool) {
+        let _ = self.send(
+            shard,
+            Msg::TransferDone {
+                id: id.clone(),
+                source,
+                receiver: self.id,
+                token,
+                ok,
+            },
+        );
+    }
+
+    /// Gives up a pull: our location leaves the directory and readers of the copy get an error.
+    fn abandon_pull(&self, shard: NodeId, id: &ObjectId, copy: &CopyRef) {
+        let _ = self.send(
+            shard,
+            Msg::Withdraw {
+                id: id.clone(),
+                node: self.id,
+            },
+        );
+        copy.fail();
     }
 
     /// One pull from `source` starting at `from`; Ok once the copy is complete.

@@ -250,6 +250,23 @@ fn a_restarted_node_rejoins_and_its_get_completes() {
     );
 }
 
+/// A reduce target name such that neither it nor the intermediates of positions 1..positions
+/// (generations 0..4) have their directory entry on `victim`.
+fn target_avoiding(node: &Node, prefix: &str, victim: NodeId, positions: usize) -> String {
+    (0..)
+        .map(|i| format!("{prefix}-{i}"))
+        .find(|t| {
+            std::iter::once(t.clone())
+                .chain(
+                    (1..positions)
+                        .flat_map(|p| (0..4).map(move |g| (p, g)))
+                        .map(|(p, g)| format!("{t}#reduce-{p}.{g}")),
+                )
+                .all(|n| node.shard_of(n.as_str()) != victim)
+        })
+        .unwrap()
+}
+
 fn i64_input(k: u64, elems: usize) -> Vec<u8> {
     (0..elems as u64)
         .flat_map(|i| ((i * 7 + k * 1000) as i64).to_le_bytes())
@@ -284,18 +301,7 @@ fn reduce_replaces_a_dead_input_and_recomputes_only_its_ancestors() {
         let ids: Vec<ObjectId> = (0..8)
             .map(|k| name_on(c.node(0), &format!("rf-{seed}-{k}"), shard_for(k) as NodeId))
             .collect();
-        let target = (0..)
-            .map(|i| format!("rf-out-{seed}-{i}"))
-            .find(|t| {
-                std::iter::once(t.clone())
-                    .chain(
-                        (1..8)
-                            .flat_map(|p| (0..4).map(move |g| (p, g)))
-                            .map(|(p, g)| format!("{t}#reduce-{p}.{g}")),
-                    )
-                    .all(|n| c.node(0).shard_of(n.as_str()) != victim as NodeId)
-            })
-            .unwrap();
+        let target = target_avoiding(c.node(0), &format!("rf-out-{seed}"), victim as NodeId, 8);
         let data: Vec<Vec<u8>> = (0..8).map(|k| i64_input(k + seed, elems)).collect();
         c.node(victim).inject_fault(FaultPlan {
             object: ObjectId::new("*"),
@@ -378,14 +384,7 @@ fn a_reader_of_a_reduce_target_gets_the_recomputed_result_when_the_root_dies() {
     let ids: Vec<ObjectId> = (0..5)
         .map(|k| name_on(c.node(0), &format!("rr-in-{k}"), 0))
         .collect();
-    let target = (0..)
-        .map(|i| format!("rr-out-{i}"))
-        .find(|t| {
-            std::iter::once(t.clone())
-                .chain((1..4).flat_map(|p| (0..4).map(move |g| format!("{t}#reduce-{p}.{g}"))))
-                .all(|n| c.node(0).shard_of(n.as_str()) != victim)
-        })
-        .unwrap();
+    let target = target_avoiding(c.node(0), "rr-out", victim, 4);
     let data: Vec<Vec<u8>> = (0..5).map(|k| i64_input(k + 40, elems)).collect();
     c.node(victim as usize).inject_fault(FaultPlan {
         object: ObjectId::new(target.as_str()),
@@ -393,22 +392,17 @@ fn a_reader_of_a_reduce_target_gets_the_recomputed_result_when_the_root_dies() {
         action: FaultAction::DropLinks,
     });
     let (outcome, read) = std::thread::scope(|s| {
-        let coord = c.node(0).clone();
-        let ids2 = ids.clone();
-        let t = target.clone();
-        let h = s.spawn(move || {
-            coord.reduce_with(
-                t.as_str(),
-                &ids2,
-                4,
-                ReduceOp::Sum,
-                DType::I64,
-                &ReduceOptions {
-                    degree: Some(1),
-                    ..Default::default()
-                },
-            )
-        });
+        let h = c.node(0).reduce_start(
+            target.as_str(),
+            ids.clone(),
+            4,
+            ReduceOp::Sum,
+            DType::I64,
+            ReduceOptions {
+                degree: Some(1),
+                ..Default::default()
+            },
+        );
         let reader = c.node(1).clone();
         let t = target.clone();
         let r = s.spawn(move || reader.get(t.as_str()));
@@ -421,7 +415,7 @@ fn a_reader_of_a_reduce_target_gets_the_recomputed_result_when_the_root_dies() {
         // The spare becomes ready only once the root has started serving the reader.
         std::thread::sleep(Duration::from_millis(200));
         c.node(5).put(ids[4].clone(), &data[4]).unwrap();
-        (h.join().unwrap().unwrap(), r.join().unwrap().unwrap())
+        (h.wait().unwrap(), r.join().unwrap().unwrap())
     });
     assert!(
         c.node(victim as usize).fault_fired(),
