@@ -440,6 +440,85 @@ fn a_reader_of_a_reduce_target_gets_the_recomputed_result_when_the_root_dies() {
     assert!(c.node(2).get(target.as_str()).unwrap() == expect);
 }
 
+/// A composed reduce (the parameter server's `model' = model + gradients`) whose upstream
+/// root dies while the downstream reduce reads the partial upstream result: the upstream
+/// target is reset and recomputed with a spare, the downstream reduce drops what it read and
+/// ends with the sum over the new upstream result.
+#[test]
+fn a_downstream_reduce_follows_its_recomputed_upstream_target() {
+    use phalanx::{DType, ReduceOp, ReduceOptions};
+    let c = LocalCluster::start(6, cfg(), tcp()).unwrap();
+    let elems = 2 << 20; // 16 MiB of i64
+    let victim: NodeId = 3;
+    let a: Vec<ObjectId> = (0..4)
+        .map(|k| name_on(c.node(0), &format!("ud-a{k}"), 0))
+        .collect();
+    let b = name_on(c.node(0), "ud-b", 0);
+    let up = target_avoiding(c.node(0), "ud-up", victim, 3);
+    let down = target_avoiding(c.node(0), "ud-down", victim, 2);
+    let data: Vec<Vec<u8>> = (0..5).map(|k| i64_input(k + 70, elems)).collect();
+    c.node(victim as usize).inject_fault(FaultPlan {
+        object: ObjectId::new(up.as_str()),
+        after_bytes: 4 << 20,
+        action: FaultAction::DropLinks,
+    });
+    let chain = |required: Vec<ObjectId>| ReduceOptions {
+        degree: Some(1),
+        required,
+        ..Default::default()
+    };
+    let coord = c.node(0);
+    let upstream = coord.reduce_start(
+        up.as_str(),
+        a.clone(),
+        3,
+        ReduceOp::Sum,
+        DType::I64,
+        chain(vec![]),
+    );
+    let down_sources = vec![ObjectId::new(up.as_str()), b.clone()];
+    let downstream = coord.reduce_start(
+        down.as_str(),
+        down_sources,
+        2,
+        ReduceOp::Sum,
+        DType::I64,
+        chain(vec![ObjectId::new(up.as_str())]),
+    );
+    // b first, so the downstream root (which reads `up`) is b's node 4; then a0..a2 on nodes
+    // 1..3 (a2, the upstream root, on the victim); the spare a3 on node 5 comes later.
+    c.node(4).put(b.clone(), &data[4]).unwrap();
+    for k in 0..3 {
+        let put = c.node(k + 1).put(a[k].clone(), &data[k]);
+        assert!(put.is_ok() || k + 1 == victim as usize, "{put:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    c.node(5).put(a[3].clone(), &data[3]).unwrap();
+    let u = upstream.wait().unwrap();
+    let d = downstream.wait().unwrap();
+    assert!(
+        c.node(victim as usize).fault_fired(),
+        "the upstream root never served"
+    );
+    let mut used = u.used.clone();
+    used.sort();
+    let mut want = vec![a[0].clone(), a[1].clone(), a[3].clone()];
+    want.sort();
+    assert_eq!(used, want, "the spare replaced the dead root's input");
+    assert!(u.recomputed.contains(&0), "{:?}", u.recomputed);
+    assert!(
+        d.recomputed.contains(&0),
+        "the downstream root ran again: {:?}",
+        d.recomputed
+    );
+    let expect = sum_of(&[&data[0], &data[1], &data[3], &data[4]]);
+    assert!(
+        c.node(2).get(down.as_str()).unwrap() == expect,
+        "down != a0 + a1 + a3 + b"
+    );
+}
+
 #[test]
 fn reduce_waits_for_a_rejoin_when_too_few_inputs_remain() {
     use phalanx::{DType, Error, ReduceOp, ReduceOptions};
