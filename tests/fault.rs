@@ -267,6 +267,14 @@ fn target_avoiding(node: &Node, prefix: &str, victim: NodeId, positions: usize) 
         .unwrap()
 }
 
+/// Waits (at most 20 s) until `node`'s injected fault has fired.
+fn wait_for_fault(node: &Node) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !node.fault_fired() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 fn i64_input(k: u64, elems: usize) -> Vec<u8> {
     (0..elems as u64)
         .flat_map(|i| ((i * 7 + k * 1000) as i64).to_le_bytes())
@@ -412,8 +420,8 @@ fn a_reader_of_a_reduce_target_gets_the_recomputed_result_when_the_root_dies() {
             assert!(put.is_ok() || k + 1 == victim as usize, "{put:?}");
             std::thread::sleep(Duration::from_millis(20));
         }
-        // The spare becomes ready only once the root has started serving the reader.
-        std::thread::sleep(Duration::from_millis(200));
+        // The spare becomes ready only once the root has died serving the reader.
+        wait_for_fault(c.node(victim as usize));
         c.node(5).put(ids[4].clone(), &data[4]).unwrap();
         (h.wait().unwrap(), r.join().unwrap().unwrap())
     });
@@ -493,7 +501,7 @@ fn a_downstream_reduce_follows_its_recomputed_upstream_target() {
         assert!(put.is_ok() || k + 1 == victim as usize, "{put:?}");
         std::thread::sleep(Duration::from_millis(20));
     }
-    std::thread::sleep(Duration::from_millis(200));
+    wait_for_fault(c.node(victim as usize));
     c.node(5).put(a[3].clone(), &data[3]).unwrap();
     let u = upstream.wait().unwrap();
     let d = downstream.wait().unwrap();
