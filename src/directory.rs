@@ -601,6 +601,56 @@ mod tests {
     }
 
     #[test]
+    fn reset_drops_copies_but_keeps_readers_waiting() {
+        let mut s = Shard::new();
+        publish(&mut s, 0, false);
+        assert_eq!(located(&locate(&mut s, 1, vec![]), 1), src(0));
+        let mut out = Vec::new();
+        s.handle(
+            4,
+            Msg::Reset {
+                rid: 7,
+                id: "x".into(),
+            },
+            &mut out,
+        );
+        match &out[..] {
+            [(
+                4,
+                Msg::Reply {
+                    rid: 7,
+                    reply: Reply::Deleted(nodes),
+                },
+            )] => {
+                assert_eq!(nodes, &vec![0, 1], "both copies are to be evicted")
+            }
+            o => panic!("{o:?}"),
+        }
+        // No tombstone: a reader and a subscriber wait for the recomputed copy.
+        assert!(locate(&mut s, 2, vec![]).is_empty(), "2 waits");
+        let mut out = Vec::new();
+        s.handle(
+            3,
+            Msg::Subscribe {
+                rid: 8,
+                id: "x".into(),
+            },
+            &mut out,
+        );
+        assert!(out.is_empty(), "3 waits");
+        let out = publish(&mut s, 5, false);
+        assert_eq!(located(&out, 2), src(5));
+        assert!(out.iter().any(|(n, m)| *n == 3
+            && matches!(
+                m,
+                Msg::Reply {
+                    rid: 8,
+                    reply: Reply::Info(Some(_))
+                }
+            )));
+    }
+
+    #[test]
     fn subscribe_pushes_on_first_location() {
         let mut s = Shard::new();
         let mut out = Vec::new();
