@@ -13,7 +13,8 @@ pub const INLINE_LIMIT: u64 = 64 * 1024;
 /// Settings of one node.
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
-    /// Largest piece a source writes at once; a receiver can forward after each frame.
+    /// Largest piece a source writes at once; a receiver can forward after each frame. A source
+    /// writes about a sixteenth of the object at a time, between 64 KiB and this.
     pub chunk_size: u64,
     /// Bytes of the node's registered arena.
     pub arena_size: u64,

@@ -310,7 +310,7 @@ impl Inner {
         let copy = self
             .store
             .wait_lookup(id, self.cfg.op_timeout.min(Duration::from_secs(5)))?;
-        let chunk = self.cfg.chunk_size.max(4096);
+        let chunk = serve_chunk(self.cfg.chunk_size, copy.size());
         let mut off = from;
         loop {
             let wm = copy.wait_beyond(off, self.cfg.op_timeout)?;
@@ -342,5 +342,26 @@ impl Inner {
                 return Ok(off - from);
             }
         }
+    }
+}
+
+/// Bytes a source writes at once for an object of `size`: about a sixteenth of the object, so
+/// that even a mid-sized object crosses a chain of forwarding nodes in many pieces, at least
+/// 64 KiB (per-frame costs) and at most the configured `chunk_size`.
+pub(crate) fn serve_chunk(chunk_size: u64, size: u64) -> u64 {
+    (size / 16).clamp(64 << 10, chunk_size.max(64 << 10))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::serve_chunk;
+
+    #[test]
+    fn chunks_follow_the_object_size_within_bounds() {
+        assert_eq!(serve_chunk(4 << 20, 1 << 20), 64 << 10);
+        assert_eq!(serve_chunk(4 << 20, 16 << 20), 1 << 20);
+        assert_eq!(serve_chunk(4 << 20, 1 << 30), 4 << 20);
+        assert_eq!(serve_chunk(4 << 20, 100), 64 << 10);
+        assert_eq!(serve_chunk(4096, 1 << 30), 64 << 10, "never below 64 KiB");
     }
 }
