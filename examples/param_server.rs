@@ -209,13 +209,11 @@ impl<'a, 'c> Book<'a, 'c> {
     }
 
     fn alive(&self) -> Vec<u32> {
-        let alive: Vec<u32> = self
-            .workers
+        self.workers
             .iter()
             .copied()
             .filter(|w| !self.dead.contains(w))
-            .collect();
-        alive
+            .collect()
     }
 
     fn hand(&mut self, w: u32, it: u64, v: u64) -> Result<()> {
