@@ -558,6 +558,10 @@ fn server_star(ctx: &Ctx, a: &Args, batch: usize) -> Result<(Report, Vec<ObjectI
                 "[server] update {u}: only {} gradients; waiting",
                 used.len()
             );
+            // They stay ready for the next attempt.
+            for &(w, _) in used.iter().rev() {
+                arrivals.ready.insert(0, w);
+            }
             continue;
         }
         model = next;
