@@ -466,7 +466,7 @@ fn server_phalanx(ctx: &Ctx, a: &Args, batch: usize) -> Result<(Report, Vec<Obje
                 ReduceOp::Sum,
                 DType::F32,
                 opts,
-            );
+            )?;
             flights.push_back(Flight {
                 u,
                 handle,

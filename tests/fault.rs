@@ -9,6 +9,13 @@ use std::time::{Duration, Instant};
 const SIZE: usize = 64 << 20;
 
 fn cfg() -> NodeConfig {
+    // PHALANX_TEST_LOG=phalanx=debug prints the nodes' traces (e.g. to chase a rare failure).
+    if let Ok(filter) = std::env::var("PHALANX_TEST_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     NodeConfig {
         arena_size: 256 << 20,
         op_timeout: Duration::from_secs(60),
@@ -400,17 +407,20 @@ fn a_reader_of_a_reduce_target_gets_the_recomputed_result_when_the_root_dies() {
         action: FaultAction::DropLinks,
     });
     let (outcome, read) = std::thread::scope(|s| {
-        let h = c.node(0).reduce_start(
-            target.as_str(),
-            ids.clone(),
-            4,
-            ReduceOp::Sum,
-            DType::I64,
-            ReduceOptions {
-                degree: Some(1),
-                ..Default::default()
-            },
-        );
+        let h = c
+            .node(0)
+            .reduce_start(
+                target.as_str(),
+                ids.clone(),
+                4,
+                ReduceOp::Sum,
+                DType::I64,
+                ReduceOptions {
+                    degree: Some(1),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
         let reader = c.node(1).clone();
         let t = target.clone();
         let r = s.spawn(move || reader.get(t.as_str()));
@@ -476,23 +486,27 @@ fn a_downstream_reduce_follows_its_recomputed_upstream_target() {
         ..Default::default()
     };
     let coord = c.node(0);
-    let upstream = coord.reduce_start(
-        up.as_str(),
-        a.clone(),
-        3,
-        ReduceOp::Sum,
-        DType::I64,
-        chain(vec![]),
-    );
+    let upstream = coord
+        .reduce_start(
+            up.as_str(),
+            a.clone(),
+            3,
+            ReduceOp::Sum,
+            DType::I64,
+            chain(vec![]),
+        )
+        .unwrap();
     let down_sources = vec![ObjectId::new(up.as_str()), b.clone()];
-    let downstream = coord.reduce_start(
-        down.as_str(),
-        down_sources,
-        2,
-        ReduceOp::Sum,
-        DType::I64,
-        chain(vec![ObjectId::new(up.as_str())]),
-    );
+    let downstream = coord
+        .reduce_start(
+            down.as_str(),
+            down_sources,
+            2,
+            ReduceOp::Sum,
+            DType::I64,
+            chain(vec![ObjectId::new(up.as_str())]),
+        )
+        .unwrap();
     // b first, so the downstream root (which reads `up`) is b's node 4; then a0..a2 on nodes
     // 1..3 (a2, the upstream root, on the victim); the spare a3 on node 5 comes later.
     c.node(4).put(b.clone(), &data[4]).unwrap();

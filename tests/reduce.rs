@@ -342,14 +342,16 @@ fn required_sources_and_shared_claims_in_pipelined_reduces() {
             .collect()
     };
     let n0 = c.node(0).clone();
-    let first = n0.reduce_start(
-        m1.clone(),
-        with(&m0),
-        3,
-        ReduceOp::Sum,
-        DType::I64,
-        opts(&m0),
-    );
+    let first = n0
+        .reduce_start(
+            m1.clone(),
+            with(&m0),
+            3,
+            ReduceOp::Sum,
+            DType::I64,
+            opts(&m0),
+        )
+        .unwrap();
     let put = |k: usize| {
         c.node(k).put(grads[k].clone(), &data[&grads[k]]).unwrap();
         std::thread::sleep(Duration::from_millis(40));
@@ -365,14 +367,16 @@ fn required_sources_and_shared_claims_in_pipelined_reduces() {
     assert!(placed.contains(&grads[3]) && placed.contains(&grads[1]));
     // The next update starts while the first may still run; the pool keeps them disjoint.
     let m2 = ObjectId::new("pm-2");
-    let second = n0.reduce_start(
-        m2.clone(),
-        with(&m1),
-        3,
-        ReduceOp::Sum,
-        DType::I64,
-        opts(&m1),
-    );
+    let second = n0
+        .reduce_start(
+            m2.clone(),
+            with(&m1),
+            3,
+            ReduceOp::Sum,
+            DType::I64,
+            opts(&m1),
+        )
+        .unwrap();
     std::thread::sleep(Duration::from_millis(40));
     order[3..].iter().for_each(|&k| put(k));
     let second_in = second

@@ -38,7 +38,25 @@ impl Inner {
             .min(1.0)
     }
 
+    /// Runs one reduce to the end; `placed_tx` hears the inputs once the tree is full. A
+    /// reduce that fails gives the sources it claimed back to the pool.
     pub(super) fn coordinate_reduce(
+        self: &Arc<Self>,
+        target: ObjectId,
+        sources: &[ObjectId],
+        num: usize,
+        kind: (ReduceOp, DType),
+        opts: &ReduceOptions,
+        placed_tx: Option<Sender<Vec<ObjectId>>>,
+    ) -> Result<ReduceOutcome> {
+        let r = self.run_coordinator(target.clone(), sources, num, kind, opts, placed_tx);
+        if let (Err(_), Some(c)) = (&r, &opts.claims) {
+            c.release(&target);
+        }
+        r
+    }
+
+    fn run_coordinator(
         self: &Arc<Self>,
         target: ObjectId,
         sources: &[ObjectId],
@@ -299,7 +317,10 @@ impl Inner {
         }
         let mut resubscribe = Vec::new();
         for &a in &affected {
-            if run.tasks[a].is_some() || run.done[a] {
+            // Also when its task's reply is already gone (a PeerDown reply clears it before
+            // the repair): copies of its output may live on, e.g. the partial copy its parent
+            // pulled, and must never be read again under the same name.
+            if run.tasks[a].is_some() || run.done[a] || run.dispatches[a] > 0 {
                 self.discard(run, &tree, a);
             }
             run.tasks[a] = None;

@@ -138,19 +138,8 @@ impl Node {
         dtype: DType,
         opts: &ReduceOptions,
     ) -> Result<ReduceOutcome> {
-        let target = target.into();
-        let r = self.inner.coordinate_reduce(
-            target.clone(),
-            sources,
-            num_objects,
-            (op, dtype),
-            opts,
-            None,
-        );
-        if let (Err(_), Some(c)) = (&r, &opts.claims) {
-            c.release(&target);
-        }
-        r
+        self.inner
+            .coordinate_reduce(target.into(), sources, num_objects, (op, dtype), opts, None)
     }
 
     /// Starts a reduce and returns at once: [`ReduceHandle::inputs`] tells which sources were
@@ -164,28 +153,18 @@ impl Node {
         op: ReduceOp,
         dtype: DType,
         opts: ReduceOptions,
-    ) -> ReduceHandle {
+    ) -> Result<ReduceHandle> {
         let target = target.into();
         let inner = self.inner.clone();
         let (tx, rx) = crossbeam_channel::bounded(1);
         let thread = std::thread::Builder::new()
             .name(format!("reduce {target}"))
             .spawn(move || {
-                let r = inner.coordinate_reduce(
-                    target.clone(),
-                    &sources,
-                    num_objects,
-                    (op, dtype),
-                    &opts,
-                    Some(tx),
-                );
-                if let (Err(_), Some(c)) = (&r, &opts.claims) {
-                    c.release(&target);
-                }
-                r
+                let kind = (op, dtype);
+                inner.coordinate_reduce(target, &sources, num_objects, kind, &opts, Some(tx))
             })
-            .expect("spawn a reduce coordinator thread");
-        ReduceHandle { placed: rx, thread }
+            .map_err(|e| Error::Config(format!("spawn a reduce coordinator: {e}")))?;
+        Ok(ReduceHandle { placed: rx, thread })
     }
 
     /// Allreduce from the coordinator's side: reduces all `sources` into `target` and returns
