@@ -265,38 +265,7 @@ fn draw(path: &Path, title: &str, series: &BTreeMap<String, Vec<Point>>, axis: A
                 .axis_desc_style(("sans-serif", 15))
                 .draw()
                 .map_err(err)?;
-            for (i, name) in names.iter().enumerate() {
-                let c = color_of(name, i);
-                let p = &series[*name];
-                chart
-                    .draw_series(LineSeries::new(
-                        p.iter().map(|q| (q.0, q.1)),
-                        c.stroke_width(2),
-                    ))
-                    .map_err(err)?
-                    .label(name.as_str())
-                    .legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 22, y)], c.stroke_width(2))
-                    });
-                chart
-                    .draw_series(p.iter().map(|q| Circle::new((q.0, q.1), 3, c.filled())))
-                    .map_err(err)?;
-                chart
-                    .draw_series(
-                        p.iter().filter(|q| q.3 > q.2).map(|q| {
-                            PathElement::new(vec![(q.0, q.2), (q.0, q.3)], c.stroke_width(1))
-                        }),
-                    )
-                    .map_err(err)?;
-            }
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperLeft)
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .label_font(("sans-serif", 15))
-                .draw()
-                .map_err(err)?;
+            draw_lines(&mut chart, &names, series)?;
         }
         Axis::Interval => {
             let pad = ((x1 - x0) * 0.05).max(0.5);
@@ -313,41 +282,53 @@ fn draw(path: &Path, title: &str, series: &BTreeMap<String, Vec<Point>>, axis: A
                 .axis_desc_style(("sans-serif", 15))
                 .draw()
                 .map_err(err)?;
-            for (i, name) in names.iter().enumerate() {
-                let c = color_of(name, i);
-                let p = &series[*name];
-                chart
-                    .draw_series(LineSeries::new(
-                        p.iter().map(|q| (q.0, q.1)),
-                        c.stroke_width(2),
-                    ))
-                    .map_err(err)?
-                    .label(name.as_str())
-                    .legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 22, y)], c.stroke_width(2))
-                    });
-                chart
-                    .draw_series(p.iter().map(|q| Circle::new((q.0, q.1), 3, c.filled())))
-                    .map_err(err)?;
-                chart
-                    .draw_series(
-                        p.iter().filter(|q| q.3 > q.2).map(|q| {
-                            PathElement::new(vec![(q.0, q.2), (q.0, q.3)], c.stroke_width(1))
-                        }),
-                    )
-                    .map_err(err)?;
-            }
-            chart
-                .configure_series_labels()
-                .position(SeriesLabelPosition::UpperLeft)
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK)
-                .label_font(("sans-serif", 15))
-                .draw()
-                .map_err(err)?;
+            draw_lines(&mut chart, &names, series)?;
         }
     }
     root.present().map_err(err)?;
+    Ok(())
+}
+
+/// One line per name (points, min..max whiskers) and the legend, on either kind of x axis.
+fn draw_lines<'a, DB, X>(
+    chart: &mut ChartContext<'a, DB, Cartesian2d<X, LogCoord<f64>>>,
+    names: &[&String],
+    series: &BTreeMap<String, Vec<Point>>,
+) -> Result<()>
+where
+    DB: DrawingBackend + 'a,
+    X: Ranged<ValueType = f64>,
+{
+    for (i, name) in names.iter().enumerate() {
+        let c = color_of(name, i);
+        let p = &series[*name];
+        chart
+            .draw_series(LineSeries::new(
+                p.iter().map(|q| (q.0, q.1)),
+                c.stroke_width(2),
+            ))
+            .map_err(err)?
+            .label(name.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 22, y)], c.stroke_width(2)));
+        chart
+            .draw_series(p.iter().map(|q| Circle::new((q.0, q.1), 3, c.filled())))
+            .map_err(err)?;
+        chart
+            .draw_series(
+                p.iter()
+                    .filter(|q| q.3 > q.2)
+                    .map(|q| PathElement::new(vec![(q.0, q.2), (q.0, q.3)], c.stroke_width(1))),
+            )
+            .map_err(err)?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 15))
+        .draw()
+        .map_err(err)?;
     Ok(())
 }
 
