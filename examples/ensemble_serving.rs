@@ -223,14 +223,7 @@ fn main() -> Result<()> {
         );
     }
     for (algo, r) in &results {
-        let kill_at = c.kill_worker.map(|_| c.kill_after_ms as f64 / 1e3);
-        print_timeline(
-            &format!("{algo:?} queries"),
-            &r.events,
-            c.bucket_ms,
-            r.secs,
-            kill_at,
-        );
+        print_timeline(c, &format!("{algo:?} queries"), &r.events, r.secs);
         if c.kill_worker.is_some() {
             let first_short = r.voters.iter().position(|&v| v < r.models as usize);
             println!(
@@ -249,16 +242,11 @@ fn main() -> Result<()> {
         for (algo, r) in &results {
             let mut l = r.latencies.clone();
             l.sort_by(f64::total_cmp);
-            println!(
-                "{}",
-                serde_json::json!({
-                    "example": "ensemble_serving", "algo": algo, "models": r.models, "size_bytes": c.size,
-                    "queries": r.queries, "secs": r.secs, "queries_per_s": r.queries as f64 / r.secs,
-                    "p50_s": percentile(&l, 50.0), "p99_s": percentile(&l, 99.0),
-                    "timeline": timeline(&r.events, c.bucket_ms, r.secs).iter().map(|x| x.1).collect::<Vec<_>>(),
-                    "kill_worker": c.kill_worker, "kill_after_ms": c.kill_after_ms,
-                })
-            );
+            let own = serde_json::json!({
+                "models": r.models, "queries": r.queries, "queries_per_s": r.queries as f64 / r.secs,
+                "p50_s": percentile(&l, 50.0), "p99_s": percentile(&l, 99.0),
+            });
+            print_json(c, "ensemble_serving", *algo, &r.events, r.secs, own);
         }
     }
     Ok(())

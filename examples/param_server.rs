@@ -677,14 +677,7 @@ fn main() -> Result<()> {
                 d[d.len() - 1]
             );
         }
-        let kill_at = c.kill_worker.map(|_| c.kill_after_ms as f64 / 1e3);
-        print_timeline(
-            &format!("{algo:?} updates"),
-            &r.events,
-            c.bucket_ms,
-            r.secs,
-            kill_at,
-        );
+        print_timeline(c, &format!("{algo:?} updates"), &r.events, r.secs);
     }
     if results.len() == 2 {
         let rate = |r: &Report| r.updates as f64 / r.secs;
@@ -696,16 +689,11 @@ fn main() -> Result<()> {
     println!("# verified: every fetched model matched its version; final model == serial replay of the logged updates");
     if c.json {
         for (algo, r) in &results {
-            println!(
-                "{}",
-                serde_json::json!({
-                    "example": "param_server", "algo": algo, "workers": r.workers, "batch": r.batch,
-                    "size_bytes": c.size, "updates": r.updates, "secs": r.secs,
-                    "updates_per_s": r.updates as f64 / r.secs,
-                    "timeline": timeline(&r.events, c.bucket_ms, r.secs).iter().map(|x| x.1).collect::<Vec<_>>(),
-                    "traffic": r.traffic, "kill_worker": c.kill_worker, "kill_after_ms": c.kill_after_ms,
-                })
-            );
+            let own = serde_json::json!({
+                "workers": r.workers, "batch": r.batch, "updates": r.updates,
+                "updates_per_s": r.updates as f64 / r.secs, "traffic": r.traffic,
+            });
+            print_json(c, "param_server", *algo, &r.events, r.secs, own);
         }
     }
     Ok(())

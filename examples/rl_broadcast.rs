@@ -290,14 +290,7 @@ fn main() -> Result<()> {
         );
     }
     for (algo, r) in &results {
-        let kill_at = c.kill_worker.map(|_| c.kill_after_ms as f64 / 1e3);
-        print_timeline(
-            &format!("{algo:?} rollouts"),
-            &r.events,
-            c.bucket_ms,
-            r.secs,
-            kill_at,
-        );
+        print_timeline(c, &format!("{algo:?} rollouts"), &r.events, r.secs);
     }
     if results.len() == 2 {
         let rate = |r: &Report| r.rollouts as f64 / r.secs;
@@ -309,16 +302,11 @@ fn main() -> Result<()> {
     println!("# verified: every fetched policy matched its version; every reward matched the policy it was assigned");
     if c.json {
         for (algo, r) in &results {
-            println!(
-                "{}",
-                serde_json::json!({
-                    "example": "rl_broadcast", "algo": algo, "workers": r.workers, "size_bytes": c.size,
-                    "rollouts": r.rollouts, "updates": r.updates, "secs": r.secs,
-                    "rollouts_per_s": r.rollouts as f64 / r.secs,
-                    "timeline": timeline(&r.events, c.bucket_ms, r.secs).iter().map(|x| x.1).collect::<Vec<_>>(),
-                    "traffic": r.traffic, "kill_worker": c.kill_worker, "kill_after_ms": c.kill_after_ms,
-                })
-            );
+            let own = serde_json::json!({
+                "workers": r.workers, "rollouts": r.rollouts, "updates": r.updates,
+                "rollouts_per_s": r.rollouts as f64 / r.secs, "traffic": r.traffic,
+            });
+            print_json(c, "rl_broadcast", *algo, &r.events, r.secs, own);
         }
     }
     Ok(())

@@ -384,13 +384,10 @@ pub fn timeline(events: &[f64], bucket_ms: u64, until: f64) -> Vec<(f64, usize)>
         .collect()
 }
 
-pub fn print_timeline(
-    label: &str,
-    events: &[f64],
-    bucket_ms: u64,
-    until: f64,
-    kill_at: Option<f64>,
-) {
+/// Prints completions per `--bucket-ms` up to `until`, marking the bucket of the kill.
+pub fn print_timeline(c: &Common, label: &str, events: &[f64], until: f64) {
+    let bucket_ms = c.bucket_ms;
+    let kill_at = c.kill_worker.map(|_| c.kill_after_ms as f64 / 1e3);
     let b = bucket_ms as f64 / 1e3;
     println!(
         "# {label} per {b} s (rate = count / {b} s){}",
@@ -407,6 +404,26 @@ pub fn print_timeline(
         })
         .collect();
     println!("#   {}", line.join(" "));
+}
+
+/// One `--json` line: the fields every example reports, then the example's own `fields`.
+pub fn print_json(
+    c: &Common,
+    example: &str,
+    algo: Algo,
+    events: &[f64],
+    secs: f64,
+    fields: serde_json::Value,
+) {
+    let mut line = serde_json::json!({
+        "example": example, "algo": algo, "size_bytes": c.size, "secs": secs,
+        "timeline": timeline(events, c.bucket_ms, secs).iter().map(|x| x.1).collect::<Vec<_>>(),
+        "kill_worker": c.kill_worker, "kill_after_ms": c.kill_after_ms,
+    });
+    if let (Some(all), serde_json::Value::Object(own)) = (line.as_object_mut(), fields) {
+        all.extend(own);
+    }
+    println!("{line}");
 }
 
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
