@@ -21,6 +21,18 @@ use tracing::{debug, error, warn};
 /// Extra fetches a `get` makes when the copy it reads is dropped under it.
 const FETCH_ATTEMPTS: u32 = 3;
 
+/// Runs a fetch again when the copy it read was dropped under it: deleted (the next try says
+/// so at once), or reset because its producer recomputes it (the next try waits for it).
+fn refetching<T>(mut fetch: impl FnMut() -> Result<T>) -> Result<T> {
+    let mut attempt = 0;
+    loop {
+        match fetch() {
+            Err(Error::NotFound(_)) if attempt < FETCH_ATTEMPTS => attempt += 1,
+            r => return r,
+        }
+    }
+}
+
 /// How a receiver's inbound stream ended.
 #[derive(Debug)]
 pub(crate) enum InboundEnd {
@@ -244,15 +256,7 @@ impl Node {
     /// Fetches a copy of the object's bytes, waiting for the object to be put if needed.
     pub fn get(&self, id: impl Into<ObjectId>) -> Result<Vec<u8>> {
         let id = id.into();
-        let mut attempt = 0;
-        loop {
-            match self.get_once(&id) {
-                // The copy was dropped under us: deleted (the next try says so at once), or
-                // reset because its producer recomputes it (the next try waits for it).
-                Err(Error::NotFound(_)) if attempt < FETCH_ATTEMPTS => attempt += 1,
-                r => return r,
-            }
-        }
+        refetching(|| self.get_once(&id))
     }
 
     fn get_once(&self, id: &ObjectId) -> Result<Vec<u8>> {
@@ -293,27 +297,17 @@ impl Node {
         exclude: &[NodeId],
     ) -> Result<ObjectView> {
         let id = id.into();
-        let mut attempt = 0;
-        loop {
-            let r = match self.inner.fetch_excluding(&id, exclude) {
-                Ok(Fetched::Owned(v)) => Ok(ObjectView::Owned(v)),
-                Ok(Fetched::Copy(c)) => {
-                    let size = c.size();
-                    let mut wm = 0;
-                    let mut r = Ok(());
-                    while r.is_ok() && (wm < size || c.status() != CopyStatus::Complete) {
-                        r = c.wait_beyond(wm, self.inner.cfg.op_timeout).map(|w| wm = w);
-                    }
-                    r.map(|()| ObjectView::Arena(c))
+        refetching(|| match self.inner.fetch_excluding(&id, exclude)? {
+            Fetched::Owned(v) => Ok(ObjectView::Owned(v)),
+            Fetched::Copy(c) => {
+                let size = c.size();
+                let mut wm = 0;
+                while wm < size || c.status() != CopyStatus::Complete {
+                    wm = c.wait_beyond(wm, self.inner.cfg.op_timeout)?;
                 }
-                Err(e) => Err(e),
-            };
-            match r {
-                // As in `get`: a dropped copy is fetched again.
-                Err(Error::NotFound(_)) if attempt < FETCH_ATTEMPTS => attempt += 1,
-                r => return r,
+                Ok(ObjectView::Arena(c))
             }
-        }
+        })
     }
 
     /// A reader that returns bytes as soon as they have arrived.

@@ -1355,6 +1355,17 @@ impl Inner {
     }
 }
 
+/// A control message must fit one eager block.
+fn check_ctrl_len(msg: &[u8]) -> Result<(), TransportError> {
+    if msg.len() > MAX_CTRL_LEN {
+        return Err(TransportError::MessageTooLarge {
+            len: msg.len(),
+            max: MAX_CTRL_LEN,
+        });
+    }
+    Ok(())
+}
+
 impl Transport for RdmaTransport {
     fn name(&self) -> &'static str {
         "rdma"
@@ -1403,12 +1414,7 @@ impl Transport for RdmaTransport {
     }
 
     fn send(&self, peer: NodeId, msg: &[u8]) -> Result<(), TransportError> {
-        if msg.len() > MAX_CTRL_LEN {
-            return Err(TransportError::MessageTooLarge {
-                len: msg.len(),
-                max: MAX_CTRL_LEN,
-            });
-        }
+        check_ctrl_len(msg)?;
         let inner = &self.inner;
         let conn = inner.conn(peer)?;
         let mut tx = inner.lock_tx(&conn)?;
@@ -1520,12 +1526,7 @@ impl Transport for RdmaTransport {
     }
 
     fn send_nonblocking(&self, peer: NodeId, msg: &[u8]) -> Result<bool, TransportError> {
-        if msg.len() > MAX_CTRL_LEN {
-            return Err(TransportError::MessageTooLarge {
-                len: msg.len(),
-                max: MAX_CTRL_LEN,
-            });
-        }
+        check_ctrl_len(msg)?;
         let inner = &self.inner;
         let conn = inner.conn(peer)?;
         let Ok(mut tx) = conn.tx.try_lock() else {
