@@ -183,17 +183,15 @@ fn caller(ctx: &Ctx, a: &Args) -> Result<Report> {
 fn main() -> Result<()> {
     let a = Args::parse();
     let c = &a.common;
-    let n = c.local.unwrap_or(8) as u64;
     let arena = 4 * c.size + (64 << 20);
-    let results = run("ens", c, arena, |ctx| {
-        ctx.barrier("start")?;
-        if ctx.rank() == 0 {
-            caller(ctx, &a).map(Some)
-        } else {
-            model(ctx, &a).map(|_| None)
-        }
-    })?;
-    let _ = n;
+    let results = run_roles(
+        "ens",
+        c,
+        arena,
+        false,
+        |ctx| caller(ctx, &a),
+        |ctx| model(ctx, &a),
+    )?;
     if results.is_empty() {
         return Ok(());
     }

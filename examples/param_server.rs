@@ -607,17 +607,14 @@ fn main() -> Result<()> {
     let c = &a.common;
     let n = c.local.unwrap_or(8) as u64;
     let arena = (n + 4) * c.size + (64 << 20);
-    let results = run("ps", c, arena, |ctx| {
-        ctx.barrier("start")?;
-        if ctx.rank() == 0 {
-            server(ctx, &a).map(Some)
-        } else {
-            let base = traffic_base(ctx.node);
-            worker(ctx, &a)?;
-            collect_traffic(ctx, base);
-            Ok(None)
-        }
-    })?;
+    let results = run_roles(
+        "ps",
+        c,
+        arena,
+        true,
+        |ctx| server(ctx, &a),
+        |ctx| worker(ctx, &a),
+    )?;
     if results.is_empty() {
         return Ok(());
     }

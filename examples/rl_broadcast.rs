@@ -251,17 +251,14 @@ fn main() -> Result<()> {
     let c = &a.common;
     let n = c.local.unwrap_or(8) as u64;
     let arena = (n + 4) * c.size + (64 << 20);
-    let results = run("rl", c, arena, |ctx| {
-        ctx.barrier("start")?;
-        if ctx.rank() == 0 {
-            trainer(ctx, &a).map(Some)
-        } else {
-            let base = traffic_base(ctx.node);
-            worker(ctx, &a)?;
-            collect_traffic(ctx, base);
-            Ok(None)
-        }
-    })?;
+    let results = run_roles(
+        "rl",
+        c,
+        arena,
+        true,
+        |ctx| trainer(ctx, &a),
+        |ctx| worker(ctx, &a),
+    )?;
     if results.is_empty() {
         return Ok(());
     }

@@ -438,6 +438,30 @@ pub fn mib(b: u64) -> f64 {
     b as f64 / (1u64 << 20) as f64
 }
 
+/// The examples' roles: after a start barrier rank 0 runs `lead` and returns its report, every
+/// other rank runs `member` and then, with `report_traffic`, sends rank 0 its data traffic.
+pub fn run_roles<R: Send>(
+    name: &str,
+    common: &Common,
+    arena: u64,
+    report_traffic: bool,
+    lead: impl Fn(&Ctx) -> Result<R> + Sync,
+    member: impl Fn(&Ctx) -> Result<()> + Sync,
+) -> Result<Vec<(Algo, R)>> {
+    run(name, common, arena, |ctx| {
+        ctx.barrier("start")?;
+        if ctx.rank() == 0 {
+            return lead(ctx).map(Some);
+        }
+        let base = traffic_base(ctx.node);
+        member(ctx)?;
+        if report_traffic {
+            collect_traffic(ctx, base);
+        }
+        Ok(None)
+    })
+}
+
 /// Runs `body` on every rank, once per algorithm, and returns rank 0's results (only on the
 /// process that holds rank 0). `arena` is the arena size each node needs (local mode; a
 /// configured cluster's `arena_size` must be at least that).
