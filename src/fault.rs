@@ -1,9 +1,10 @@
 //! The deterministic fault-injection hook: a node kills itself at a chosen byte offset of a
-//! transfer it serves (test API `Node::inject_fault`, CLI `phalanx node --fault-*`).
+//! transfer it serves (test API `Node::inject_fault`, CLI `phalanx node --fault-*`). The hook
+//! is a value handed to the source side of the transfers; the node gives it the way to die.
 
-use crate::node::Inner;
 use crate::ObjectId;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 use std::time::Instant;
 use tracing::warn;
 
@@ -25,27 +26,60 @@ pub struct FaultPlan {
     pub action: FaultAction,
 }
 
-impl Inner {
-    /// Fires the injected fault if it applies to serving bytes of `id` up to `end`; returns
-    /// how many bytes may still be sent before it fires.
-    pub fn fault_budget(&self, id: &ObjectId, sent: u64) -> Option<u64> {
-        let f = self.fault.lock().unwrap();
+/// The armed plan (if any) and whether it fired.
+pub(crate) struct FaultHook {
+    node: u32,
+    plan: Mutex<Option<FaultPlan>>,
+    fired: AtomicBool,
+    fired_at: Mutex<Option<Instant>>,
+    /// Drops the node's links abruptly (`FaultAction::DropLinks`).
+    drop_links: Box<dyn Fn() + Send + Sync>,
+}
+
+impl FaultHook {
+    pub fn new(node: u32, drop_links: impl Fn() + Send + Sync + 'static) -> FaultHook {
+        FaultHook {
+            node,
+            plan: Mutex::new(None),
+            fired: AtomicBool::new(false),
+            fired_at: Mutex::new(None),
+            drop_links: Box::new(drop_links),
+        }
+    }
+
+    pub fn arm(&self, plan: FaultPlan) {
+        *self.plan.lock().unwrap() = Some(plan);
+    }
+
+    pub fn fired(&self) -> bool {
+        self.fired.load(Ordering::Acquire)
+    }
+
+    pub fn fired_at(&self) -> Option<Instant> {
+        *self.fired_at.lock().unwrap()
+    }
+
+    /// How many more bytes of `id` may be served in a transfer that has sent `sent`, if a
+    /// plan applies to it.
+    pub fn budget(&self, id: &ObjectId, sent: u64) -> Option<u64> {
+        let f = self.plan.lock().unwrap();
         let plan = f
             .as_ref()
             .filter(|p| p.object == *id || p.object.as_str() == "*")?;
         Some(plan.after_bytes.saturating_sub(sent))
     }
 
-    pub fn fire_fault(&self) {
-        let action = match self.fault.lock().unwrap().take() {
+    /// Fires the armed plan (once).
+    pub fn fire(&self) {
+        let action = match self.plan.lock().unwrap().take() {
             Some(p) => p.action,
             None => return,
         };
-        *self.fault_fired_at.lock().unwrap() = Some(Instant::now());
-        self.fault_fired.store(true, Ordering::Release);
-        warn!(node = self.id, "injected fault fires: {action:?}");
+        *self.fired_at.lock().unwrap() = Some(Instant::now());
+        self.fired.store(true, Ordering::Release);
+        warn!(node = self.node, "injected fault fires: {action:?}");
         match action {
-            FaultAction::DropLinks => self.close(true),
+            FaultAction::DropLinks => (self.drop_links)(),
             FaultAction::SigKill => {
                 let _ = nix::sys::signal::kill(
                     nix::unistd::getpid(),
@@ -53,5 +87,35 @@ impl Inner {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU32;
+    use std::sync::Arc;
+
+    #[test]
+    fn the_plan_applies_to_its_object_and_fires_once() {
+        let drops = Arc::new(AtomicU32::new(0));
+        let d = drops.clone();
+        let hook = FaultHook::new(1, move || {
+            d.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(hook.budget(&"x".into(), 0), None, "nothing armed");
+        hook.arm(FaultPlan {
+            object: "x".into(),
+            after_bytes: 100,
+            action: FaultAction::DropLinks,
+        });
+        assert_eq!(hook.budget(&"y".into(), 0), None);
+        assert_eq!(hook.budget(&"x".into(), 30), Some(70));
+        assert_eq!(hook.budget(&"x".into(), 300), Some(0));
+        hook.fire();
+        hook.fire();
+        assert_eq!(drops.load(Ordering::Relaxed), 1);
+        assert!(hook.fired() && hook.fired_at().is_some());
+        assert_eq!(hook.budget(&"x".into(), 0), None, "disarmed once fired");
     }
 }

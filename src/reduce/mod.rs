@@ -5,17 +5,30 @@
 //! intermediate object that its parent pulls while it fills. The root writes the target, which
 //! is published as a partial copy from its first byte, so readers overlap with the reduce.
 
+//!
+//! `Reducer` is the reduce subsystem of one node: it coordinates the reduces started here and
+//! runs the tasks coordinators send here. It is handed the messaging, the directory client,
+//! membership, the store and the transfer engine (tasks pull their inputs).
+
 mod claims;
 mod coordinator;
+mod run;
 mod task;
 mod tree;
 
 pub use claims::SourceClaims;
 pub use tree::{choose_degree, Tree};
 
+use crate::config::NodeConfig;
+use crate::directory::DirClient;
+use crate::membership::Membership;
 use crate::ops::{DType, ReduceOp};
-use crate::{Error, Node, ObjectId, Result};
-use crossbeam_channel::Receiver;
+use crate::protocol::ReduceMsg;
+use crate::rpc::Rpc;
+use crate::store::Store;
+use crate::transfer::Transfers;
+use crate::{Error, ObjectId, Result};
+use crossbeam_channel::{Receiver, Sender};
 use phalanx_transport::NodeId;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -108,97 +121,77 @@ pub struct ReduceOutcome {
     pub done: Instant,
 }
 
-impl Node {
-    /// Reduces the first `num_objects` of `sources` to become ready into `target`.
+/// What the reduce subsystem is handed by its node.
+pub(crate) struct ReduceDeps {
+    pub cfg: NodeConfig,
+    pub rpc: Arc<Rpc>,
+    pub dir: Arc<DirClient>,
+    pub members: Arc<Membership>,
+    pub store: Arc<Store>,
+    pub transfers: Arc<Transfers>,
+}
+
+/// The reduce subsystem of one node.
+pub(crate) struct Reducer {
+    id: NodeId,
+    cfg: NodeConfig,
+    rpc: Arc<Rpc>,
+    dir: Arc<DirClient>,
+    members: Arc<Membership>,
+    store: Arc<Store>,
+    transfers: Arc<Transfers>,
+    tasks: task::Tasks,
+}
+
+impl Reducer {
+    pub fn new(d: ReduceDeps) -> Reducer {
+        Reducer {
+            id: d.rpc.id(),
+            cfg: d.cfg,
+            rpc: d.rpc,
+            dir: d.dir,
+            members: d.members,
+            store: d.store,
+            transfers: d.transfers,
+            tasks: task::Tasks::default(),
+        }
+    }
+
+    /// A message of the reduce family from `from`.
+    pub fn handle(self: &Arc<Self>, from: NodeId, msg: ReduceMsg) {
+        match msg {
+            ReduceMsg::Task { rid, task } => self.start_task(from, rid, task),
+            ReduceMsg::Cancel { out } => self.cancel_task(&out),
+        }
+    }
+
+    /// Runs one reduce, coordinated from this node, to the end.
     pub fn reduce(
         &self,
-        target: impl Into<ObjectId>,
+        target: ObjectId,
         sources: &[ObjectId],
-        num_objects: usize,
-        op: ReduceOp,
-        dtype: DType,
-    ) -> Result<ReduceOutcome> {
-        self.reduce_with(
-            target,
-            sources,
-            num_objects,
-            op,
-            dtype,
-            &ReduceOptions::default(),
-        )
-    }
-
-    /// [`Node::reduce`] with explicit options.
-    pub fn reduce_with(
-        &self,
-        target: impl Into<ObjectId>,
-        sources: &[ObjectId],
-        num_objects: usize,
-        op: ReduceOp,
-        dtype: DType,
+        num: usize,
+        kind: (ReduceOp, DType),
         opts: &ReduceOptions,
     ) -> Result<ReduceOutcome> {
-        self.inner
-            .coordinate_reduce(target.into(), sources, num_objects, (op, dtype), opts, None)
+        self.coordinate_reduce(target, sources, num, kind, opts, None)
     }
 
-    /// Starts a reduce and returns at once: [`ReduceHandle::inputs`] tells which sources were
-    /// placed as soon as the tree is full (long before the result is complete), so a caller
-    /// can hand the partial target to its readers and start the next reduce meanwhile.
-    pub fn reduce_start(
-        &self,
-        target: impl Into<ObjectId>,
+    /// Starts a reduce coordinated from this node on a thread of its own.
+    pub fn start(
+        self: &Arc<Self>,
+        target: ObjectId,
         sources: Vec<ObjectId>,
-        num_objects: usize,
-        op: ReduceOp,
-        dtype: DType,
+        num: usize,
+        kind: (ReduceOp, DType),
         opts: ReduceOptions,
     ) -> Result<ReduceHandle> {
-        let target = target.into();
-        let inner = self.inner.clone();
-        let (tx, rx) = crossbeam_channel::bounded(1);
+        let me = self.clone();
+        let (tx, rx): (Sender<Vec<ObjectId>>, _) = crossbeam_channel::bounded(1);
         let thread = std::thread::Builder::new()
             .name(format!("reduce {target}"))
-            .spawn(move || {
-                let kind = (op, dtype);
-                inner.coordinate_reduce(target, &sources, num_objects, kind, &opts, Some(tx))
-            })
+            .spawn(move || me.coordinate_reduce(target, &sources, num, kind, &opts, Some(tx)))
             .map_err(|e| Error::Config(format!("spawn a reduce coordinator: {e}")))?;
         Ok(ReduceHandle { placed: rx, thread })
-    }
-
-    /// Allreduce from the coordinator's side: reduces all `sources` into `target` and returns
-    /// the result; the other participants call `get(target)`, which streams the target while
-    /// it is still being reduced.
-    pub fn allreduce(
-        &self,
-        target: impl Into<ObjectId>,
-        sources: &[ObjectId],
-        op: ReduceOp,
-        dtype: DType,
-        opts: &ReduceOptions,
-    ) -> Result<(Vec<u8>, ReduceOutcome)> {
-        let target = target.into();
-        std::thread::scope(|s| {
-            let h = s.spawn(|| {
-                self.reduce_with(target.clone(), sources, sources.len(), op, dtype, opts)
-            });
-            let got = self.get(target.clone());
-            let outcome = h.join().expect("reduce thread")?;
-            Ok((got?, outcome))
-        })
-    }
-
-    /// Gets several objects concurrently (a gather at this node).
-    pub fn gather(&self, ids: &[ObjectId]) -> Result<Vec<Vec<u8>>> {
-        std::thread::scope(|s| {
-            let hs: Vec<_> = ids
-                .iter()
-                .map(|id| s.spawn(move || self.get(id.clone())))
-                .collect();
-            hs.into_iter()
-                .map(|h| h.join().expect("gather thread"))
-                .collect()
-        })
     }
 }

@@ -1,13 +1,23 @@
 //! One tree position at work: `own ⊕ children` streamed into its output as the inputs fill.
+//! Tasks run here on request of a coordinator (any node); the registry lets a later
+//! `Cancel` find the task that produces a given output.
 
-use crate::node::Inner;
+use super::Reducer;
 use crate::ops::{combine, combine_into};
-use crate::protocol::ReduceTask;
+use crate::protocol::{Msg, ReduceTask, Reply, Rid};
 use crate::view::Fetched;
 use crate::{Error, ObjectId, Result};
+use phalanx_transport::NodeId;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// The reduce tasks running on this node: cancel flags by output object.
+#[derive(Default)]
+pub(super) struct Tasks {
+    cancels: Mutex<HashMap<ObjectId, Arc<AtomicBool>>>,
+}
 
 enum Input {
     Copy(crate::store::CopyRef),
@@ -37,20 +47,57 @@ impl Input {
     }
 }
 
-impl Inner {
-    fn input(self: &Arc<Self>, id: &ObjectId) -> Result<Input> {
-        Ok(match self.fetch(id)? {
+impl Reducer {
+    /// A coordinator asks for one position: computed on a thread of its own, answered with
+    /// `Ack` or the error when done (nothing if cancelled).
+    pub(super) fn start_task(self: &Arc<Self>, from: NodeId, rid: Rid, task: ReduceTask) {
+        // Registered before the thread starts, so a Cancel that follows on the same link
+        // always finds it.
+        let cancel = Arc::new(AtomicBool::new(false));
+        self.tasks
+            .cancels
+            .lock()
+            .unwrap()
+            .insert(task.out.clone(), cancel.clone());
+        let me = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("phx-reduce-{}", self.id))
+            .spawn(move || {
+                let reply = match me.run_task(&task, &cancel) {
+                    Ok(()) => Reply::Ack,
+                    Err(e) => Reply::Error(e.to_string()),
+                };
+                let mut c = me.tasks.cancels.lock().unwrap();
+                if c.get(&task.out).is_some_and(|f| Arc::ptr_eq(f, &cancel)) {
+                    c.remove(&task.out);
+                }
+                drop(c);
+                if !cancel.load(Ordering::Acquire) {
+                    let _ = me.rpc.send(from, Msg::Reply { rid, reply });
+                }
+            });
+        if let Err(e) = spawned {
+            let reply = Reply::Error(format!("spawn: {e}"));
+            let _ = self.rpc.send(from, Msg::Reply { rid, reply });
+        }
+    }
+
+    /// Stops the task producing `out`, if it runs here.
+    pub(super) fn cancel_task(&self, out: &ObjectId) {
+        if let Some(f) = self.tasks.cancels.lock().unwrap().get(out) {
+            f.store(true, Ordering::Release);
+        }
+    }
+
+    fn input(&self, id: &ObjectId) -> Result<Input> {
+        Ok(match self.transfers.fetch(id)? {
             Fetched::Copy(c) => Input::Copy(c),
             Fetched::Owned(v) => Input::Owned(v),
         })
     }
 
     /// Runs one tree position; called on the node that holds `task.own`.
-    pub(crate) fn run_reduce_task(
-        self: &Arc<Self>,
-        t: &ReduceTask,
-        cancel: &AtomicBool,
-    ) -> Result<()> {
+    fn run_task(&self, t: &ReduceTask, cancel: &AtomicBool) -> Result<()> {
         let cancelled = || Error::InvalidArgument(format!("reduce task for {} cancelled", t.out));
         let own = self.input(&t.own)?;
         let children = t
@@ -74,7 +121,7 @@ impl Inner {
             return Err(cancelled());
         }
         let (out, evicted) = self.store.create(&t.out, t.size, true)?;
-        self.withdraw(&evicted);
+        self.dir.withdraw(&evicted);
         let r = self.fill_reduce_output(t, &own, &children, &out, cancel);
         if r.is_err() {
             // Readers of the partial output (local ones and the pulls it serves) get an error
@@ -95,7 +142,7 @@ impl Inner {
     ) -> Result<()> {
         let esz = t.dtype.size() as u64;
         let cancelled = || Error::InvalidArgument(format!("reduce task for {} cancelled", t.out));
-        self.publish(&t.out, t.size, false)?;
+        self.dir.publish(&t.out, t.size, false)?;
         let chunk = (t.chunk / esz).max(1) * esz;
         let timeout = self.cfg.op_timeout;
         let mut off = 0;
@@ -137,7 +184,7 @@ impl Inner {
         if cancel.load(Ordering::Acquire) || out.is_detached() {
             return Err(cancelled());
         }
-        self.publish(&t.out, t.size, true)?;
+        self.dir.publish(&t.out, t.size, true)?;
         Ok(())
     }
 }

@@ -3,7 +3,7 @@
 //! source and withholds that source until the receiver reports back, so broadcast receivers
 //! arrange themselves into a tree. It is a plain state machine: messages in, messages out.
 
-use crate::protocol::{Located, LocationInfo, Msg, ObjectInfo, Reply, Rid};
+use crate::protocol::{DirMsg, Located, LocationInfo, Msg, ObjectInfo, Reply, Rid};
 use crate::ObjectId;
 use phalanx_transport::NodeId;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -56,7 +56,8 @@ pub struct Shard {
     log: VecDeque<Assignment>,
 }
 
-type Out = Vec<(NodeId, Msg)>;
+/// Messages a shard wants sent: (destination, message).
+pub type Out = Vec<(NodeId, Msg)>;
 
 fn reply(out: &mut Out, to: NodeId, rid: Rid, reply: Reply) {
     out.push((to, Msg::Reply { rid, reply }));
@@ -124,9 +125,9 @@ impl Shard {
     }
 
     /// Handles one directory message from `from`, appending the messages to send.
-    pub fn handle(&mut self, from: NodeId, msg: Msg, out: &mut Out) {
+    pub fn handle(&mut self, from: NodeId, msg: DirMsg, out: &mut Out) {
         match msg {
-            Msg::Publish {
+            DirMsg::Publish {
                 id,
                 size,
                 node,
@@ -151,7 +152,7 @@ impl Shard {
                 self.notify(&id, out);
                 self.serve_waiters(&id, out);
             }
-            Msg::PutInline {
+            DirMsg::PutInline {
                 rid,
                 id,
                 node,
@@ -180,7 +181,7 @@ impl Shard {
                 self.notify(&id, out);
                 self.serve_waiters(&id, out);
             }
-            Msg::Locate {
+            DirMsg::Locate {
                 rid,
                 id,
                 wait,
@@ -201,7 +202,7 @@ impl Shard {
                     }
                 }
             }
-            Msg::TransferDone {
+            DirMsg::TransferDone {
                 id,
                 source,
                 receiver,
@@ -228,7 +229,7 @@ impl Shard {
                 }
                 self.serve_waiters(&id, out);
             }
-            Msg::Withdraw { id, node } => {
+            DirMsg::Withdraw { id, node } => {
                 if let Some(e) = self.entries.get_mut(&id) {
                     e.locs.remove(&node);
                     for l in e.locs.values_mut() {
@@ -239,17 +240,17 @@ impl Shard {
                 }
                 self.serve_waiters(&id, out);
             }
-            Msg::Query { rid, id } => {
+            DirMsg::Query { rid, id } => {
                 reply(out, from, rid, Reply::Info(self.info(&id)));
             }
-            Msg::Subscribe { rid, id } => match self.entries.get(&id) {
+            DirMsg::Subscribe { rid, id } => match self.entries.get(&id) {
                 Some(e) if e.inline.is_some() || !e.locs.is_empty() => {
                     reply(out, from, rid, Reply::Info(Some(e.info())));
                 }
                 _ if self.tombstones.contains(&id) => reply(out, from, rid, Reply::Info(None)),
                 _ => self.subscribers.entry(id).or_default().push((from, rid)),
             },
-            Msg::Delete { rid, id } => {
+            DirMsg::Delete { rid, id } => {
                 let nodes = self
                     .entries
                     .remove(&id)
@@ -264,16 +265,13 @@ impl Shard {
                 }
                 reply(out, from, rid, Reply::Deleted(nodes));
             }
-            Msg::Reset { rid, id } => {
+            DirMsg::Reset { rid, id } => {
                 let nodes = self
                     .entries
                     .remove(&id)
                     .map(|e| e.locs.keys().copied().collect())
                     .unwrap_or_default();
                 reply(out, from, rid, Reply::Deleted(nodes));
-            }
-            other => {
-                tracing::warn!(from, "directory got a non-directory message {other:?}");
             }
         }
     }
@@ -441,7 +439,7 @@ mod tests {
         let mut out = Vec::new();
         s.handle(
             from,
-            Msg::Locate {
+            DirMsg::Locate {
                 rid: from as u64,
                 id: "x".into(),
                 wait: true,
@@ -457,7 +455,7 @@ mod tests {
         let mut out = Vec::new();
         s.handle(
             node,
-            Msg::Publish {
+            DirMsg::Publish {
                 id: "x".into(),
                 size: 100,
                 node,
@@ -485,7 +483,7 @@ mod tests {
         let mut out = Vec::new();
         s.handle(
             1,
-            Msg::TransferDone {
+            DirMsg::TransferDone {
                 id: "x".into(),
                 source: 0,
                 receiver: 1,
@@ -501,7 +499,7 @@ mod tests {
         );
         s.handle(
             1,
-            Msg::TransferDone {
+            DirMsg::TransferDone {
                 id: "x".into(),
                 source: 0,
                 receiver: 1,
@@ -546,7 +544,7 @@ mod tests {
         let mut out = Vec::new();
         s.handle(
             0,
-            Msg::PutInline {
+            DirMsg::PutInline {
                 rid: 1,
                 id: "x".into(),
                 node: 0,
@@ -561,7 +559,7 @@ mod tests {
         let mut out = Vec::new();
         s.handle(
             2,
-            Msg::Delete {
+            DirMsg::Delete {
                 rid: 9,
                 id: "x".into(),
             },
@@ -582,7 +580,7 @@ mod tests {
         let mut out = Vec::new();
         s.handle(
             4,
-            Msg::Subscribe {
+            DirMsg::Subscribe {
                 rid: 5,
                 id: "x".into(),
             },
@@ -608,7 +606,7 @@ mod tests {
         let mut out = Vec::new();
         s.handle(
             4,
-            Msg::Reset {
+            DirMsg::Reset {
                 rid: 7,
                 id: "x".into(),
             },
@@ -631,7 +629,7 @@ mod tests {
         let mut out = Vec::new();
         s.handle(
             3,
-            Msg::Subscribe {
+            DirMsg::Subscribe {
                 rid: 8,
                 id: "x".into(),
             },
@@ -656,7 +654,7 @@ mod tests {
         let mut out = Vec::new();
         s.handle(
             4,
-            Msg::Subscribe {
+            DirMsg::Subscribe {
                 rid: 5,
                 id: "x".into(),
             },

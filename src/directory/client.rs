@@ -1,0 +1,236 @@
+//! The directory as the rest of the node uses it: every request goes to the shard that owns
+//! the entry now (placement follows membership), and a dead shard is waited out or tolerated
+//! where the operation allows it.
+
+use crate::config::INLINE_LIMIT;
+use crate::membership::Membership;
+use crate::protocol::{DirMsg, Located, Msg, ObjectInfo, Reply, StoreMsg};
+use crate::rpc::Rpc;
+use crate::store::Store;
+use crate::{Error, ObjectId, Result};
+use crossbeam_channel::Receiver;
+use phalanx_transport::NodeId;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tracing::warn;
+
+pub(crate) struct DirClient {
+    id: NodeId,
+    rpc: Arc<Rpc>,
+    members: Arc<Membership>,
+    store: Arc<Store>,
+    op_timeout: Duration,
+}
+
+impl DirClient {
+    pub fn new(
+        rpc: Arc<Rpc>,
+        members: Arc<Membership>,
+        store: Arc<Store>,
+        op_timeout: Duration,
+    ) -> DirClient {
+        DirClient {
+            id: rpc.id(),
+            rpc,
+            members,
+            store,
+            op_timeout,
+        }
+    }
+
+    /// The node holding the directory entry of `id` now.
+    pub fn shard_of(&self, id: &ObjectId) -> NodeId {
+        self.members.shard_of(id)
+    }
+
+    /// A dead shard is not fatal to a producer: the copy is here, and this node republishes
+    /// it to the entry's next owner (or to the shard when it rejoins).
+    pub fn tolerate_shard_down(&self, id: &ObjectId, r: Result<()>) -> Result<()> {
+        match r {
+            Err(Error::PeerDown(p)) => {
+                warn!(node = self.id, %id, shard = p, "directory shard down; the entry is republished when ownership settles");
+                Ok(())
+            }
+            r => r,
+        }
+    }
+
+    /// Announces a local copy (partial or complete) to the object's directory shard.
+    pub fn publish(&self, id: &ObjectId, size: u64, complete: bool) -> Result<()> {
+        let r = self.rpc.send(
+            self.shard_of(id),
+            DirMsg::Publish {
+                id: id.clone(),
+                size,
+                node: self.id,
+                complete,
+            },
+        );
+        self.tolerate_shard_down(id, r)
+    }
+
+    /// Stores a small object's bytes in its directory entry.
+    pub fn put_inline(&self, id: &ObjectId, data: &[u8]) -> Result<()> {
+        let r = self.rpc.call(self.shard_of(id), |rid| {
+            Msg::Dir(DirMsg::PutInline {
+                rid,
+                id: id.clone(),
+                node: self.id,
+                data: data.to_vec(),
+            })
+        });
+        self.tolerate_shard_down(id, r.map(|_| ()))
+    }
+
+    /// Tells the directory that these copies are gone (evicted, or a pull given up).
+    pub fn withdraw(&self, ids: &[ObjectId]) {
+        for id in ids {
+            let _ = self.rpc.send(
+                self.shard_of(id),
+                DirMsg::Withdraw {
+                    id: id.clone(),
+                    node: self.id,
+                },
+            );
+        }
+    }
+
+    /// Asks for a source of `id`, waiting until there is one; a shard that dies meanwhile is
+    /// asked again at the entry's next owner (the holders republish there).
+    pub fn locate(&self, id: &ObjectId, resume: bool, exclude: &[NodeId]) -> Result<Located> {
+        let deadline = Instant::now() + self.op_timeout;
+        loop {
+            // Recomputed each time: a dead shard's entries move to another node.
+            let shard = self.shard_of(id);
+            let r = self.rpc.call(shard, |rid| {
+                Msg::Dir(DirMsg::Locate {
+                    rid,
+                    id: id.clone(),
+                    wait: true,
+                    resume,
+                    exclude: exclude.to_vec(),
+                })
+            });
+            match r {
+                Ok(Reply::Located(l)) => return Ok(l),
+                Ok(r) => return Err(self.rpc.unexpected(r)),
+                // The shard died under us: its entries reappear at the next owner once the
+                // holders republish them.
+                Err(Error::PeerDown(_)) if Instant::now() < deadline && !self.rpc.is_closed() => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Releases the source of an assignment (and, if `ok`, marks our copy complete).
+    pub fn transfer_done(&self, shard: NodeId, id: &ObjectId, src: NodeId, token: u64, ok: bool) {
+        let _ = self.rpc.send(
+            shard,
+            DirMsg::TransferDone {
+                id: id.clone(),
+                source: src,
+                receiver: self.id,
+                token,
+                ok,
+            },
+        );
+    }
+
+    /// Synchronous query at `shard`: the entry as it stands now.
+    pub fn query_at(&self, shard: NodeId, id: &ObjectId) -> Result<Option<ObjectInfo>> {
+        match self.rpc.call(shard, |rid| {
+            Msg::Dir(DirMsg::Query {
+                rid,
+                id: id.clone(),
+            })
+        })? {
+            Reply::Info(i) => Ok(i),
+            r => Err(self.rpc.unexpected(r)),
+        }
+    }
+
+    /// Asynchronous location query: the receiver hears the entry once `id` has a location.
+    pub fn subscribe(&self, id: &ObjectId) -> Result<Receiver<Result<Reply>>> {
+        self.rpc.call_async(self.shard_of(id), |rid| {
+            Msg::Dir(DirMsg::Subscribe {
+                rid,
+                id: id.clone(),
+            })
+        })
+    }
+
+    /// Removes every copy of `id` and its entry.
+    pub fn delete(&self, id: &ObjectId) -> Result<()> {
+        self.remove_copies(id, false)
+    }
+
+    /// Drops every copy of `id` but keeps its readers waiting for a new one (see
+    /// `DirMsg::Reset`).
+    pub fn reset(&self, id: &ObjectId) -> Result<()> {
+        self.remove_copies(id, true)
+    }
+
+    fn remove_copies(&self, id: &ObjectId, reset: bool) -> Result<()> {
+        let nodes = match self.rpc.call(self.shard_of(id), |rid| {
+            let id = id.clone();
+            Msg::Dir(match reset {
+                false => DirMsg::Delete { rid, id },
+                true => DirMsg::Reset { rid, id },
+            })
+        })? {
+            Reply::Deleted(n) => n,
+            r => return Err(self.rpc.unexpected(r)),
+        };
+        self.store.delete(id);
+        for n in nodes.into_iter().filter(|&n| n != self.id) {
+            match self.rpc.call(n, |rid| {
+                Msg::Store(StoreMsg::Evict {
+                    rid,
+                    id: id.clone(),
+                })
+            }) {
+                Ok(_) | Err(Error::PeerDown(_)) | Err(Error::Transport(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Directory ownership changed (a peer died, or rejoined): give the new owner of every
+    /// affected entry our copies again. `moved(id)` says whether the entry moved.
+    pub fn republish(&self, moved: impl Fn(&ObjectId) -> bool) {
+        for (id, size, complete) in self.store.summary() {
+            if !moved(&id) {
+                continue;
+            }
+            let small = size < INLINE_LIMIT && complete;
+            let msg = match self.store.lookup(&id) {
+                Some(c) if small => DirMsg::PutInline {
+                    rid: 0,
+                    id: id.clone(),
+                    node: self.id,
+                    data: c.filled(0, size).to_vec(),
+                },
+                _ => DirMsg::Publish {
+                    id: id.clone(),
+                    size,
+                    node: self.id,
+                    complete,
+                },
+            };
+            let _ = self.rpc.send(self.shard_of(&id), msg);
+        }
+    }
+
+    /// `peer` died: entries it owned move to the next node by HRW order.
+    pub fn republish_after_death(&self, peer: NodeId) {
+        self.republish(|id| self.members.owned_by_before_death(id, peer));
+    }
+
+    /// `peer` rejoined: entries it owns come back to it.
+    pub fn republish_after_rejoin(&self, peer: NodeId) {
+        self.republish(|id| self.shard_of(id) == peer);
+    }
+}

@@ -1,0 +1,8 @@
+//! The object directory: each node runs one shard (a state machine over the entries it owns)
+//! and every subsystem reaches the shards through the client.
+
+mod client;
+mod shard;
+
+pub(crate) use client::DirClient;
+pub use shard::{Assignment, Out, Shard};

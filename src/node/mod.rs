@@ -1,0 +1,285 @@
+//! A node: store, directory shard, transfer engine, reduce subsystem and transport tied
+//! together, and the public API. `start.rs` wires the subsystems and stops them,
+//! `dispatch.rs` routes transport events and messages to them by family, `collectives.rs` is
+//! the reduce/allreduce/gather API. Each subsystem owns its state; the node only holds them.
+
+mod collectives;
+mod dispatch;
+mod start;
+
+use crate::config::{NodeConfig, INLINE_LIMIT};
+use crate::directory::{Assignment, DirClient, Shard};
+use crate::fault::{FaultHook, FaultPlan};
+use crate::membership::Membership;
+use crate::protocol::{ObjectInfo, Reply};
+use crate::reduce::Reducer;
+use crate::rpc::Rpc;
+use crate::store::{CopyStatus, Store};
+use crate::transfer::Transfers;
+use crate::view::{Fetched, ObjectReader, ObjectView};
+use crate::{Error, ObjectId, Result};
+use crossbeam_channel::Receiver;
+use phalanx_transport::{NodeId, Transport, TransportStats};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+pub use crate::transfer::{ServeRecord, TransferRecord};
+
+/// Extra fetches a `get` makes when the copy it reads is dropped under it.
+const FETCH_ATTEMPTS: u32 = 3;
+
+/// Runs a fetch again when the copy it read was dropped under it: deleted (the next try says
+/// so at once), or reset because its producer recomputes it (the next try waits for it).
+fn refetching<T>(mut fetch: impl FnMut() -> Result<T>) -> Result<T> {
+    let mut attempt = 0;
+    loop {
+        match fetch() {
+            Err(Error::NotFound(_)) if attempt < FETCH_ATTEMPTS => attempt += 1,
+            r => return r,
+        }
+    }
+}
+
+/// The subsystems of one node. Each owns its state; this struct only holds them together
+/// for the facade and the dispatcher.
+pub(crate) struct Inner {
+    id: NodeId,
+    cfg: NodeConfig,
+    transport: Arc<dyn Transport>,
+    store: Arc<Store>,
+    /// This node's directory shard.
+    shard: Mutex<Shard>,
+    rpc: Arc<Rpc>,
+    members: Arc<Membership>,
+    dir: Arc<DirClient>,
+    transfers: Arc<Transfers>,
+    reducer: Arc<Reducer>,
+    fault: Arc<FaultHook>,
+}
+
+/// A Phalanx node. Cheap to clone; every clone is the same node.
+#[derive(Clone)]
+pub struct Node {
+    inner: Arc<Inner>,
+    dispatcher: Arc<Mutex<Option<JoinHandle<()>>>>,
+}
+
+impl Node {
+    pub fn id(&self) -> NodeId {
+        self.inner.id
+    }
+
+    pub fn num_nodes(&self) -> u32 {
+        self.inner.members.nodes()
+    }
+
+    pub fn config(&self) -> &NodeConfig {
+        &self.inner.cfg
+    }
+
+    pub fn transport(&self) -> &Arc<dyn Transport> {
+        &self.inner.transport
+    }
+
+    /// Where the node's transport listens, if it does.
+    pub fn listen_addr(&self) -> Option<std::net::SocketAddr> {
+        self.inner.transport.listen_addr()
+    }
+
+    pub fn transport_stats(&self) -> TransportStats {
+        self.inner.transport.stats()
+    }
+
+    /// Stores an immutable object. Small objects go inline into the directory; large ones are
+    /// published as a partial copy first, so receivers can stream them while they copy in.
+    pub fn put(&self, id: impl Into<ObjectId>, data: &[u8]) -> Result<()> {
+        let id = id.into();
+        let inner = &self.inner;
+        let (copy, evicted) = inner.store.create(&id, data.len() as u64, true)?;
+        inner.dir.withdraw(&evicted);
+        let size = data.len() as u64;
+        if size < INLINE_LIMIT {
+            copy.append(data)?;
+            return inner.dir.put_inline(&id, data).inspect_err(|_| {
+                inner.store.delete(&id);
+            });
+        }
+        inner.dir.publish(&id, size, false)?;
+        for piece in data.chunks(inner.cfg.put_step.max(4096) as usize) {
+            copy.append(piece)?;
+        }
+        inner.dir.publish(&id, size, true)
+    }
+
+    /// Fetches a copy of the object's bytes, waiting for the object to be put if needed.
+    pub fn get(&self, id: impl Into<ObjectId>) -> Result<Vec<u8>> {
+        let id = id.into();
+        refetching(|| self.get_once(&id))
+    }
+
+    fn get_once(&self, id: &ObjectId) -> Result<Vec<u8>> {
+        let mut r = self.get_stream(id.clone())?;
+        let mut out = vec![0u8; r.size() as usize];
+        use std::io::Read;
+        r.read_exact(&mut out).map_err(|e| match e.into_inner() {
+            Some(inner) => match inner.downcast::<Error>() {
+                Ok(e) => *e,
+                Err(e) => Error::Protocol {
+                    peer: self.id(),
+                    what: e.to_string(),
+                },
+            },
+            None => Error::Protocol {
+                peer: self.id(),
+                what: "short read".into(),
+            },
+        })?;
+        Ok(out)
+    }
+
+    /// A zero-copy read-only view of the complete object in the local arena.
+    pub fn get_view(&self, id: impl Into<ObjectId>) -> Result<ObjectView> {
+        self.get_view_excluding(id, &[])
+    }
+
+    /// Like [`Node::get_view`], pulling only from `source` (no tree): the star baseline of a
+    /// task system without collectives.
+    pub fn get_view_from(&self, id: impl Into<ObjectId>, source: NodeId) -> Result<ObjectView> {
+        let others: Vec<NodeId> = (0..self.inner.members.nodes()).filter(|&n| n != source).collect();
+        self.get_view_excluding(id, &others)
+    }
+
+    fn get_view_excluding(
+        &self,
+        id: impl Into<ObjectId>,
+        exclude: &[NodeId],
+    ) -> Result<ObjectView> {
+        let id = id.into();
+        refetching(|| match self.inner.transfers.fetch_excluding(&id, exclude)? {
+            Fetched::Owned(v) => Ok(ObjectView::Owned(v)),
+            Fetched::Copy(c) => {
+                let size = c.size();
+                let mut wm = 0;
+                while wm < size || c.status() != CopyStatus::Complete {
+                    wm = c.wait_beyond(wm, self.inner.cfg.op_timeout)?;
+                }
+                Ok(ObjectView::Arena(c))
+            }
+        })
+    }
+
+    /// A reader that returns bytes as soon as they have arrived.
+    pub fn get_stream(&self, id: impl Into<ObjectId>) -> Result<ObjectReader> {
+        let src = self.inner.transfers.fetch(&id.into())?;
+        Ok(ObjectReader {
+            src,
+            pos: 0,
+            timeout: self.inner.cfg.op_timeout,
+        })
+    }
+
+    /// Removes the object from every node and from the directory.
+    pub fn delete(&self, id: impl Into<ObjectId>) -> Result<()> {
+        self.inner.dir.delete(&id.into())
+    }
+
+    /// Drops this node's copy of `id` unless it is a pinned `put` copy, and withdraws it from
+    /// the directory; returns whether a copy was dropped. Other copies are untouched.
+    pub fn evict_local(&self, id: impl Into<ObjectId>) -> bool {
+        let id = id.into();
+        match self.inner.store.info(&id) {
+            Some(i) if !i.pinned && i.status == CopyStatus::Complete => {
+                self.inner.store.delete(&id);
+                self.inner.dir.withdraw(std::slice::from_ref(&id));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The node that holds the directory entry of `id`.
+    pub fn shard_of(&self, id: impl Into<ObjectId>) -> NodeId {
+        self.inner.members.shard_of(&id.into())
+    }
+
+    /// The node that holds the directory entry of `id` while every node is alive. Placement
+    /// is highest-random-weight hashing, so that node keeps the entry for as long as it lives,
+    /// whoever else dies: unlike [`Node::shard_of`], this does not change with membership.
+    pub fn home_shard(&self, id: impl Into<ObjectId>) -> NodeId {
+        self.inner.members.home_shard(&id.into())
+    }
+
+    /// Synchronous location query: the directory entry as it stands now.
+    pub fn locate(&self, id: impl Into<ObjectId>) -> Result<Option<ObjectInfo>> {
+        let id = id.into();
+        self.inner.dir.query_at(self.inner.members.shard_of(&id), &id)
+    }
+
+    /// Asynchronous location query: the receiver yields the entry once the object has a
+    /// location (`None` if it is deleted first).
+    pub fn subscribe(
+        &self,
+        id: impl Into<ObjectId>,
+    ) -> Result<Receiver<Result<Option<ObjectInfo>>>> {
+        let id = id.into();
+        let inner = self.inner.clone();
+        let rx = inner.dir.subscribe(&id)?;
+        let (tx, out) = crossbeam_channel::bounded(1);
+        std::thread::Builder::new()
+            .name("phx-subscribe".into())
+            .spawn(move || {
+                let r = match rx.recv() {
+                    Ok(Ok(Reply::Info(i))) => Ok(i),
+                    Ok(Ok(r)) => Err(inner.rpc.unexpected(r)),
+                    Ok(Err(e)) => Err(e),
+                    Err(_) => Err(Error::Shutdown),
+                };
+                let _ = tx.send(r);
+            })
+            .map_err(|e| Error::Config(format!("spawn: {e}")))?;
+        Ok(out)
+    }
+
+    /// Local copy state of `id` on this node, if any.
+    pub fn local_copy(&self, id: impl Into<ObjectId>) -> Option<crate::store::CopyInfo> {
+        self.inner.store.info(&id.into())
+    }
+
+    /// Pulls this node received, in order.
+    pub fn transfer_log(&self) -> Vec<TransferRecord> {
+        self.inner.transfers.transfer_log()
+    }
+
+    /// Pulls this node served, in order.
+    pub fn serve_log(&self) -> Vec<ServeRecord> {
+        self.inner.transfers.serve_log()
+    }
+
+    /// Source assignments made by this node's directory shard.
+    pub fn shard_assignments(&self) -> Vec<Assignment> {
+        self.inner.shard.lock().unwrap().assignments()
+    }
+
+    /// Free bytes of the arena.
+    pub fn arena_free(&self) -> u64 {
+        self.inner.store.free_bytes()
+    }
+
+    /// Test hook: arms a fault that kills this node at a chosen byte offset of a transfer it
+    /// serves.
+    pub fn inject_fault(&self, plan: FaultPlan) {
+        self.inner.fault.arm(plan);
+    }
+
+    /// Whether the injected fault has fired.
+    pub fn fault_fired(&self) -> bool {
+        self.inner.fault.fired()
+    }
+
+    /// When the injected fault fired.
+    pub fn fault_fired_at(&self) -> Option<Instant> {
+        self.inner.fault.fired_at()
+    }
+
+}

@@ -1,0 +1,143 @@
+//! Start and stop: the node allocates and registers its arena, builds its subsystems, each
+//! handed only the collaborators it uses, and starts the dispatcher.
+
+use super::{Inner, Node};
+use crate::config::NodeConfig;
+use crate::directory::{DirClient, Shard};
+use crate::fault::FaultHook;
+use crate::membership::Membership;
+use crate::reduce::{ReduceDeps, Reducer};
+use crate::rpc::Rpc;
+use crate::store::Store;
+use crate::transfer::{TransferDeps, Transfers};
+use crate::{Error, Result};
+use phalanx_transport::{Arena, EventHandler, NodeId, Transport};
+use std::sync::{Arc, Mutex, Weak};
+
+impl Node {
+    /// Starts a node on a connected transport: allocates and registers the arena, starts the
+    /// dispatcher.
+    pub fn start(
+        id: NodeId,
+        nodes: u32,
+        transport: Arc<dyn Transport>,
+        cfg: NodeConfig,
+    ) -> Result<Node> {
+        if id >= nodes {
+            return Err(Error::InvalidArgument(format!(
+                "node id {id} >= {nodes} nodes"
+            )));
+        }
+        let arena = Arc::new(Arena::new(cfg.arena_size as usize, cfg.huge_pages)?);
+        transport.register_arena(arena.clone())?;
+        let store = Store::new(arena);
+        let (queue_tx, queue_rx) = crossbeam_channel::unbounded();
+        let rpc = Arc::new(Rpc::new(
+            id,
+            transport.clone(),
+            queue_tx,
+            cfg.spin_wait,
+            cfg.op_timeout,
+        ));
+        // A (re)joining node treats peers it could not reach as down until they link up.
+        let unreachable = (0..nodes).filter(|&p| p != id && !transport.is_connected(p));
+        let members = Arc::new(Membership::new(id, nodes, unreachable));
+        let dir = Arc::new(DirClient::new(
+            rpc.clone(),
+            members.clone(),
+            store.clone(),
+            cfg.op_timeout,
+        ));
+        let inner = Arc::new_cyclic(|me: &Weak<Inner>| {
+            // The fault hook's DropLinks closes this node; weak, so it never keeps it alive.
+            let me = me.clone();
+            let fault = Arc::new(FaultHook::new(id, move || {
+                if let Some(i) = me.upgrade() {
+                    i.close(true);
+                }
+            }));
+            let transfers = Arc::new(Transfers::new(TransferDeps {
+                cfg: cfg.clone(),
+                transport: transport.clone(),
+                store: store.clone(),
+                rpc: rpc.clone(),
+                dir: dir.clone(),
+                fault: fault.clone(),
+            }));
+            let reducer = Arc::new(Reducer::new(ReduceDeps {
+                cfg: cfg.clone(),
+                rpc: rpc.clone(),
+                dir: dir.clone(),
+                members: members.clone(),
+                store: store.clone(),
+                transfers: transfers.clone(),
+            }));
+            Inner {
+                id,
+                cfg,
+                transport,
+                store,
+                shard: Mutex::new(Shard::new()),
+                rpc,
+                members,
+                dir,
+                transfers,
+                reducer,
+                fault,
+            }
+        });
+        let d = inner.clone();
+        let h = std::thread::Builder::new()
+            .name(format!("phx-node-{id}"))
+            .spawn(move || d.dispatch(queue_rx))
+            .map_err(|e| Error::Config(format!("spawn: {e}")))?;
+        // Replies and data events are handled on the transport's threads (no hand-off);
+        // everything that may send goes to the dispatcher. Weak: the transport must not keep
+        // the node alive.
+        let weak = Arc::downgrade(&inner);
+        let handler: EventHandler = Arc::new(move |ev| {
+            if let Some(i) = weak.upgrade() {
+                i.on_transport_event(ev);
+            }
+        });
+        if !inner.transport.set_event_handler(handler.clone()) {
+            let events = inner.transport.events();
+            std::thread::Builder::new()
+                .name(format!("phx-events-{id}"))
+                .spawn(move || {
+                    for ev in events {
+                        handler(ev);
+                    }
+                })
+                .map_err(|e| Error::Config(format!("spawn: {e}")))?;
+        }
+        Ok(Node {
+            inner,
+            dispatcher: Arc::new(Mutex::new(Some(h))),
+        })
+    }
+
+    /// Whether the node has been stopped or killed.
+    pub fn is_closed(&self) -> bool {
+        self.inner.rpc.is_closed()
+    }
+
+    /// Stops the node cleanly: peers see a goodbye.
+    pub fn shutdown(&self) {
+        self.stop(false);
+    }
+
+    /// Test hook: the node dies abruptly (links dropped without goodbye).
+    pub fn kill(&self) {
+        self.stop(true);
+    }
+
+    fn stop(&self, abrupt: bool) {
+        self.inner.close(abrupt);
+        if let Some(h) = self.dispatcher.lock().unwrap().take() {
+            if h.thread().id() != std::thread::current().id() {
+                let _ = h.join();
+            }
+        }
+    }
+}

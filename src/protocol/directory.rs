@@ -1,0 +1,90 @@
+//! The directory family: requests to the shard that owns an object's entry, and what the
+//! shard answers with.
+
+use crate::protocol::Rid;
+use crate::ObjectId;
+use phalanx_transport::NodeId;
+use serde::{Deserialize, Serialize};
+
+/// Where a location query sent the requester.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Located {
+    /// A small object, served by the directory itself.
+    Inline(Vec<u8>),
+    /// Pull `size` bytes from `node`; the requester is now listed as a partial copy. `token`
+    /// names this assignment: the matching `TransferDone` releases the source, a stale one
+    /// does not.
+    Source { node: NodeId, size: u64, token: u64 },
+    /// The requester itself holds a copy (a local producer, or a concurrent local get).
+    Local,
+    /// Deleted, or the requester asked not to wait and nothing is there.
+    NotFound,
+}
+
+/// One location of an object, as the directory sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LocationInfo {
+    pub node: NodeId,
+    pub complete: bool,
+    /// The receiver this copy is serving now, if any.
+    pub serving: Option<NodeId>,
+    /// The source this (partial) copy is filled from, if any.
+    pub depends_on: Option<NodeId>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectInfo {
+    pub size: u64,
+    pub inline: bool,
+    pub locations: Vec<LocationInfo>,
+}
+
+/// Messages to the directory shard that owns the object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DirMsg {
+    /// A copy of `id` exists on `node` (partial, or complete).
+    Publish {
+        id: ObjectId,
+        size: u64,
+        node: NodeId,
+        complete: bool,
+    },
+    /// Stores a small object in the directory.
+    PutInline {
+        rid: Rid,
+        id: ObjectId,
+        node: NodeId,
+        data: Vec<u8>,
+    },
+    /// Hands the requester one source (reserving it) or the inline bytes; with `wait`, held
+    /// until the object exists and a source is free. `exclude` lists sources that failed;
+    /// `resume` is set when the requester's own partial copy needs a new source.
+    Locate {
+        rid: Rid,
+        id: ObjectId,
+        wait: bool,
+        resume: bool,
+        exclude: Vec<NodeId>,
+    },
+    /// The receiver finished (or abandoned) its pull from `source`; the source is free again.
+    TransferDone {
+        id: ObjectId,
+        source: NodeId,
+        receiver: NodeId,
+        token: u64,
+        ok: bool,
+    },
+    /// `node` no longer holds `id` (evicted, or its transfer failed).
+    Withdraw { id: ObjectId, node: NodeId },
+    /// Synchronous query: the entry as it stands.
+    Query { rid: Rid, id: ObjectId },
+    /// Asynchronous query: answered with `Reply::Info` once the object has a location (at once
+    /// if it has one), or `Info(None)` if it is deleted first.
+    Subscribe { rid: Rid, id: ObjectId },
+    /// Removes the entry; the reply lists the nodes to evict from.
+    Delete { rid: Rid, id: ObjectId },
+    /// Forgets every copy of an object that will be produced again with other bytes (a
+    /// reduce target recomputed after a failure): like `Delete`, but readers and subscribers
+    /// keep waiting for the new copy instead of being told it is gone.
+    Reset { rid: Rid, id: ObjectId },
+}

@@ -1,0 +1,31 @@
+//! The reduce family: a coordinator and the nodes that compute tree positions.
+
+use crate::ops::{DType, ReduceOp};
+use crate::protocol::Rid;
+use crate::ObjectId;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReduceMsg {
+    /// Compute one position of a reduce tree: `out = own ⊕ children...`, streamed; the reply
+    /// (`Ack` or `Error`) comes when it is done.
+    Task { rid: Rid, task: ReduceTask },
+    /// Stop the reduce task producing `out` (its result is discarded, no reply).
+    Cancel { out: ObjectId },
+}
+
+/// The work of one tree position of a reduce.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReduceTask {
+    /// The object this position produces (the reduce target at the root).
+    pub out: ObjectId,
+    /// The input held by this node.
+    pub own: ObjectId,
+    /// Objects produced by the children, combined in this order.
+    pub children: Vec<ObjectId>,
+    pub size: u64,
+    pub op: ReduceOp,
+    pub dtype: DType,
+    /// Bytes combined per step (a multiple of the element size).
+    pub chunk: u64,
+}

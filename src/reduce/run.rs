@@ -1,0 +1,455 @@
+//! The coordinator's state of one reduce: which source holds which tree position, what each
+//! position's task is doing, and the spares. Placement, repair and recompute are decisions on
+//! this state; the effects they need elsewhere (cancel a task, drop an output) come back as
+//! [`Action`]s for the coordinator to carry out.
+
+use super::{choose_degree, ReduceOptions, SourceClaims, Tree};
+use crate::ops::{DType, ReduceOp};
+use crate::protocol::{ObjectInfo, ReduceTask, Reply};
+use crate::{Error, ObjectId, Result};
+use crossbeam_channel::Receiver;
+use phalanx_transport::NodeId;
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// An effect of a decision on the run, carried out by the coordinator in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Action {
+    /// Stop the task producing `out` on `node`.
+    Cancel { node: NodeId, out: ObjectId },
+    /// Drop every copy of the target, which is computed again: its readers wait.
+    Reset(ObjectId),
+    /// Drop an intermediate output, which is computed again under a new name.
+    Delete(ObjectId),
+}
+
+/// What a repair after a node's death decided.
+#[derive(Debug, Default)]
+pub(super) struct Repair {
+    /// Positions the dead node held.
+    pub failed: Vec<usize>,
+    /// Positions computed again: the failed ones and their unfinished ancestors.
+    pub affected: Vec<usize>,
+    pub actions: Vec<Action>,
+    /// Sources to subscribe to again (they come back if the node rejoins and puts them again).
+    pub resubscribe: Vec<usize>,
+}
+
+/// The coordinator's state of one reduce.
+pub(super) struct Run {
+    pub(super) target: ObjectId,
+    pub(super) sources: Vec<ObjectId>,
+    pub(super) num: usize,
+    pub(super) op: ReduceOp,
+    pub(super) dtype: DType,
+    pub(super) chunk: u64,
+    pub(super) degree: Option<usize>,
+    pub(super) latency: f64,
+    pub(super) bandwidth: f64,
+    pub(super) tree: Option<Tree>,
+    pub(super) size: u64,
+    /// Per position: (source index, node holding it).
+    pub(super) slots: Vec<Option<(usize, NodeId)>>,
+    /// Per position: generation of its output (bumped on recompute).
+    pub(super) gen: Vec<u32>,
+    pub(super) tasks: Vec<Option<Receiver<Result<Reply>>>>,
+    pub(super) done: Vec<bool>,
+    pub(super) dispatches: Vec<u32>,
+    /// Ready sources not placed (yet), in arrival order.
+    pub(super) spares: VecDeque<(usize, NodeId)>,
+    pub(super) dead: HashSet<NodeId>,
+    pub(super) placed_at: Vec<Option<Instant>>,
+    /// Per source: always used.
+    pub(super) required: Vec<bool>,
+    pub(super) num_required: usize,
+    pub(super) claims: Option<Arc<SourceClaims>>,
+    /// Per position: failed tasks so far.
+    pub(super) task_errors: Vec<u32>,
+}
+
+impl Run {
+    /// A reduce with nothing placed yet; `link` is the (latency s, bandwidth B/s) estimate.
+    pub(super) fn new(
+        target: ObjectId,
+        sources: &[ObjectId],
+        num: usize,
+        (op, dtype): (ReduceOp, DType),
+        opts: &ReduceOptions,
+        (latency, bandwidth): (f64, f64),
+    ) -> Run {
+        let required: Vec<bool> = sources.iter().map(|s| opts.required.contains(s)).collect();
+        Run {
+            target,
+            sources: sources.to_vec(),
+            num,
+            op,
+            dtype,
+            chunk: opts.chunk,
+            degree: opts.degree,
+            latency,
+            bandwidth,
+            tree: None,
+            size: 0,
+            slots: Vec::new(),
+            gen: Vec::new(),
+            tasks: Vec::new(),
+            done: Vec::new(),
+            dispatches: Vec::new(),
+            spares: VecDeque::new(),
+            dead: HashSet::new(),
+            placed_at: Vec::new(),
+            num_required: required.iter().filter(|r| **r).count(),
+            required,
+            claims: opts.claims.clone(),
+            task_errors: Vec::new(),
+        }
+    }
+
+    pub(super) fn placed(&self) -> usize {
+        self.slots.iter().flatten().count()
+    }
+
+    /// The placed sources, in the order they were placed.
+    pub(super) fn used_in_arrival_order(&self) -> Vec<ObjectId> {
+        let mut order: Vec<usize> = (0..self.slots.len())
+            .filter(|&p| self.slots[p].is_some())
+            .collect();
+        order.sort_by_key(|&p| self.placed_at[p]);
+        order
+            .iter()
+            .map(|&p| self.sources[self.slots[p].expect("placed").0].clone())
+            .collect()
+    }
+
+    pub(super) fn finished(&self) -> bool {
+        let Some(tree) = &self.tree else { return false };
+        (0..self.num)
+            .all(|p| self.slots[p].is_some() && (self.done[p] || (p != 0 && tree.is_leaf(p))))
+    }
+
+    pub(super) fn waiting_for(&self) -> String {
+        format!(
+            "{} of {} sources placed, {} positions done",
+            self.placed(),
+            self.num,
+            self.done.iter().filter(|d| **d).count()
+        )
+    }
+
+    pub(super) fn out_of(&self, tree: &Tree, p: usize) -> ObjectId {
+        if p == 0 {
+            self.target.clone()
+        } else if tree.is_leaf(p) {
+            self.sources[self.slots[p].expect("placed").0].clone()
+        } else {
+            ObjectId::new(format!(
+                "{}#reduce-{p}.{}",
+                self.target.as_str(),
+                self.gen[p]
+            ))
+        }
+    }
+
+    /// A source became ready: place it, or keep it as a spare. False if every copy it has
+    /// is on a dead node (ask again later).
+    pub(super) fn arrived(&mut self, i: usize, info: &ObjectInfo) -> Result<bool> {
+        let esz = self.dtype.size() as u64;
+        if !info.size.is_multiple_of(esz) {
+            return Err(Error::InvalidArgument(format!(
+                "reduce input {} has {} bytes, not a multiple of the {:?} element size {esz}",
+                self.sources[i], info.size, self.dtype
+            )));
+        }
+        if self.tree.is_none() {
+            self.size = info.size;
+            let d = self.degree.unwrap_or_else(|| {
+                choose_degree(self.num, self.size, self.latency, self.bandwidth)
+            });
+            self.tree = Some(Tree::new(self.num, d));
+            self.slots = vec![None; self.num];
+            self.gen = vec![0; self.num];
+            self.tasks = (0..self.num).map(|_| None).collect();
+            self.done = vec![false; self.num];
+            self.dispatches = vec![0; self.num];
+            self.placed_at = vec![None; self.num];
+            self.task_errors = vec![0; self.num];
+        } else if info.size != self.size {
+            return Err(Error::InvalidArgument(format!(
+                "reduce input {} has {} bytes, others {}",
+                self.sources[i], info.size, self.size
+            )));
+        }
+        // Spread positions over nodes: a complete copy on a node not in the tree yet, else
+        // any live copy.
+        let placed = |n: NodeId| self.slots.iter().flatten().any(|(_, m)| *m == n);
+        let Some(node) = info
+            .locations
+            .iter()
+            .filter(|l| !self.dead.contains(&l.node))
+            .min_by_key(|l| (placed(l.node), !l.complete))
+            .map(|l| l.node)
+        else {
+            return Ok(false);
+        };
+        self.spares.push_back((i, node));
+        self.fill_from_spares();
+        Ok(true)
+    }
+
+    /// Empty positions take spares in generalised in-order. The first in-order positions
+    /// (the deepest) are kept for the required sources, so a long-lived required input (a
+    /// model) is a leaf and the target lands on the node of the last optional arrival rather
+    /// than on the same node every time; the other positions take optional sources in
+    /// arrival order, only those no other reduce sharing the claims took.
+    pub(super) fn fill_from_spares(&mut self) {
+        let Some(tree) = &self.tree else { return };
+        let inorder = tree.inorder.clone();
+        for (k, p) in inorder.into_iter().enumerate() {
+            if self.slots[p].is_some() {
+                continue;
+            }
+            let for_required = k < self.num_required;
+            let pick = self.spares.iter().position(|&(i, _)| {
+                if for_required || self.required[i] {
+                    return for_required && self.required[i];
+                }
+                self.claims
+                    .as_ref()
+                    .is_none_or(|c| c.try_claim(&self.sources[i], &self.target))
+            });
+            if let Some(s) = pick.and_then(|ix| self.spares.remove(ix)) {
+                self.slots[p] = Some(s);
+                self.placed_at[p] = Some(Instant::now());
+            }
+        }
+    }
+
+    /// Positions whose inputs are all placed and that have no task yet, with their tasks.
+    pub(super) fn dispatchable(&mut self) -> Vec<(usize, ReduceTask)> {
+        let Some(tree) = self.tree.clone() else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for p in 0..self.num {
+            let needs_task = p == 0 || !tree.is_leaf(p);
+            let ready = self.slots[p].is_some()
+                && tree.children[p].iter().all(|&c| self.slots[c].is_some());
+            if !needs_task || !ready || self.tasks[p].is_some() || self.done[p] {
+                continue;
+            }
+            out.push((
+                p,
+                ReduceTask {
+                    out: self.out_of(&tree, p),
+                    own: self.sources[self.slots[p].expect("placed").0].clone(),
+                    children: tree.children[p]
+                        .iter()
+                        .map(|&c| self.out_of(&tree, c))
+                        .collect(),
+                    size: self.size,
+                    op: self.op,
+                    dtype: self.dtype,
+                    chunk: self.chunk,
+                },
+            ));
+        }
+        out
+    }
+
+    /// A node died: positions it held leave the tree and, with every ancestor that had not
+    /// finished, are recomputed; finished subtrees keep their results. `None` if the node was
+    /// known dead already or nothing is placed yet.
+    pub(super) fn repair(&mut self, node: NodeId) -> Option<Repair> {
+        if !self.dead.insert(node) {
+            return None;
+        }
+        let tree = self.tree.clone()?;
+        let failed: Vec<usize> = (0..self.num)
+            .filter(|&p| self.slots[p].is_some_and(|s| s.1 == node))
+            .collect();
+        let mut affected: Vec<usize> = Vec::new();
+        for &p in &failed {
+            // A position whose parent already finished (on a live node) contributed already.
+            let mut cur = Some(p);
+            while let Some(a) = cur {
+                let a_dead = self.slots[a].is_some_and(|s| self.dead.contains(&s.1));
+                if a != p && self.done[a] && !a_dead {
+                    break;
+                }
+                if !affected.contains(&a) {
+                    affected.push(a);
+                }
+                cur = tree.parent[a];
+            }
+            if let Some(parent) = tree.parent[p] {
+                let pd = self.slots[parent].is_some_and(|s| self.dead.contains(&s.1));
+                if self.done[parent] && !pd {
+                    affected.retain(|&a| a != p);
+                }
+            }
+        }
+        let mut r = Repair {
+            failed,
+            ..Default::default()
+        };
+        for &a in &affected {
+            // Also when its task's reply is already gone (a PeerDown reply clears it before
+            // the repair): copies of its output may live on, e.g. the partial copy its parent
+            // pulled, and must never be read again under the same name.
+            if self.tasks[a].is_some() || self.done[a] || self.dispatches[a] > 0 {
+                r.actions.extend(self.discard(&tree, a));
+            }
+            self.tasks[a] = None;
+            self.done[a] = false;
+            if r.failed.contains(&a) {
+                let (idx, _) = self.slots[a].take().expect("failed positions are placed");
+                self.placed_at[a] = None;
+                r.resubscribe.push(idx);
+            }
+        }
+        r.affected = affected;
+        self.fill_from_spares();
+        Some(r)
+    }
+
+    /// Stops position `a`'s task and drops its (partial) output, which is computed again
+    /// under a new generation. The target keeps its name: its readers wait for the new bytes.
+    fn discard(&mut self, tree: &Tree, a: usize) -> Vec<Action> {
+        if a != 0 && tree.is_leaf(a) {
+            return Vec::new(); // a leaf's output is its source, not ours to drop
+        }
+        let out = self.out_of(tree, a);
+        let mut actions = Vec::new();
+        if let Some((_, n)) = self.slots[a].filter(|s| !self.dead.contains(&s.1)) {
+            actions.push(Action::Cancel {
+                node: n,
+                out: out.clone(),
+            });
+        }
+        actions.push(if a == 0 {
+            Action::Reset(out)
+        } else {
+            Action::Delete(out)
+        });
+        self.gen[a] += 1;
+        self.tasks[a] = None;
+        self.done[a] = false;
+        actions
+    }
+
+    /// Position `p`'s task failed: it and every ancestor (all of them read its output) are
+    /// computed again.
+    pub(super) fn recompute(&mut self, p: usize) -> Vec<Action> {
+        let tree = self.tree.clone().expect("a task runs only in a tree");
+        let mut actions = Vec::new();
+        let mut cur = Some(p);
+        while let Some(a) = cur {
+            actions.extend(self.discard(&tree, a));
+            cur = tree.parent[a];
+        }
+        actions
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn required_sources_take_the_deepest_positions() {
+        let sources = ["m", "g0", "g1", "g2"].map(ObjectId::new);
+        let opts = ReduceOptions {
+            degree: Some(1),
+            required: vec![sources[0].clone()],
+            ..Default::default()
+        };
+        let kind = (ReduceOp::Sum, DType::F32);
+        let mut run = Run::new(ObjectId::new("t"), &sources, 3, kind, &opts, (1e-4, 1e9));
+        let info = |node| ObjectInfo {
+            size: 64,
+            inline: false,
+            locations: vec![crate::protocol::LocationInfo {
+                node,
+                complete: true,
+                serving: None,
+                depends_on: None,
+            }],
+        };
+        // Two gradients arrive first: they leave the leaf (position 2) to the model.
+        assert!(run.arrived(1, &info(1)).unwrap());
+        assert!(run.arrived(2, &info(2)).unwrap());
+        assert_eq!(run.slots[2], None);
+        assert_eq!(run.placed(), 2);
+        // A third gradient finds no room; the model still does.
+        assert!(run.arrived(3, &info(3)).unwrap());
+        assert_eq!(run.placed(), 2);
+        assert!(run.arrived(0, &info(4)).unwrap());
+        assert_eq!(run.slots[2], Some((0, 4)));
+        assert_eq!(run.used_in_arrival_order()[2], ObjectId::new("m"));
+        assert_eq!(run.spares.len(), 1, "the third gradient stays a spare");
+        // Every copy on dead nodes: asked again later.
+        run.dead.insert(5);
+        assert!(!run.arrived(3, &info(5)).unwrap());
+    }
+
+    fn complete_on(node: NodeId) -> ObjectInfo {
+        ObjectInfo {
+            size: 64,
+            inline: false,
+            locations: vec![crate::protocol::LocationInfo {
+                node,
+                complete: true,
+                serving: None,
+                depends_on: None,
+            }],
+        }
+    }
+
+    #[test]
+    fn a_dead_leaf_is_replaced_and_only_its_unfinished_ancestors_recompute() {
+        let sources: Vec<ObjectId> = (0..5).map(|i| ObjectId::new(format!("s{i}"))).collect();
+        let opts = ReduceOptions {
+            degree: Some(2),
+            ..Default::default()
+        };
+        let kind = (ReduceOp::Sum, DType::F32);
+        let mut run = Run::new(ObjectId::new("t"), &sources, 4, kind, &opts, (1e-4, 1e9));
+        for i in 0..4 {
+            assert!(run.arrived(i, &complete_on(i as NodeId)).unwrap());
+        }
+        assert_eq!(run.placed(), 4);
+        let tree = run.tree.clone().unwrap();
+        // Pretend every inner position was dispatched and none finished.
+        for p in 0..4 {
+            if p == 0 || !tree.is_leaf(p) {
+                run.dispatches[p] = 1;
+            }
+        }
+        let leaf = (1..4).find(|&p| tree.is_leaf(p)).expect("a leaf");
+        let leaf_node = run.slots[leaf].unwrap().1;
+        let r = run.repair(leaf_node).expect("a repair");
+        assert_eq!(r.failed, vec![leaf]);
+        assert_eq!(r.resubscribe, vec![leaf_node as usize]);
+        // Every ancestor of the leaf recomputes; the target is reset, never deleted.
+        let mut ancestors = vec![leaf];
+        while let Some(p) = tree.parent[*ancestors.last().unwrap()] {
+            ancestors.push(p);
+        }
+        assert_eq!(r.affected, ancestors);
+        assert!(r.actions.contains(&Action::Reset(ObjectId::new("t"))));
+        assert!(!r.actions.contains(&Action::Delete(ObjectId::new("t"))));
+        assert!(
+            r.actions
+                .iter()
+                .all(|a| !matches!(a, Action::Cancel { node, .. } if *node == leaf_node)),
+            "no cancel goes to the dead node"
+        );
+        assert!(run.gen[0] == 1, "the root's output gets a new generation");
+        assert_eq!(run.placed(), 3, "no spare yet");
+        // The spare arrives and takes the free position.
+        assert!(run.arrived(4, &complete_on(9)).unwrap());
+        assert_eq!(run.slots[leaf], Some((4, 9)));
+        assert!(run.repair(leaf_node).is_none(), "a death is repaired once");
+    }
+}

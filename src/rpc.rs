@@ -1,0 +1,196 @@
+//! The node's messaging: control messages out (to peers over the transport, to itself through
+//! the dispatcher's queue), and the table of outstanding requests that replies complete.
+//! Every subsystem is handed the node's `Rpc`; only the dispatcher completes requests.
+
+use crate::protocol::{Msg, Reply, Rid};
+use crate::{Error, Result};
+use crossbeam_channel::{Receiver, Sender};
+use phalanx_transport::{Event, NodeId, Transport, TransportError};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Work for the node's dispatcher thread.
+pub(crate) enum Work {
+    /// A message from a peer (or from this node to itself) to handle.
+    Msg(NodeId, Msg),
+    /// A transport event other than control messages and data.
+    Event(Event),
+    /// A message a transport thread could not send without blocking.
+    Send(NodeId, Msg),
+    Stop,
+}
+
+/// An outstanding request: the node it went to, and where its reply goes.
+type PendingCall = (NodeId, Sender<Result<Reply>>);
+
+pub(crate) struct Rpc {
+    id: NodeId,
+    transport: Arc<dyn Transport>,
+    /// The dispatcher's queue: messages to ourselves, and work handed off by transport threads.
+    queue: Sender<Work>,
+    pending: Mutex<HashMap<Rid, PendingCall>>,
+    next_rid: AtomicU64,
+    closed: AtomicBool,
+    spin_wait: Duration,
+    op_timeout: Duration,
+}
+
+impl Rpc {
+    pub fn new(
+        id: NodeId,
+        transport: Arc<dyn Transport>,
+        queue: Sender<Work>,
+        spin_wait: Duration,
+        op_timeout: Duration,
+    ) -> Rpc {
+        Rpc {
+            id,
+            transport,
+            queue,
+            pending: Mutex::new(HashMap::new()),
+            next_rid: AtomicU64::new(1),
+            closed: AtomicBool::new(false),
+            spin_wait,
+            op_timeout,
+        }
+    }
+
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Marks the node closed: no new requests. True the first time only.
+    pub fn mark_closed(&self) -> bool {
+        !self.closed.swap(true, Ordering::AcqRel)
+    }
+
+    /// Stops the dispatcher and fails every outstanding request (after `mark_closed`).
+    pub fn stop(&self) {
+        let _ = self.queue.send(Work::Stop);
+        for (_, (_, tx)) in self.pending.lock().unwrap().drain() {
+            let _ = tx.send(Err(Error::Shutdown));
+        }
+    }
+
+    /// Hands work to the dispatcher thread.
+    pub fn enqueue(&self, w: Work) {
+        let _ = self.queue.send(w);
+    }
+
+    /// Sends a control message; messages to ourselves take the dispatcher's queue.
+    pub fn send(&self, to: NodeId, msg: impl Into<Msg>) -> Result<()> {
+        let msg = msg.into();
+        if to == self.id {
+            self.queue
+                .send(Work::Msg(self.id, msg))
+                .map_err(|_| Error::Shutdown)
+        } else {
+            self.transport.send(to, &msg.encode()).map_err(peer_error)
+        }
+    }
+
+    /// Sends from a transport thread: at once if that cannot block, else through the
+    /// dispatcher.
+    pub fn send_from_transport_thread(&self, to: NodeId, msg: Msg) {
+        let sent = to != self.id
+            && matches!(
+                self.transport.send_nonblocking(to, &msg.encode()),
+                Ok(true)
+            );
+        if !sent {
+            let _ = self.queue.send(Work::Send(to, msg));
+        }
+    }
+
+    pub fn call_async(
+        &self,
+        to: NodeId,
+        make: impl FnOnce(Rid) -> Msg,
+    ) -> Result<Receiver<Result<Reply>>> {
+        if self.is_closed() {
+            return Err(Error::Shutdown);
+        }
+        let rid = self.next_rid.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.pending.lock().unwrap().insert(rid, (to, tx));
+        if let Err(e) = self.send(to, make(rid)) {
+            self.pending.lock().unwrap().remove(&rid);
+            return Err(e);
+        }
+        Ok(rx)
+    }
+
+    /// A request/reply exchange, bounded by the operation timeout.
+    pub fn call(&self, to: NodeId, make: impl FnOnce(Rid) -> Msg) -> Result<Reply> {
+        let rx = self.call_async(to, make)?;
+        // Replies to directory lookups take tens of microseconds: spin briefly before parking,
+        // which saves the wake-up latency of a sleeping thread.
+        let spin_until = Instant::now() + self.spin_wait;
+        let first = loop {
+            match rx.try_recv() {
+                Ok(r) => break Some(r),
+                Err(_) if Instant::now() < spin_until => std::hint::spin_loop(),
+                Err(_) => break None,
+            }
+        };
+        let got = match first {
+            Some(r) => Ok(r),
+            None => rx.recv_timeout(self.op_timeout),
+        };
+        match got {
+            Ok(Ok(Reply::Error(e))) => Err(Error::Protocol { peer: to, what: e }),
+            Ok(r) => r,
+            Err(_) => Err(Error::Timeout(
+                self.op_timeout,
+                format!("a reply from node {to}"),
+            )),
+        }
+    }
+
+    /// A reply arrived: hands it to its caller.
+    pub fn complete(&self, rid: Rid, reply: Reply) {
+        if let Some((_, tx)) = self.pending.lock().unwrap().remove(&rid) {
+            let _ = tx.send(Ok(reply));
+        }
+    }
+
+    /// `peer` died: every request waiting on it fails.
+    pub fn fail_peer(&self, peer: NodeId) {
+        let failed: Vec<_> = {
+            let mut p = self.pending.lock().unwrap();
+            let rids: Vec<Rid> = p
+                .iter()
+                .filter(|(_, (to, _))| *to == peer)
+                .map(|(r, _)| *r)
+                .collect();
+            rids.into_iter().filter_map(|r| p.remove(&r)).collect()
+        };
+        for (_, tx) in failed {
+            let _ = tx.send(Err(Error::PeerDown(peer)));
+        }
+    }
+
+    /// The error for a reply of the wrong kind.
+    pub fn unexpected(&self, r: Reply) -> Error {
+        Error::Protocol {
+            peer: self.id,
+            what: format!("unexpected reply {r:?}"),
+        }
+    }
+}
+
+/// A transport error towards a peer, as the node reports it.
+fn peer_error(e: TransportError) -> Error {
+    match e {
+        TransportError::PeerUnavailable(p) | TransportError::PeerFailed { peer: p, .. } => {
+            Error::PeerDown(p)
+        }
+        e => Error::Transport(e),
+    }
+}

@@ -1,0 +1,163 @@
+//! Transfers: the pull engine of one node. A receiver asks the directory for one source and
+//! pulls from it (`pull.rs`, the whole receiver side); a source streams whatever it has, its
+//! copy possibly still partial, chunk by chunk (`serve.rs`, the whole source side). A failed
+//! or refused source is replaced and the pull resumes at the receiver's watermark.
+//!
+//! `Transfers` owns the inbound streams, the serving state, the records of both sides and the
+//! bandwidth estimate; it is handed the store, the directory client, the messaging and the
+//! fault hook.
+
+mod pull;
+mod serve;
+
+use crate::config::NodeConfig;
+use crate::directory::DirClient;
+use crate::fault::FaultHook;
+use crate::protocol::PullMsg;
+use crate::rpc::Rpc;
+use crate::store::Store;
+use crate::ObjectId;
+use phalanx_transport::{NodeId, StreamId, Transport};
+use pull::Inbound;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+
+/// One pull as the receiver saw it.
+#[derive(Debug, Clone)]
+pub struct TransferRecord {
+    pub id: ObjectId,
+    pub source: NodeId,
+    pub receiver: NodeId,
+    /// Offset the pull started at (non-zero after a resume).
+    pub from: u64,
+    /// Bytes that arrived in this pull.
+    pub bytes: u64,
+    pub start: Instant,
+    pub end: Instant,
+    pub ok: bool,
+}
+
+/// One pull as the source served it.
+#[derive(Debug, Clone)]
+pub struct ServeRecord {
+    pub id: ObjectId,
+    pub source: NodeId,
+    pub receiver: NodeId,
+    pub bytes: u64,
+    pub start: Instant,
+    pub end: Instant,
+}
+
+/// What the transfer engine is handed by its node.
+pub(crate) struct TransferDeps {
+    pub cfg: NodeConfig,
+    pub transport: Arc<dyn Transport>,
+    pub store: Arc<Store>,
+    pub rpc: Arc<Rpc>,
+    pub dir: Arc<DirClient>,
+    pub fault: Arc<FaultHook>,
+}
+
+pub(crate) struct Transfers {
+    id: NodeId,
+    cfg: NodeConfig,
+    transport: Arc<dyn Transport>,
+    store: Arc<Store>,
+    rpc: Arc<Rpc>,
+    dir: Arc<DirClient>,
+    fault: Arc<FaultHook>,
+    // Receiver side.
+    inbound: Mutex<HashMap<StreamId, Inbound>>,
+    next_stream: AtomicU64,
+    recv_log: Mutex<Vec<TransferRecord>>,
+    /// EWMA of pull throughput, f64 bits.
+    bandwidth_bits: AtomicU64,
+    // Source side.
+    /// Cancel flags of the pulls this node serves, by (receiver, stream).
+    serving: Mutex<HashMap<(NodeId, StreamId), Arc<AtomicBool>>>,
+    serve_log: Mutex<Vec<ServeRecord>>,
+}
+
+impl Transfers {
+    pub fn new(d: TransferDeps) -> Transfers {
+        Transfers {
+            id: d.rpc.id(),
+            cfg: d.cfg,
+            transport: d.transport,
+            store: d.store,
+            rpc: d.rpc,
+            dir: d.dir,
+            fault: d.fault,
+            inbound: Mutex::new(HashMap::new()),
+            next_stream: AtomicU64::new(1),
+            recv_log: Mutex::new(Vec::new()),
+            bandwidth_bits: AtomicU64::new(0),
+            serving: Mutex::new(HashMap::new()),
+            serve_log: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A message of the pull family from `from`.
+    pub fn handle(self: &Arc<Self>, from: NodeId, msg: PullMsg) {
+        match msg {
+            PullMsg::Pull {
+                id,
+                stream,
+                dst,
+                from: offset,
+            } => self.on_pull(from, id, stream, dst, offset),
+            PullMsg::CancelPull { stream } => self.on_cancel(from, stream),
+            PullMsg::PullEnd { stream, ok } => self.on_pull_end(stream, ok),
+        }
+    }
+
+    /// `peer` died: pulls from it fail (and resume elsewhere), pulls it made stop.
+    pub fn on_peer_down(&self, peer: NodeId, reason: &str) {
+        self.fail_inbound_from(peer, reason);
+        self.cancel_serving_to(peer);
+    }
+
+    /// The node is closing: every pull in progress fails.
+    pub fn close(&self) {
+        self.fail_all_inbound();
+    }
+
+    /// Pulls this node received, in order.
+    pub fn transfer_log(&self) -> Vec<TransferRecord> {
+        self.recv_log.lock().unwrap().clone()
+    }
+
+    /// Pulls this node served, in order.
+    pub fn serve_log(&self) -> Vec<ServeRecord> {
+        self.serve_log.lock().unwrap().clone()
+    }
+
+    /// Observed pull throughput in bytes/s (or the configured override).
+    pub fn bandwidth_estimate(&self) -> f64 {
+        if let Some(b) = self.cfg.bandwidth_override {
+            return b;
+        }
+        match f64::from_bits(self.bandwidth_bits.load(Ordering::Relaxed)) {
+            b if b > 0.0 => b,
+            _ => 1.25e9, // 10 Gbit/s until a pull has been measured
+        }
+    }
+
+    /// Folds one finished pull into the throughput estimate (pulls under 1 MiB are latency).
+    fn record_throughput(&self, bytes: u64, secs: f64) {
+        if bytes < (1 << 20) || secs <= 0.0 {
+            return;
+        }
+        let sample = bytes as f64 / secs;
+        let old = f64::from_bits(self.bandwidth_bits.load(Ordering::Relaxed));
+        let new = if old > 0.0 {
+            0.7 * old + 0.3 * sample
+        } else {
+            sample
+        };
+        self.bandwidth_bits.store(new.to_bits(), Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,149 @@
+//! The source side of a pull, whole: a pull request starts a serve that writes the local copy
+//! (possibly still filling) into the receiver's region chunk by chunk, until done, cancelled by
+//! the receiver, or cut by the receiver's death; the fault hook may end it on purpose.
+
+use super::{ServeRecord, Transfers};
+use crate::protocol::PullMsg;
+use crate::{Error, ObjectId, Result};
+use phalanx_transport::{NodeId, RemoteRegion, StreamId};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tracing::debug;
+
+impl Transfers {
+    /// A receiver asks for `[from, size)` of `id`: served on a thread of its own.
+    pub(super) fn on_pull(
+        self: &Arc<Self>,
+        receiver: NodeId,
+        id: ObjectId,
+        stream: StreamId,
+        dst: RemoteRegion,
+        from: u64,
+    ) {
+        let me = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("phx-serve-{}", self.id))
+            .spawn(move || me.serve(receiver, id, stream, dst, from));
+        if spawned.is_err() {
+            let _ = self.rpc.send(receiver, PullMsg::PullEnd { stream, ok: false });
+        }
+    }
+
+    /// The receiver gives up on `stream`.
+    pub(super) fn on_cancel(&self, receiver: NodeId, stream: StreamId) {
+        if let Some(f) = self.serving.lock().unwrap().get(&(receiver, stream)) {
+            f.store(true, Ordering::Release);
+        }
+    }
+
+    /// `peer` died: stop serving it.
+    pub(super) fn cancel_serving_to(&self, peer: NodeId) {
+        for ((r, _), flag) in self.serving.lock().unwrap().iter() {
+            if *r == peer {
+                flag.store(true, Ordering::Release);
+            }
+        }
+    }
+
+    /// Serves one pull: writes `[from, size)` of the local copy into `dst` as it fills.
+    fn serve(
+        &self,
+        receiver: NodeId,
+        id: ObjectId,
+        stream: StreamId,
+        dst: RemoteRegion,
+        from: u64,
+    ) {
+        let cancel = Arc::new(AtomicBool::new(false));
+        self.serving
+            .lock()
+            .unwrap()
+            .insert((receiver, stream), cancel.clone());
+        let start = Instant::now();
+        let result = self.serve_inner(receiver, &id, stream, &dst, from, &cancel);
+        self.serving.lock().unwrap().remove(&(receiver, stream));
+        let ok = result.is_ok();
+        match &result {
+            Ok(bytes) => self.serve_log.lock().unwrap().push(ServeRecord {
+                id: id.clone(),
+                source: self.id,
+                receiver,
+                bytes: *bytes,
+                start,
+                end: Instant::now(),
+            }),
+            Err(e) => debug!(node = self.id, receiver, %id, "serve ended: {e}"),
+        }
+        let _ = self.rpc.send(receiver, PullMsg::PullEnd { stream, ok });
+    }
+
+    fn serve_inner(
+        &self,
+        receiver: NodeId,
+        id: &ObjectId,
+        stream: StreamId,
+        dst: &RemoteRegion,
+        from: u64,
+        cancel: &AtomicBool,
+    ) -> Result<u64> {
+        // The directory may send a receiver here a moment before our own pull has created
+        // the copy; wait for it briefly rather than refuse.
+        let copy = self
+            .store
+            .wait_lookup(id, self.cfg.op_timeout.min(Duration::from_secs(5)))?;
+        let chunk = serve_chunk(self.cfg.chunk_size, copy.size());
+        let mut off = from;
+        loop {
+            let wm = copy.wait_beyond(off, self.cfg.op_timeout)?;
+            let size = copy.size();
+            if dst.len != size {
+                return Err(Error::Protocol {
+                    peer: receiver,
+                    what: format!("region of {} for an object of {size}", dst.len),
+                });
+            }
+            let base = copy.offset();
+            while off < wm {
+                if cancel.load(Ordering::Acquire) || self.rpc.is_closed() {
+                    return Err(Error::Shutdown);
+                }
+                let mut n = (wm - off).min(chunk);
+                if let Some(budget) = self.fault.budget(id, off) {
+                    if budget == 0 {
+                        self.fault.fire();
+                        return Err(Error::Shutdown);
+                    }
+                    n = n.min(budget);
+                }
+                self.transport
+                    .write(receiver, stream, base + off, dst, off, n)?;
+                off += n;
+            }
+            if off >= size {
+                return Ok(off - from);
+            }
+        }
+    }
+}
+
+/// Bytes a source writes at once for an object of `size`: about a sixteenth of the object, so
+/// that even a mid-sized object crosses a chain of forwarding nodes in many pieces, at least
+/// 64 KiB (per-frame costs) and at most the configured `chunk_size`.
+fn serve_chunk(chunk_size: u64, size: u64) -> u64 {
+    (size / 16).clamp(64 << 10, chunk_size.max(64 << 10))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::serve_chunk;
+
+    #[test]
+    fn chunks_follow_the_object_size_within_bounds() {
+        assert_eq!(serve_chunk(4 << 20, 1 << 20), 64 << 10);
+        assert_eq!(serve_chunk(4 << 20, 16 << 20), 1 << 20);
+        assert_eq!(serve_chunk(4 << 20, 1 << 30), 4 << 20);
+        assert_eq!(serve_chunk(4 << 20, 100), 64 << 10);
+        assert_eq!(serve_chunk(4096, 1 << 30), 64 << 10, "never below 64 KiB");
+    }
+}
