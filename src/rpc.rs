@@ -98,11 +98,8 @@ impl Rpc {
     /// Sends from a transport thread: at once if that cannot block, else through the
     /// dispatcher.
     pub fn send_from_transport_thread(&self, to: NodeId, msg: Msg) {
-        let sent = to != self.id
-            && matches!(
-                self.transport.send_nonblocking(to, &msg.encode()),
-                Ok(true)
-            );
+        let sent =
+            to != self.id && matches!(self.transport.send_nonblocking(to, &msg.encode()), Ok(true));
         if !sent {
             let _ = self.queue.send(Work::Send(to, msg));
         }

@@ -146,7 +146,9 @@ impl Node {
     /// Like [`Node::get_view`], pulling only from `source` (no tree): the star baseline of a
     /// task system without collectives.
     pub fn get_view_from(&self, id: impl Into<ObjectId>, source: NodeId) -> Result<ObjectView> {
-        let others: Vec<NodeId> = (0..self.inner.members.nodes()).filter(|&n| n != source).collect();
+        let others: Vec<NodeId> = (0..self.inner.members.nodes())
+            .filter(|&n| n != source)
+            .collect();
         self.get_view_excluding(id, &others)
     }
 
@@ -156,17 +158,19 @@ impl Node {
         exclude: &[NodeId],
     ) -> Result<ObjectView> {
         let id = id.into();
-        refetching(|| match self.inner.transfers.fetch_excluding(&id, exclude)? {
-            Fetched::Owned(v) => Ok(ObjectView::Owned(v)),
-            Fetched::Copy(c) => {
-                let size = c.size();
-                let mut wm = 0;
-                while wm < size || c.status() != CopyStatus::Complete {
-                    wm = c.wait_beyond(wm, self.inner.cfg.op_timeout)?;
+        refetching(
+            || match self.inner.transfers.fetch_excluding(&id, exclude)? {
+                Fetched::Owned(v) => Ok(ObjectView::Owned(v)),
+                Fetched::Copy(c) => {
+                    let size = c.size();
+                    let mut wm = 0;
+                    while wm < size || c.status() != CopyStatus::Complete {
+                        wm = c.wait_beyond(wm, self.inner.cfg.op_timeout)?;
+                    }
+                    Ok(ObjectView::Arena(c))
                 }
-                Ok(ObjectView::Arena(c))
-            }
-        })
+            },
+        )
     }
 
     /// A reader that returns bytes as soon as they have arrived.
@@ -213,7 +217,9 @@ impl Node {
     /// Synchronous location query: the directory entry as it stands now.
     pub fn locate(&self, id: impl Into<ObjectId>) -> Result<Option<ObjectInfo>> {
         let id = id.into();
-        self.inner.dir.query_at(self.inner.members.shard_of(&id), &id)
+        self.inner
+            .dir
+            .query_at(self.inner.members.shard_of(&id), &id)
     }
 
     /// Asynchronous location query: the receiver yields the entry once the object has a
@@ -281,5 +287,4 @@ impl Node {
     pub fn fault_fired_at(&self) -> Option<Instant> {
         self.inner.fault.fired_at()
     }
-
 }

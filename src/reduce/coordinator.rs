@@ -207,7 +207,10 @@ impl Reducer {
                 again = false;
                 for (p, task) in run.dispatchable() {
                     let node = run.slots[p].expect("placed").1;
-                    match self.rpc.call_async(node, |rid| ReduceMsg::Task { rid, task }.into()) {
+                    match self
+                        .rpc
+                        .call_async(node, |rid| ReduceMsg::Task { rid, task }.into())
+                    {
                         Ok(rx) => {
                             run.tasks[p] = Some(rx);
                             run.dispatches[p] += 1;

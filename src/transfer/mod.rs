@@ -24,7 +24,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-
 /// One pull as the receiver saw it.
 #[derive(Debug, Clone)]
 pub struct TransferRecord {

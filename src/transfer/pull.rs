@@ -75,14 +75,16 @@ impl Transfers {
             Err(Error::AlreadyExists(_)) => {
                 debug!(node = self.id, %id, "a local copy appeared first; waiting for it");
                 // A concurrent local get or a local producer got there first.
-                self.dir.transfer_done(self.dir.shard_of(id), id, node, token, false);
+                self.dir
+                    .transfer_done(self.dir.shard_of(id), id, node, token, false);
                 return self
                     .store
                     .wait_lookup(id, self.cfg.op_timeout)
                     .map(Fetched::Copy);
             }
             Err(e) => {
-                self.dir.transfer_done(self.dir.shard_of(id), id, node, token, false);
+                self.dir
+                    .transfer_done(self.dir.shard_of(id), id, node, token, false);
                 self.dir.withdraw(std::slice::from_ref(id));
                 return Err(e);
             }

@@ -26,7 +26,9 @@ impl Transfers {
             .name(format!("phx-serve-{}", self.id))
             .spawn(move || me.serve(receiver, id, stream, dst, from));
         if spawned.is_err() {
-            let _ = self.rpc.send(receiver, PullMsg::PullEnd { stream, ok: false });
+            let _ = self
+                .rpc
+                .send(receiver, PullMsg::PullEnd { stream, ok: false });
         }
     }
 
