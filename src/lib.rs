@@ -5,7 +5,6 @@
 //! so broadcasts form trees on their own and every byte is forwarded while it still arrives.
 
 mod alloc;
-pub mod bench;
 pub mod cluster;
 pub mod config;
 pub mod directory;
@@ -14,7 +13,6 @@ mod fault;
 mod id;
 mod node;
 pub mod ops;
-pub mod plot;
 pub mod protocol;
 pub mod reduce;
 pub mod store;

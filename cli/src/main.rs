@@ -1,8 +1,11 @@
 //! The `phalanx` command: the local demo, a node of a configured cluster, and benchmarks.
 
+mod bench;
+mod plot;
+
 use anyhow::{bail, Context, Result};
+use bench::{Algo, BenchRecord, BenchSpec, Collective, Degree};
 use clap::{Parser, Subcommand};
-use phalanx::bench::{self, Algo, BenchRecord, BenchSpec, Collective, Degree};
 use phalanx::transport::NodeId;
 use phalanx::{
     cluster, ClusterConfig, FaultAction, FaultPlan, LocalCluster, Node, NodeConfig, TransportKind,
@@ -182,7 +185,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Node(args) => node_cmd(args),
         Cmd::Bench(args) => bench_cmd(args),
         Cmd::Plot { results, out } => {
-            for f in phalanx::plot::plot(&results, &out)? {
+            for f in plot::plot(&results, &out)? {
                 println!("{}", f.display());
             }
             Ok(())
