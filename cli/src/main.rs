@@ -127,7 +127,7 @@ struct NodeArgs {
 #[derive(clap::Args)]
 struct TransportOpts {
     #[arg(long, value_enum, default_value = "tcp")]
-    transport: TransportKind,
+    transport: Transport,
     /// Verbs device (transport rdma); default: the first one.
     #[arg(long)]
     device: Option<String>,
@@ -136,10 +136,30 @@ struct TransportOpts {
     gid_index: Option<u8>,
 }
 
+/// The values of `--transport`: the library's [`TransportKind`] (which does not depend on clap).
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Transport {
+    Tcp,
+    Rdma,
+}
+
+impl From<Transport> for TransportKind {
+    fn from(t: Transport) -> TransportKind {
+        match t {
+            Transport::Tcp => TransportKind::Tcp,
+            Transport::Rdma => TransportKind::Rdma,
+        }
+    }
+}
+
 impl TransportOpts {
+    fn kind(&self) -> TransportKind {
+        self.transport.into()
+    }
+
     fn settings(&self) -> Result<TransportSettings> {
         Ok(TransportSettings::new(
-            self.transport,
+            self.kind(),
             Duration::from_secs(1),
             self.device.clone(),
             self.gid_index,
@@ -246,7 +266,7 @@ fn bench_cmd(a: BenchArgs) -> Result<()> {
         }
         (None, Some(path)) => {
             let mut cfg = ClusterConfig::load(path)?;
-            if a.transport.transport == TransportKind::Rdma {
+            if a.transport.kind() == TransportKind::Rdma {
                 cfg.transport = TransportKind::Rdma;
                 cfg.device = a.transport.device.clone().or(cfg.device);
                 cfg.gid_index = a.transport.gid_index.or(cfg.gid_index);
