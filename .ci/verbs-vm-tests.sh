@@ -15,7 +15,7 @@ cluster=$(pick verbs_cluster)
 for b in "$unit" "$integ" "$cluster"; do
     [[ -n $b && -x $b ]] || { echo "verbs test binary missing ($b)" >&2; exit 1; }
 done
-cargo build --release -p phalanx --bin phalanx
+cargo build --release -p phalanx-cli --bin phalanx
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -20,7 +20,7 @@
 #    them); ending every run on the smallest size keeps that last step short for everyone;
 # 4. renders the plots next to FILE and prints the table (cluster/table.sh FILE).
 #
-# Needs root, iperf3 and target/release/phalanx (cargo build --release -p phalanx; set
+# Needs root, iperf3 and target/release/phalanx (cargo build --release -p phalanx-cli; set
 # PHALANX_BIN to use another binary). Every step is bounded in time; the hosts are removed at
 # the end and on Ctrl-C. Other work on a 2-core machine shows up in the timings, so before each
 # step it waits (up to 10 minutes) for the machine to be quiet (QUIET_PCT, default 15 % busy),
@@ -52,7 +52,7 @@ sizes=$(tr ',' '\n' <<<"$sizes" | awk '{ v = $1; m = 1; u = toupper(substr(v, le
     if (m > 1) v = substr(v, 1, length(v) - 1); print v * m, $1 }' | sort -rn | cut -d" " -f2 | paste -sd,)
 [ "$(id -u)" = 0 ] || { echo "bench-netns.sh: needs root" >&2; exit 1; }
 command -v iperf3 >/dev/null || { echo "bench-netns.sh: needs iperf3 (apt-get install iperf3)" >&2; exit 1; }
-[ -x "$BIN" ] || { echo "bench-netns.sh: no $BIN (cargo build --release -p phalanx)" >&2; exit 1; }
+[ -x "$BIN" ] || { echo "bench-netns.sh: no $BIN (cargo build --release -p phalanx-cli)" >&2; exit 1; }
 n=$(grep -c '^[[:space:]]*\[\[nodes\]\]' "$config")
 out=${out:-$HERE/results/netns-$n-$rate.jsonl}
 mkdir -p "$(dirname "$out")"
@@ -177,7 +177,7 @@ done
 if "$BIN" plot --help >/dev/null 2>&1; then
     "$BIN" plot "$out" --out "$(dirname "$out")"
 else
-    (cd "$ROOT" && cargo run --release --quiet --example plot -- "$out" "$(dirname "$out")")
+    (cd "$ROOT" && cargo run --release --quiet -p phalanx-cli -- plot "$out" --out "$(dirname "$out")")
 fi
 "$HERE/table.sh" "$out"
 exit $status

@@ -5,7 +5,6 @@
 //! so broadcasts form trees on their own and every byte is forwarded while it still arrives.
 
 mod alloc;
-pub mod bench;
 pub mod cluster;
 pub mod config;
 pub mod directory;
@@ -15,7 +14,6 @@ mod id;
 mod membership;
 mod node;
 pub mod ops;
-pub mod plot;
 pub mod protocol;
 pub mod reduce;
 mod rpc;

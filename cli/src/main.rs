@@ -1,8 +1,11 @@
 //! The `phalanx` command: the local demo, a node of a configured cluster, and benchmarks.
 
+mod bench;
+mod plot;
+
 use anyhow::{bail, Context, Result};
+use bench::{Algo, BenchRecord, BenchSpec, Collective, Degree};
 use clap::{Parser, Subcommand};
-use phalanx::bench::{self, Algo, BenchRecord, BenchSpec, Collective, Degree};
 use phalanx::transport::NodeId;
 use phalanx::{
     cluster, ClusterConfig, FaultAction, FaultPlan, LocalCluster, Node, NodeConfig, TransportKind,
@@ -124,7 +127,7 @@ struct NodeArgs {
 #[derive(clap::Args)]
 struct TransportOpts {
     #[arg(long, value_enum, default_value = "tcp")]
-    transport: TransportKind,
+    transport: Transport,
     /// Verbs device (transport rdma); default: the first one.
     #[arg(long)]
     device: Option<String>,
@@ -133,10 +136,30 @@ struct TransportOpts {
     gid_index: Option<u8>,
 }
 
+/// The values of `--transport`: the library's [`TransportKind`] (which does not depend on clap).
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Transport {
+    Tcp,
+    Rdma,
+}
+
+impl From<Transport> for TransportKind {
+    fn from(t: Transport) -> TransportKind {
+        match t {
+            Transport::Tcp => TransportKind::Tcp,
+            Transport::Rdma => TransportKind::Rdma,
+        }
+    }
+}
+
 impl TransportOpts {
+    fn kind(&self) -> TransportKind {
+        self.transport.into()
+    }
+
     fn settings(&self) -> Result<TransportSettings> {
         Ok(TransportSettings::new(
-            self.transport,
+            self.kind(),
             Duration::from_secs(1),
             self.device.clone(),
             self.gid_index,
@@ -182,7 +205,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Node(args) => node_cmd(args),
         Cmd::Bench(args) => bench_cmd(args),
         Cmd::Plot { results, out } => {
-            for f in phalanx::plot::plot(&results, &out)? {
+            for f in plot::plot(&results, &out)? {
                 println!("{}", f.display());
             }
             Ok(())
@@ -243,7 +266,7 @@ fn bench_cmd(a: BenchArgs) -> Result<()> {
         }
         (None, Some(path)) => {
             let mut cfg = ClusterConfig::load(path)?;
-            if a.transport.transport == TransportKind::Rdma {
+            if a.transport.kind() == TransportKind::Rdma {
                 cfg.transport = TransportKind::Rdma;
                 cfg.device = a.transport.device.clone().or(cfg.device);
                 cfg.gid_index = a.transport.gid_index.or(cfg.gid_index);

@@ -2,9 +2,8 @@
 //! and reports. Markers (tiny inline objects) synchronise the ranks, so the same code runs
 //! in one process, in separate processes, or on separate hosts.
 
-use crate::ops::{combine, DType, ReduceOp};
-use crate::reduce::ReduceOptions;
-use crate::{Error, Node, ObjectId, Result};
+use phalanx::ops::{combine, DType, ReduceOp};
+use phalanx::{Error, Node, ObjectId, ReduceOptions, Result};
 use serde::Serialize;
 use std::time::{Duration, Instant};
 
