@@ -37,6 +37,16 @@ struct CopyState {
     last_use: u64,
 }
 
+impl CopyState {
+    /// Complete, unpinned and still named: evicted to make room once no one uses it.
+    fn evictable_when_released(&self) -> bool {
+        self.status == CopyStatus::Complete && !self.pinned && !self.detached
+    }
+}
+
+/// How long an allocation waits for an evictable copy that is still in use to be released.
+const EVICTION_GRACE: Duration = Duration::from_millis(250);
+
 #[derive(Debug)]
 struct State {
     alloc: RangeAllocator,
@@ -105,18 +115,22 @@ impl Store {
 
     /// Allocates `size` bytes, evicting least-recently-used unpinned idle complete copies as
     /// needed. Returns the offset and the ids evicted (to withdraw from the directory).
-    fn allocate(st: &mut State, size: u64) -> Result<(u64, Vec<ObjectId>)> {
-        let mut evicted = Vec::new();
+    fn allocate(st: &mut State, size: u64, evicted: &mut Vec<ObjectId>) -> Result<u64> {
+        if size > st.alloc.capacity() {
+            return Err(Error::OutOfMemory {
+                requested: size,
+                free: st.alloc.free_bytes(),
+                capacity: st.alloc.capacity(),
+            });
+        }
         loop {
             if let Some(off) = st.alloc.alloc(size) {
-                return Ok((off, evicted));
+                return Ok(off);
             }
             let victim = st
                 .copies
                 .iter()
-                .filter(|(_, c)| {
-                    c.status == CopyStatus::Complete && !c.pinned && c.users == 0 && !c.detached
-                })
+                .filter(|(_, c)| c.evictable_when_released() && c.users == 0)
                 .min_by_key(|(_, c)| c.last_use)
                 .map(|(k, _)| *k);
             let Some(k) = victim else {
@@ -145,7 +159,27 @@ impl Store {
         if st.by_id.contains_key(id) {
             return Err(Error::AlreadyExists(id.clone()));
         }
-        let (offset, evicted) = Self::allocate(&mut st, size)?;
+        // A complete unpinned copy still held for a moment (the pull that just filled it, a
+        // reader finishing) becomes evictable when released: wait briefly for it rather than
+        // fail.
+        let mut evicted = Vec::new();
+        let deadline = Instant::now() + EVICTION_GRACE;
+        let offset = loop {
+            match Self::allocate(&mut st, size, &mut evicted) {
+                Ok(off) => break off,
+                Err(e) => {
+                    let now = Instant::now();
+                    let busy = st.copies.values().any(|c| c.evictable_when_released());
+                    if !busy || now >= deadline || size > st.alloc.capacity() {
+                        return Err(e);
+                    }
+                    st = self.changed.wait_timeout(st, deadline - now).unwrap().0;
+                    if st.by_id.contains_key(id) {
+                        return Err(Error::AlreadyExists(id.clone()));
+                    }
+                }
+            }
+        };
         let key = st.next_key;
         st.next_key += 1;
         st.copies.insert(
@@ -259,6 +293,9 @@ impl Store {
         if c.users == 0 && c.detached {
             let c = st.copies.remove(&key).expect("live copy");
             st.alloc.free(c.offset, c.size);
+        } else if c.users == 0 && c.evictable_when_released() {
+            // An allocation may be waiting for it.
+            self.changed.notify_all();
         }
     }
 }
@@ -526,5 +563,34 @@ mod tests {
         assert!(s
             .wait_lookup(&"y".into(), Duration::from_millis(5))
             .is_err());
+    }
+
+    #[test]
+    fn an_allocation_waits_briefly_for_an_evictable_copy_in_use() {
+        let s = store(1 << 20);
+        let (a, _) = s.create(&ObjectId::new("a"), 768 << 10, false).unwrap();
+        a.append(&vec![7; 768 << 10]).unwrap();
+        // Held for a moment (like the pull that just filled it), then released.
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            drop(a);
+        });
+        let (b, evicted) = s.create(&ObjectId::new("b"), 768 << 10, true).unwrap();
+        assert_eq!(evicted, vec![ObjectId::new("a")]);
+        assert!(s.lookup(&ObjectId::new("a")).is_none());
+        t.join().unwrap();
+        // Pinned copies are never waited for: no room, at once.
+        let t0 = Instant::now();
+        match s.create(&ObjectId::new("c"), 768 << 10, true) {
+            Err(Error::OutOfMemory { .. }) => {}
+            other => panic!("{:?}", other.map(|_| ())),
+        }
+        assert!(t0.elapsed() < EVICTION_GRACE);
+        // Bigger than the arena: nothing is evicted for it.
+        drop(b);
+        assert!(matches!(
+            s.create(&ObjectId::new("d"), 2 << 20, true),
+            Err(Error::OutOfMemory { .. })
+        ));
     }
 }
