@@ -4,6 +4,7 @@ mod bench;
 mod plot;
 
 use anyhow::{bail, Context, Result};
+use bench::sync::{LocalSync, RankSync, TcpSync};
 use bench::{Algo, BenchRecord, BenchSpec, Collective, Degree};
 use clap::{Parser, Subcommand};
 use phalanx::transport::NodeId;
@@ -91,9 +92,16 @@ struct BenchArgs {
     /// One JSON object per line and size instead of a table.
     #[arg(long)]
     json: bool,
+    /// Where rank 0 listens for the other ranks' barrier and timing messages (a side channel
+    /// of the benchmark, not Phalanx traffic); default: node 0's address, port + 1000.
+    #[arg(long)]
+    sync_addr: Option<std::net::SocketAddr>,
     #[command(flatten)]
     transport: TransportOpts,
 }
+
+/// How long the ranks of a multi-process bench wait for each other to show up.
+const SYNC_TIMEOUT: Duration = Duration::from_secs(120);
 
 #[derive(clap::Args)]
 struct NodeArgs {
@@ -231,8 +239,11 @@ fn bench_cmd(a: BenchArgs) -> Result<()> {
             degree: a.degree,
         })
         .collect();
-    let run_all = |node: &Node| -> phalanx::Result<Vec<Vec<BenchRecord>>> {
-        specs.iter().map(|s| bench::run_rank(node, s)).collect()
+    let run_all = |node: &Node, sync: &dyn RankSync| -> Result<Vec<Vec<BenchRecord>>> {
+        specs
+            .iter()
+            .map(|s| bench::run_rank(node, s, sync))
+            .collect()
     };
     let records = match (a.local, &a.config) {
         (Some(n), _) => {
@@ -245,11 +256,12 @@ fn bench_cmd(a: BenchArgs) -> Result<()> {
                 ..NodeConfig::default()
             };
             let c = LocalCluster::start_with(n, cfg, a.transport.settings()?)?;
+            let sync = LocalSync::new(n);
             let results: Vec<_> = std::thread::scope(|s| {
                 let hs: Vec<_> = c
                     .nodes
                     .iter()
-                    .map(|node| s.spawn(|| run_all(node)))
+                    .map(|node| s.spawn(|| run_all(node, &sync)))
                     .collect();
                 hs.into_iter()
                     .map(|h| h.join().expect("rank thread"))
@@ -277,10 +289,21 @@ fn bench_cmd(a: BenchArgs) -> Result<()> {
             };
             let node = cluster::start_node(&cfg, rank, false)
                 .with_context(|| format!("starting rank {rank}"))?;
-            let r = run_all(&node).with_context(|| format!("rank {rank}"))?;
+            let sync_addr = match a.sync_addr {
+                Some(addr) => addr,
+                None => {
+                    let mut addr = cfg.addr_of(0).context("node 0 is not in the config")?;
+                    addr.set_port(addr.port().checked_add(1000).context("node 0's port")?);
+                    addr
+                }
+            };
+            let sync = TcpSync::connect(rank, cfg.nodes.len() as u32, sync_addr, SYNC_TIMEOUT)
+                .with_context(|| format!("rank {rank}: bench sync with rank 0 at {sync_addr}"))?;
+            let r = run_all(&node, &sync).with_context(|| format!("rank {rank}"))?;
             // Final barrier: nobody leaves (taking its directory shard and its copies along)
             // while rank 0 still needs them.
-            bench::finish_barrier(&node).with_context(|| format!("rank {rank}: final barrier"))?;
+            sync.barrier(rank)
+                .with_context(|| format!("rank {rank}: final barrier"))?;
             node.shutdown();
             if rank != 0 {
                 return Ok(());

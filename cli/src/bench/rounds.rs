@@ -1,0 +1,298 @@
+//! One iteration of each collective, as every rank runs it: meet at the barrier, do this
+//! rank's part, stamp its completion, hand the stamp in; rank 0 cleans up afterwards. Results
+//! are checked outside the timed part.
+
+use super::sync::{now_ns, RankSync, Stamp};
+use super::{Algo, BenchSpec, Collective, Degree};
+use anyhow::{bail, Context, Result};
+use phalanx::ops::{combine, DType, ReduceOp};
+use phalanx::{Node, ObjectId, ReduceOptions};
+use std::time::Duration;
+
+/// What rank 0 learns from one iteration.
+pub(super) struct Measure {
+    pub total: f64,
+    /// Reduce, allreduce, gather: from the last input's scheduled arrival to the end.
+    pub after_last_ready: Option<f64>,
+    pub degree: Option<usize>,
+}
+
+pub(super) struct Round<'a> {
+    node: &'a Node,
+    spec: &'a BenchSpec,
+    size: u64,
+    sync: &'a dyn RankSync,
+    /// This rank's object: the broadcast data at rank 0, every rank's input for the
+    /// many-to-one collectives.
+    payload: Vec<u8>,
+}
+
+impl<'a> Round<'a> {
+    pub fn new(node: &'a Node, spec: &'a BenchSpec, size: u64, sync: &'a dyn RankSync) -> Self {
+        let payload = match spec.collective {
+            Collective::P2p | Collective::Broadcast if node.id() == 0 => pattern(size),
+            Collective::Reduce | Collective::Allreduce | Collective::Gather => {
+                input_of(node.id(), size)
+            }
+            _ => Vec::new(),
+        };
+        Round {
+            node,
+            spec,
+            size,
+            sync,
+            payload,
+        }
+    }
+
+    fn name(&self, it: usize, kind: &str, rank: u32) -> ObjectId {
+        let c = format!("{:?}-{:?}", self.spec.collective, self.spec.algo);
+        ObjectId::new(format!("bench/{c}/{kind}/{}/{it}/{rank}", self.size))
+    }
+
+    pub fn run(&self, it: usize) -> Result<Option<Measure>> {
+        match self.spec.collective {
+            Collective::P2p => self.p2p(it),
+            Collective::Broadcast => self.broadcast(it),
+            _ => self.many_to_one(it),
+        }
+    }
+
+    fn barrier(&self) -> Result<u64> {
+        self.sync.barrier(self.node.id()).context("bench barrier")
+    }
+
+    fn finish(&self, released_ns: u64, done_ns: Option<u64>) -> Result<Option<f64>> {
+        let stamp = Stamp {
+            released_ns,
+            done_ns,
+        };
+        self.sync
+            .finish(self.node.id(), stamp)
+            .context("bench stamps")
+    }
+
+    /// Rank 1 gets an object rank 0 has put completely before the start.
+    fn p2p(&self, it: usize) -> Result<Option<Measure>> {
+        let node = self.node;
+        let data = self.name(it, "data", 0);
+        if node.id() == 0 {
+            node.put(data.clone(), &self.payload)?;
+        }
+        let released = self.barrier()?;
+        let done = match node.id() {
+            1 => {
+                let v = node.get_view(data.clone())?;
+                let done = now_ns();
+                check_pattern(&v, self.size)?;
+                Some(done)
+            }
+            _ => None,
+        };
+        let total = self.finish(released, done)?;
+        if node.id() == 0 {
+            node.delete(data)?;
+        }
+        Ok(total.map(only_total))
+    }
+
+    /// Rank 0 puts after the start; every other rank gets it.
+    fn broadcast(&self, it: usize) -> Result<Option<Measure>> {
+        let node = self.node;
+        let data = self.name(it, "data", 0);
+        let released = self.barrier()?;
+        let done = if node.id() == 0 {
+            node.put(data.clone(), &self.payload)?;
+            now_ns()
+        } else {
+            let v = match self.spec.algo {
+                Algo::Phalanx => node.get_view(data.clone())?,
+                Algo::Star => node.get_view_from(data.clone(), 0)?,
+            };
+            let done = now_ns();
+            check_pattern(&v, self.size)?;
+            done
+        };
+        let total = self.finish(released, Some(done))?;
+        if node.id() == 0 {
+            node.delete(data)?;
+        }
+        Ok(total.map(only_total))
+    }
+
+    /// Reduce, allreduce and gather: rank k puts its input k·interval after the start; rank 0
+    /// combines them (and, for allreduce, every rank reads the result).
+    fn many_to_one(&self, it: usize) -> Result<Option<Measure>> {
+        let node = self.node;
+        let spec = self.spec;
+        let n = node.num_nodes();
+        let interval = Duration::from_millis(spec.arrival_interval_ms);
+        let inputs: Vec<ObjectId> = (0..n).map(|k| self.name(it, "in", k)).collect();
+        let target = self.name(it, "out", 0);
+        let put_input = || -> Result<u64> {
+            std::thread::sleep(interval * node.id());
+            node.put(inputs[node.id() as usize].clone(), &self.payload)?;
+            Ok(now_ns())
+        };
+        let released = self.barrier()?;
+        if node.id() != 0 {
+            let mut done = put_input()?;
+            if spec.collective == Collective::Allreduce {
+                let v = node.get_view(target)?;
+                done = now_ns();
+                check_sum(&v, n, self.size)?;
+            }
+            self.finish(released, Some(done))?;
+            return Ok(None);
+        }
+        let (done, degree, result) = std::thread::scope(|s| -> Result<_> {
+            let mine = s.spawn(put_input);
+            let out = self.combine_at_root(&inputs, &target);
+            let put_done = mine.join().expect("input thread")?;
+            let (done, degree, result) = out?;
+            Ok((done.max(put_done), degree, result))
+        })?;
+        let total = self
+            .finish(released, Some(done))?
+            .expect("rank 0 gets the time");
+        // Checked once every rank is done, outside the timing.
+        match (spec.collective, result) {
+            (Collective::Gather, _) => {}
+            (_, Some(v)) => check_sum(&v, n, self.size)?,
+            (_, None) => check_sum(&node.get_view(target.clone())?, n, self.size)?,
+        }
+        for id in &inputs {
+            node.delete(id.clone())?;
+        }
+        if spec.collective != Collective::Gather && spec.algo == Algo::Phalanx {
+            node.delete(target)?;
+        }
+        let last_ready_at = (interval * (n - 1)).as_secs_f64();
+        let own = (done - released) as f64 / 1e9;
+        Ok(Some(Measure {
+            total,
+            after_last_ready: Some((own - last_ready_at).max(0.0)),
+            degree,
+        }))
+    }
+
+    /// Rank 0's part of a many-to-one collective: when it was done, the degree of the tree,
+    /// and the result when the collective hands it back.
+    fn combine_at_root(
+        &self,
+        inputs: &[ObjectId],
+        target: &ObjectId,
+    ) -> Result<(u64, Option<usize>, Option<Vec<u8>>)> {
+        let node = self.node;
+        let spec = self.spec;
+        let n = node.num_nodes();
+        match (spec.collective, spec.algo) {
+            (Collective::Gather, Algo::Phalanx) => {
+                let got = node.gather(inputs)?;
+                let done = now_ns();
+                for (k, v) in got.iter().enumerate() {
+                    if *v != input_of(k as u32, self.size) {
+                        bail!("gathered input {k} differs");
+                    }
+                }
+                Ok((done, None, None))
+            }
+            (Collective::Gather | Collective::Reduce, Algo::Star) => {
+                // One input after another, combined at rank 0.
+                let mut acc: Option<Vec<u8>> = None;
+                for id in inputs {
+                    let v = node.get(id.clone())?;
+                    match &mut acc {
+                        None => acc = Some(v),
+                        Some(a) if spec.collective == Collective::Reduce => {
+                            combine(ReduceOp::Sum, DType::F32, a, &v)
+                        }
+                        Some(_) => {}
+                    }
+                }
+                Ok((now_ns(), None, acc))
+            }
+            (Collective::Allreduce, Algo::Star) => {
+                bail!("allreduce has no star baseline; use --degree")
+            }
+            _ => {
+                let degree = match spec.degree {
+                    Degree::Auto => None,
+                    Degree::Fixed(d) => Some(d),
+                    Degree::N => Some(n as usize),
+                };
+                let opts = ReduceOptions {
+                    degree,
+                    ..ReduceOptions::default()
+                };
+                if spec.collective == Collective::Allreduce {
+                    // Rank 0 reads the target while it is being reduced, like every rank.
+                    let (v, o) =
+                        node.allreduce(target.clone(), inputs, ReduceOp::Sum, DType::F32, &opts)?;
+                    Ok((now_ns(), Some(o.degree), Some(v)))
+                } else {
+                    // Done when the target is complete (on the root's node).
+                    let o = node.reduce_with(
+                        target.clone(),
+                        inputs,
+                        n as usize,
+                        ReduceOp::Sum,
+                        DType::F32,
+                        &opts,
+                    )?;
+                    Ok((now_ns(), Some(o.degree), None))
+                }
+            }
+        }
+    }
+}
+
+fn only_total(total: f64) -> Measure {
+    Measure {
+        total,
+        after_last_ready: None,
+        degree: None,
+    }
+}
+
+/// The f32 input of `rank`: small integers, so sums are exact and easy to check.
+fn input_of(rank: u32, size: u64) -> Vec<u8> {
+    let mut v = Vec::with_capacity(size as usize);
+    for i in 0..size / 4 {
+        v.extend_from_slice(&(((i + rank as u64) % 7) as f32).to_le_bytes());
+    }
+    v
+}
+
+fn pattern(size: u64) -> Vec<u8> {
+    (0..size).map(|i| (i * 31 % 251) as u8).collect()
+}
+
+fn check_pattern(v: &[u8], size: u64) -> Result<()> {
+    let ok = v.len() as u64 == size
+        && v.iter()
+            .enumerate()
+            .step_by(4099)
+            .all(|(i, &b)| b == (i as u64 * 31 % 251) as u8);
+    if !ok {
+        bail!("benchmark object corrupted");
+    }
+    Ok(())
+}
+
+fn check_sum(v: &[u8], n: u32, size: u64) -> Result<()> {
+    let ok = v.len() as u64 == size
+        && (0..size / 4).step_by(1021).all(|i| {
+            let want: u64 = (0..n as u64).map(|r| (i + r) % 7).sum();
+            let got = f32::from_le_bytes(
+                v[i as usize * 4..i as usize * 4 + 4]
+                    .try_into()
+                    .expect("4 bytes"),
+            );
+            got == want as f32
+        });
+    if !ok {
+        bail!("reduce result is wrong");
+    }
+    Ok(())
+}

@@ -1,0 +1,318 @@
+//! How the benchmark's ranks meet and time themselves, outside the object store (as the MPI
+//! benchmarks do): a barrier starts every iteration, every rank stamps its own completion, and
+//! rank 0 takes the last completion minus the start.
+//!
+//! Clocks: every stamp is `CLOCK_MONOTONIC`. Ranks on one host (threads of one process, or
+//! processes in network namespaces of one kernel) share that clock, detected by equal
+//! `/proc/sys/kernel/random/boot_id`: then a rank's time is its completion minus the instant
+//! rank 0 released the barrier, exactly. Ranks on other hosts do not share it: their time is
+//! their completion minus the instant they saw the release, which leaves out the release's
+//! one-way trip (as `MPI_Barrier` skew is left out by the MPI benchmarks).
+//!
+//! In one process the ranks meet at a `std::sync::Barrier`; across processes over a small TCP
+//! side channel to rank 0 (`TcpSync`), never through Phalanx objects.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::{Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+/// Nanoseconds on the host's monotonic clock.
+pub fn now_ns() -> u64 {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .expect("CLOCK_MONOTONIC is always readable");
+    t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
+}
+
+/// This host's boot id (equal for every process of one kernel), if readable.
+fn boot_id() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    // FNV-1a of the id: only equality matters.
+    Some(s.trim().bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    }))
+}
+
+/// When one rank saw an iteration start and when it finished, on its own clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    /// When this rank left the barrier.
+    pub released_ns: u64,
+    /// When its part of the collective was done; `None`: it took no part.
+    pub done_ns: Option<u64>,
+}
+
+/// The meeting point of the ranks.
+pub trait RankSync: Send + Sync {
+    /// Waits until every rank has arrived. Returns when this rank left it (its `released_ns`).
+    fn barrier(&self, rank: u32) -> std::io::Result<u64>;
+
+    /// Every rank hands in its stamp; rank 0 gets the time of the iteration: the latest
+    /// completion minus the start (see the module doc for the clock), in seconds.
+    fn finish(&self, rank: u32, stamp: Stamp) -> std::io::Result<Option<f64>>;
+}
+
+/// The iteration's time from every rank's stamp. `release_ns`: when rank 0 released the
+/// barrier; `shared[k]`: rank k's clock is rank 0's.
+fn iteration_time(release_ns: u64, stamps: &[Stamp], shared: &[bool]) -> f64 {
+    stamps
+        .iter()
+        .zip(shared)
+        .filter_map(|(s, &shared)| {
+            let done = s.done_ns?;
+            let start = if shared { release_ns } else { s.released_ns };
+            Some(done.saturating_sub(start))
+        })
+        .max()
+        .unwrap_or(0) as f64
+        / 1e9
+}
+
+/// Ranks that are threads of one process. The start of an iteration is the first instant any
+/// rank left the barrier.
+pub struct LocalSync {
+    barrier: Barrier,
+    /// The stamps handed in so far.
+    round: Mutex<Vec<Option<Stamp>>>,
+    all_in: Barrier,
+}
+
+impl LocalSync {
+    pub fn new(ranks: u32) -> LocalSync {
+        LocalSync {
+            barrier: Barrier::new(ranks as usize),
+            round: Mutex::new(vec![None; ranks as usize]),
+            all_in: Barrier::new(ranks as usize),
+        }
+    }
+}
+
+impl RankSync for LocalSync {
+    fn barrier(&self, _rank: u32) -> std::io::Result<u64> {
+        self.barrier.wait();
+        Ok(now_ns())
+    }
+
+    fn finish(&self, rank: u32, stamp: Stamp) -> std::io::Result<Option<f64>> {
+        self.round.lock().unwrap()[rank as usize] = Some(stamp);
+        self.all_in.wait();
+        if rank != 0 {
+            // Rank 0 reads the stamps before anyone can reach the next barrier's release.
+            return Ok(None);
+        }
+        let mut r = self.round.lock().unwrap();
+        let stamps: Vec<Stamp> = r.iter_mut().map(|s| s.take().expect("all in")).collect();
+        let start = stamps.iter().map(|s| s.released_ns).min().expect("ranks");
+        let shared = vec![true; stamps.len()];
+        Ok(Some(iteration_time(start, &stamps, &shared)))
+    }
+}
+
+const ARRIVE: u8 = 1;
+const GO: u8 = 2;
+const STAMP: u8 = 3;
+const HELLO: u8 = 4;
+const NONE: u64 = u64::MAX;
+
+fn send(s: &mut TcpStream, tag: u8, a: u64, b: u64) -> std::io::Result<()> {
+    let mut f = [0u8; 17];
+    f[0] = tag;
+    f[1..9].copy_from_slice(&a.to_le_bytes());
+    f[9..].copy_from_slice(&b.to_le_bytes());
+    s.write_all(&f)
+}
+
+fn recv(s: &mut TcpStream, want: u8) -> std::io::Result<(u64, u64)> {
+    let mut f = [0u8; 17];
+    s.read_exact(&mut f)?;
+    if f[0] != want {
+        return Err(std::io::Error::other(format!(
+            "bench sync: expected message {want}, got {}",
+            f[0]
+        )));
+    }
+    let a = u64::from_le_bytes(f[1..9].try_into().expect("8 bytes"));
+    let b = u64::from_le_bytes(f[9..].try_into().expect("8 bytes"));
+    Ok((a, b))
+}
+
+/// Ranks in separate processes: rank 0 listens, every other rank connects to it.
+pub struct TcpSync {
+    /// Rank 0: the link to rank k at index k - 1; others: the link to rank 0.
+    links: Vec<Mutex<TcpStream>>,
+    /// Rank 0: per rank, whether its clock is rank 0's.
+    shared: Vec<bool>,
+    last_release: Mutex<u64>,
+}
+
+impl TcpSync {
+    /// Rank 0 accepts `ranks - 1` links on `addr`; the others connect to it, retrying until
+    /// `timeout`.
+    pub fn connect(
+        rank: u32,
+        ranks: u32,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> std::io::Result<TcpSync> {
+        let deadline = Instant::now() + timeout;
+        let me = boot_id().unwrap_or(NONE);
+        if rank == 0 {
+            let l = TcpListener::bind(addr)?;
+            l.set_nonblocking(true)?;
+            let mut links: Vec<Option<TcpStream>> = (1..ranks).map(|_| None).collect();
+            let mut shared = vec![true; ranks as usize];
+            while links.iter().any(Option::is_none) {
+                match l.accept() {
+                    Ok((mut s, _)) => {
+                        s.set_nonblocking(false)?;
+                        s.set_nodelay(true)?;
+                        s.set_read_timeout(Some(timeout))?;
+                        let (r, boot) = recv(&mut s, HELLO)?;
+                        let slot = (r as usize)
+                            .checked_sub(1)
+                            .and_then(|i| links.get_mut(i))
+                            .filter(|l| l.is_none())
+                            .ok_or_else(|| std::io::Error::other(format!("bad rank {r}")))?;
+                        *slot = Some(s);
+                        shared[r as usize] = boot == me && me != NONE;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        if Instant::now() >= deadline {
+                            return Err(std::io::Error::new(
+                                std::io::ErrorKind::TimedOut,
+                                "bench sync: not every rank connected",
+                            ));
+                        }
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            let links = links
+                .into_iter()
+                .map(|l| Mutex::new(l.expect("all")))
+                .collect();
+            return Ok(TcpSync {
+                links,
+                shared,
+                last_release: Mutex::new(0),
+            });
+        }
+        let mut s = loop {
+            match TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {
+                Ok(s) => break s,
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        s.set_nodelay(true)?;
+        send(&mut s, HELLO, rank as u64, me)?;
+        Ok(TcpSync {
+            links: vec![Mutex::new(s)],
+            shared: Vec::new(),
+            last_release: Mutex::new(0),
+        })
+    }
+}
+
+impl RankSync for TcpSync {
+    fn barrier(&self, rank: u32) -> std::io::Result<u64> {
+        if rank != 0 {
+            let mut s = self.links[0].lock().unwrap();
+            send(&mut s, ARRIVE, rank as u64, 0)?;
+            recv(&mut s, GO)?;
+            return Ok(now_ns());
+        }
+        for l in &self.links {
+            recv(&mut l.lock().unwrap(), ARRIVE)?;
+        }
+        let t = now_ns();
+        *self.last_release.lock().unwrap() = t;
+        for l in &self.links {
+            send(&mut l.lock().unwrap(), GO, t, 0)?;
+        }
+        Ok(t)
+    }
+
+    fn finish(&self, rank: u32, stamp: Stamp) -> std::io::Result<Option<f64>> {
+        if rank != 0 {
+            let mut s = self.links[0].lock().unwrap();
+            send(
+                &mut s,
+                STAMP,
+                stamp.released_ns,
+                stamp.done_ns.unwrap_or(NONE),
+            )?;
+            return Ok(None);
+        }
+        let mut stamps = vec![stamp];
+        for l in &self.links {
+            let (released_ns, done) = recv(&mut l.lock().unwrap(), STAMP)?;
+            stamps.push(Stamp {
+                released_ns,
+                done_ns: (done != NONE).then_some(done),
+            });
+        }
+        let release = *self.last_release.lock().unwrap();
+        Ok(Some(iteration_time(release, &stamps, &self.shared)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_time_is_the_last_completion_after_the_start() {
+        let s = |rel, done| Stamp {
+            released_ns: rel,
+            done_ns: done,
+        };
+        // Shared clock: measured from rank 0's release.
+        let st = [s(100, Some(300)), s(150, Some(900)), s(120, None)];
+        assert_eq!(iteration_time(100, &st, &[true; 3]), 800e-9);
+        // Rank 1 on another host: from its own release.
+        assert_eq!(iteration_time(100, &st, &[true, false, true]), 750e-9);
+    }
+
+    #[test]
+    fn tcp_ranks_meet_and_report() {
+        let addr: SocketAddr = {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        };
+        let t = Duration::from_secs(10);
+        let others: Vec<_> = (1..3u32)
+            .map(|r| {
+                std::thread::spawn(move || {
+                    let s = TcpSync::connect(r, 3, addr, t).unwrap();
+                    for _ in 0..3 {
+                        let rel = s.barrier(r).unwrap();
+                        std::thread::sleep(Duration::from_millis(10 * r as u64));
+                        let st = Stamp {
+                            released_ns: rel,
+                            done_ns: Some(now_ns()),
+                        };
+                        assert_eq!(s.finish(r, st).unwrap(), None);
+                    }
+                })
+            })
+            .collect();
+        let s = TcpSync::connect(0, 3, addr, t).unwrap();
+        assert!(s.shared.iter().all(|&x| x), "one host: one clock");
+        for _ in 0..3 {
+            let rel = s.barrier(0).unwrap();
+            let st = Stamp {
+                released_ns: rel,
+                done_ns: Some(rel),
+            };
+            let time = s.finish(0, st).unwrap().unwrap();
+            assert!((0.020..1.0).contains(&time), "the slowest rank: {time}");
+        }
+        for h in others {
+            h.join().unwrap();
+        }
+    }
+}
