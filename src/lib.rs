@@ -10,6 +10,7 @@ pub mod config;
 pub mod directory;
 mod error;
 mod fault;
+pub mod hop;
 mod id;
 mod membership;
 mod node;

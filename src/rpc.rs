@@ -2,6 +2,7 @@
 //! the dispatcher's queue), and the table of outstanding requests that replies complete.
 //! Every subsystem is handed the node's `Rpc`; only the dispatcher completes requests.
 
+use crate::hop::hop;
 use crate::protocol::{Msg, Reply, Rid};
 use crate::{Error, Result};
 use crossbeam_channel::{Receiver, Sender};
@@ -100,7 +101,20 @@ impl Rpc {
     pub fn send_from_transport_thread(&self, to: NodeId, msg: Msg) {
         let sent =
             to != self.id && matches!(self.transport.send_nonblocking(to, &msg.encode()), Ok(true));
-        if !sent {
+        if sent {
+            hop!(
+                self.id,
+                "sent from the transport thread",
+                to = to,
+                kind = msg.kind()
+            );
+        } else {
+            hop!(
+                self.id,
+                "handed to the dispatcher",
+                to = to,
+                kind = msg.kind()
+            );
             let _ = self.queue.send(Work::Send(to, msg));
         }
     }
@@ -116,10 +130,13 @@ impl Rpc {
         let rid = self.next_rid.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.pending.lock().unwrap().insert(rid, (to, tx));
-        if let Err(e) = self.send(to, make(rid)) {
+        let msg = make(rid);
+        let kind = msg.kind();
+        if let Err(e) = self.send(to, msg) {
             self.pending.lock().unwrap().remove(&rid);
             return Err(e);
         }
+        hop!(self.id, "request sent", to = to, rid = rid, kind = kind);
         Ok(rx)
     }
 
@@ -136,10 +153,12 @@ impl Rpc {
                 Err(_) => break None,
             }
         };
+        let spun = first.is_some();
         let got = match first {
             Some(r) => Ok(r),
             None => rx.recv_timeout(self.op_timeout),
         };
+        hop!(self.id, "caller has the reply", from = to, spun = spun);
         match got {
             Ok(Ok(Reply::Error(e))) => Err(Error::Protocol { peer: to, what: e }),
             Ok(r) => r,
@@ -152,6 +171,7 @@ impl Rpc {
 
     /// A reply arrived: hands it to its caller.
     pub fn complete(&self, rid: Rid, reply: Reply) {
+        hop!(self.id, "reply in", rid = rid);
         if let Some((_, tx)) = self.pending.lock().unwrap().remove(&rid) {
             let _ = tx.send(Ok(reply));
         }

@@ -2,6 +2,7 @@
 
 mod bench;
 mod plot;
+mod trace;
 
 use anyhow::{bail, Context, Result};
 use bench::sync::{LocalSync, RankSync, TcpSync};
@@ -92,6 +93,10 @@ struct BenchArgs {
     /// One JSON object per line and size instead of a table.
     #[arg(long)]
     json: bool,
+    /// Print every hop (thread or node change) of the last iteration of each size to stderr,
+    /// with its time: where the microseconds go.
+    #[arg(long)]
+    trace: bool,
     /// Where rank 0 listens for the other ranks' barrier and timing messages (a side channel
     /// of the benchmark, not Phalanx traffic); default: node 0's address, port + 1000.
     #[arg(long)]
@@ -183,16 +188,30 @@ fn one_size(s: &str) -> Result<u64> {
 }
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    if let Err(e) = run(Cli::parse()) {
+    let cli = Cli::parse();
+    init_logging(matches!(&cli.cmd, Cmd::Bench(b) if b.trace));
+    if let Err(e) = run(cli) {
         eprintln!("phalanx: error: {e:#}");
         std::process::exit(1);
     }
+}
+
+/// Logs to stderr as `RUST_LOG` says (default: warnings); with `hops`, the hop events are
+/// recorded for `bench --trace` as well.
+fn init_logging(hops: bool) {
+    use tracing_subscriber::prelude::*;
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_filter(filter);
+    let hop_filter = tracing_subscriber::filter::Targets::new()
+        .with_target(phalanx::hop::HOP_TARGET, tracing::Level::TRACE);
+    let recorder = hops.then(|| trace::HopRecorder.with_filter(hop_filter));
+    tracing_subscriber::registry()
+        .with(fmt)
+        .with(recorder)
+        .init();
 }
 
 fn run(cli: Cli) -> Result<()> {
@@ -237,6 +256,7 @@ fn bench_cmd(a: BenchArgs) -> Result<()> {
             warmup: a.warmup,
             arrival_interval_ms: a.arrival_interval_ms,
             degree: a.degree,
+            trace: a.trace,
         })
         .collect();
     let run_all = |node: &Node, sync: &dyn RankSync| -> Result<Vec<Vec<BenchRecord>>> {
@@ -261,7 +281,15 @@ fn bench_cmd(a: BenchArgs) -> Result<()> {
                 let hs: Vec<_> = c
                     .nodes
                     .iter()
-                    .map(|node| s.spawn(|| run_all(node, &sync)))
+                    .map(|node| {
+                        s.spawn(|| {
+                            let r = run_all(node, &sync);
+                            if r.is_err() {
+                                sync.abort();
+                            }
+                            r
+                        })
+                    })
                     .collect();
                 hs.into_iter()
                     .map(|h| h.join().expect("rank thread"))

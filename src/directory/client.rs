@@ -3,6 +3,7 @@
 //! where the operation allows it.
 
 use crate::config::INLINE_LIMIT;
+use crate::hop::hop;
 use crate::membership::Membership;
 use crate::protocol::{DirMsg, Located, Msg, ObjectInfo, Reply, StoreMsg};
 use crate::rpc::Rpc;
@@ -57,6 +58,7 @@ impl DirClient {
 
     /// Announces a local copy (partial or complete) to the object's directory shard.
     pub fn publish(&self, id: &ObjectId, size: u64, complete: bool) -> Result<()> {
+        hop!(self.id, "publish", complete = complete);
         let r = self.rpc.send(
             self.shard_of(id),
             DirMsg::Publish {

@@ -4,6 +4,7 @@
 //! family.
 
 use super::Inner;
+use crate::hop::hop;
 use crate::protocol::{Msg, Reply, StoreMsg};
 use crate::rpc::Work;
 use crossbeam_channel::Receiver;
@@ -31,7 +32,10 @@ impl Inner {
     pub(super) fn dispatch(self: Arc<Self>, queue: Receiver<Work>) {
         for w in queue {
             match w {
-                Work::Msg(from, msg) => self.on_msg(from, msg),
+                Work::Msg(from, msg) => {
+                    hop!(self.id, "dispatcher has it", from = from, kind = msg.kind());
+                    self.on_msg(from, msg)
+                }
                 Work::Event(Event::PeerDown { peer, reason }) => {
                     let newly = self.members.mark_down(peer);
                     self.on_peer_down(peer, &reason);
@@ -59,7 +63,14 @@ impl Inner {
     /// Runs on transport threads: must not block on the network.
     pub(super) fn on_transport_event(&self, ev: Event) {
         match ev {
-            Event::Ctrl { peer, msg } => match Msg::decode(&msg) {
+            Event::Ctrl { peer, msg } => match Msg::decode(&msg).inspect(|m| {
+                hop!(
+                    self.id,
+                    "in on the transport thread",
+                    from = peer,
+                    kind = m.kind()
+                );
+            }) {
                 Ok(Msg::Reply { rid, reply }) => self.rpc.complete(rid, reply),
                 // The directory answers on the transport thread when the reply can go out
                 // without blocking: one thread hand-off less per lookup.

@@ -66,6 +66,32 @@ impl From<StoreMsg> for Msg {
 }
 
 impl Msg {
+    /// The message's kind, for traces.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Msg::Dir(m) => match m {
+                DirMsg::Publish { .. } => "Publish",
+                DirMsg::PutInline { .. } => "PutInline",
+                DirMsg::Locate { .. } => "Locate",
+                DirMsg::TransferDone { .. } => "TransferDone",
+                DirMsg::Withdraw { .. } => "Withdraw",
+                DirMsg::Query { .. } => "Query",
+                DirMsg::Subscribe { .. } => "Subscribe",
+                DirMsg::Delete { .. } => "Delete",
+                DirMsg::Reset { .. } => "Reset",
+            },
+            Msg::Pull(m) => match m {
+                PullMsg::Pull { .. } => "Pull",
+                PullMsg::CancelPull { .. } => "CancelPull",
+                PullMsg::PullEnd { .. } => "PullEnd",
+            },
+            Msg::Reduce(ReduceMsg::Task { .. }) => "ReduceTask",
+            Msg::Reduce(ReduceMsg::Cancel { .. }) => "CancelReduce",
+            Msg::Store(StoreMsg::Evict { .. }) => "Evict",
+            Msg::Reply { .. } => "Reply",
+        }
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         bincode::serialize(self).expect("messages always serialise")
     }

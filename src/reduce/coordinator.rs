@@ -3,6 +3,7 @@
 
 use super::run::{Action, Run};
 use super::{ReduceOptions, ReduceOutcome, Reducer, TreeSlot};
+use crate::hop::hop;
 use crate::ops::{DType, ReduceOp};
 use crate::protocol::{ReduceMsg, Reply};
 use crate::{Error, ObjectId, Result};
@@ -176,7 +177,10 @@ impl Reducer {
                 let r = what.recv(run.tasks[p].as_ref().expect("listed"));
                 run.tasks[p] = None;
                 match r {
-                    Ok(Ok(Reply::Ack)) => run.done[p] = true,
+                    Ok(Ok(Reply::Ack)) => {
+                        hop!(self.id, "task done", position = p);
+                        run.done[p] = true
+                    }
                     Ok(Err(Error::PeerDown(node))) => resub.extend(self.repair(&mut run, node)),
                     Ok(Ok(Reply::Error(e))) if run.task_errors[p] < MAX_TASK_ERRORS => {
                         // Usually an input that vanished under the task (reset upstream, or
@@ -212,6 +216,7 @@ impl Reducer {
                         .call_async(node, |rid| ReduceMsg::Task { rid, task }.into())
                     {
                         Ok(rx) => {
+                            hop!(self.id, "task dispatched", position = p, to = node);
                             run.tasks[p] = Some(rx);
                             run.dispatches[p] += 1;
                         }

@@ -3,6 +3,7 @@
 //! `Cancel` find the task that produces a given output.
 
 use super::Reducer;
+use crate::hop::hop;
 use crate::ops::{combine, combine_into};
 use crate::protocol::{Msg, ReduceTask, Reply, Rid};
 use crate::view::Fetched;
@@ -63,6 +64,7 @@ impl Reducer {
         let spawned = std::thread::Builder::new()
             .name(format!("phx-reduce-{}", self.id))
             .spawn(move || {
+                hop!(me.id, "task running");
                 let reply = match me.run_task(&task, &cancel) {
                     Ok(()) => Reply::Ack,
                     Err(e) => Reply::Error(e.to_string()),

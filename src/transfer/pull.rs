@@ -3,6 +3,7 @@
 //! stream, and replace a failed source, resuming at the watermark.
 
 use super::{TransferRecord, Transfers};
+use crate::hop::hop;
 use crate::protocol::{DirMsg, Located, PullMsg};
 use crate::store::CopyRef;
 use crate::view::Fetched;
@@ -46,7 +47,9 @@ impl Transfers {
             if let Some(c) = self.store.lookup(id) {
                 return Ok(Fetched::Copy(c));
             }
-            match self.dir.locate(id, false, exclude)? {
+            let located = self.dir.locate(id, false, exclude)?;
+            hop!(self.id, "located", how = located_kind(&located));
+            match located {
                 Located::Local => {
                     // A local put or pull registers its copy before the directory hears of
                     // it, so the copy is here or about to be. If it is not, the directory's
@@ -90,6 +93,7 @@ impl Transfers {
             }
         };
         self.dir.withdraw(&evicted);
+        hop!(self.id, "pull driver spawned", source = node);
         let me = self.clone();
         let exclude_owned = exclude.to_vec();
         let driver_copy = copy.clone();
@@ -110,6 +114,7 @@ impl Transfers {
         mut exclude: Vec<NodeId>,
     ) {
         let (mut source, mut token) = first;
+        hop!(self.id, "pull driver running", source = source);
         loop {
             let from = copy.watermark();
             let start = Instant::now();
@@ -214,6 +219,13 @@ impl Transfers {
             self.inbound.lock().unwrap().remove(&stream);
             return Err(e.to_string());
         }
+        hop!(
+            self.id,
+            "pull request sent",
+            source = source,
+            stream = stream,
+            from = from
+        );
         // Progress is watched through the watermark; a stall as long as the op timeout
         // cancels the pull.
         let mut last = from;
@@ -260,6 +272,7 @@ impl Transfers {
             return;
         }
         ib.copy.advance_to(offset + len);
+        hop!(self.id, "data in", from = peer, offset = offset, len = len);
         if offset + len >= ib.copy.size() {
             let ib = inbound.remove(&stream).expect("present");
             let _ = ib.done.send(InboundEnd::Complete);
@@ -299,5 +312,15 @@ impl Transfers {
         for (_, ib) in self.inbound.lock().unwrap().drain() {
             let _ = ib.done.send(InboundEnd::Failed("node shut down".into()));
         }
+    }
+}
+
+/// What a location answer said, for traces (without the inline bytes).
+fn located_kind(l: &Located) -> &'static str {
+    match l {
+        Located::Inline(_) => "inline",
+        Located::Source { .. } => "source",
+        Located::Local => "local",
+        Located::NotFound => "not found",
     }
 }

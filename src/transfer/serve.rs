@@ -3,6 +3,7 @@
 //! the receiver, or cut by the receiver's death; the fault hook may end it on purpose.
 
 use super::{ServeRecord, Transfers};
+use crate::hop::hop;
 use crate::protocol::PullMsg;
 use crate::{Error, ObjectId, Result};
 use phalanx_transport::{NodeId, RemoteRegion, StreamId};
@@ -57,6 +58,7 @@ impl Transfers {
         dst: RemoteRegion,
         from: u64,
     ) {
+        hop!(self.id, "serve running", to = receiver, stream = stream);
         let cancel = Arc::new(AtomicBool::new(false));
         self.serving
             .lock()
@@ -120,6 +122,7 @@ impl Transfers {
                 }
                 self.transport
                     .write(receiver, stream, base + off, dst, off, n)?;
+                hop!(self.id, "written", to = receiver, offset = off, len = n);
                 off += n;
             }
             if off >= size {

@@ -69,6 +69,8 @@ pub struct BenchSpec {
     pub warmup: usize,
     pub arrival_interval_ms: u64,
     pub degree: Degree,
+    /// Record and print the hops of the last iteration of every size.
+    pub trace: bool,
 }
 
 /// One line of results (one size).
@@ -193,8 +195,17 @@ pub fn run_rank(
         }
         let (mut times, mut after, mut degree) = (Vec::new(), Vec::new(), None);
         let round = rounds::Round::new(node, spec, size, sync);
-        for it in 0..spec.iters + spec.warmup {
+        let last = spec.iters + spec.warmup - 1;
+        for it in 0..=last {
+            let trace = spec.trace && it == last && node.id() == 0;
+            if trace {
+                crate::trace::arm();
+            }
             let m = round.run(it)?;
+            if trace {
+                let title = format!("{:?} ({:?}) {size} B", spec.collective, spec.algo);
+                crate::trace::print(&title, round.last_release(), &crate::trace::take());
+            }
             if let (Some(m), true) = (m, it >= spec.warmup) {
                 times.push(m.total);
                 after.extend(m.after_last_ready);

@@ -25,6 +25,8 @@ pub(super) struct Round<'a> {
     /// This rank's object: the broadcast data at rank 0, every rank's input for the
     /// many-to-one collectives.
     payload: Vec<u8>,
+    /// When this rank last left the barrier.
+    released: std::sync::atomic::AtomicU64,
 }
 
 impl<'a> Round<'a> {
@@ -42,6 +44,7 @@ impl<'a> Round<'a> {
             size,
             sync,
             payload,
+            released: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -59,7 +62,14 @@ impl<'a> Round<'a> {
     }
 
     fn barrier(&self) -> Result<u64> {
-        self.sync.barrier(self.node.id()).context("bench barrier")
+        let t = self.sync.barrier(self.node.id()).context("bench barrier")?;
+        self.released.store(t, std::sync::atomic::Ordering::Relaxed);
+        Ok(t)
+    }
+
+    /// When this rank last left the barrier (the start of the last iteration).
+    pub fn last_release(&self) -> u64 {
+        self.released.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn finish(&self, released_ns: u64, done_ns: Option<u64>) -> Result<Option<f64>> {

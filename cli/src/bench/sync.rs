@@ -14,7 +14,7 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::{Barrier, Mutex};
+use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// Nanoseconds on the host's monotonic clock.
@@ -69,39 +69,86 @@ fn iteration_time(release_ns: u64, stamps: &[Stamp], shared: &[bool]) -> f64 {
 }
 
 /// Ranks that are threads of one process. The start of an iteration is the first instant any
-/// rank left the barrier.
+/// rank left the barrier. A rank that fails calls [`LocalSync::abort`], so the others stop
+/// waiting for it.
 pub struct LocalSync {
-    barrier: Barrier,
-    /// The stamps handed in so far.
-    round: Mutex<Vec<Option<Stamp>>>,
-    all_in: Barrier,
+    ranks: u32,
+    state: Mutex<LocalState>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct LocalState {
+    /// Barrier generation and how many ranks have arrived at the current one.
+    generation: u64,
+    arrived: u32,
+    /// The stamps handed in for the current iteration.
+    stamps: Vec<Option<Stamp>>,
+    aborted: bool,
 }
 
 impl LocalSync {
     pub fn new(ranks: u32) -> LocalSync {
         LocalSync {
-            barrier: Barrier::new(ranks as usize),
-            round: Mutex::new(vec![None; ranks as usize]),
-            all_in: Barrier::new(ranks as usize),
+            ranks,
+            state: Mutex::new(LocalState {
+                stamps: vec![None; ranks as usize],
+                ..Default::default()
+            }),
+            changed: Condvar::new(),
         }
+    }
+
+    /// A rank failed: every rank waiting now or later gets an error.
+    pub fn abort(&self) {
+        self.state.lock().unwrap().aborted = true;
+        self.changed.notify_all();
+    }
+
+    fn wait_until<'a>(
+        &'a self,
+        mut st: std::sync::MutexGuard<'a, LocalState>,
+        done: impl Fn(&LocalState) -> bool,
+    ) -> std::io::Result<std::sync::MutexGuard<'a, LocalState>> {
+        while !done(&st) {
+            if st.aborted {
+                return Err(std::io::Error::other("another rank failed"));
+            }
+            st = self.changed.wait(st).unwrap();
+        }
+        Ok(st)
     }
 }
 
 impl RankSync for LocalSync {
     fn barrier(&self, _rank: u32) -> std::io::Result<u64> {
-        self.barrier.wait();
+        let mut st = self.state.lock().unwrap();
+        let gen = st.generation;
+        st.arrived += 1;
+        if st.arrived == self.ranks {
+            st.arrived = 0;
+            st.generation += 1;
+            self.changed.notify_all();
+        }
+        drop(self.wait_until(st, |s| s.generation != gen)?);
         Ok(now_ns())
     }
 
     fn finish(&self, rank: u32, stamp: Stamp) -> std::io::Result<Option<f64>> {
-        self.round.lock().unwrap()[rank as usize] = Some(stamp);
-        self.all_in.wait();
+        let mut st = self.state.lock().unwrap();
+        st.stamps[rank as usize] = Some(stamp);
+        self.changed.notify_all();
         if rank != 0 {
-            // Rank 0 reads the stamps before anyone can reach the next barrier's release.
+            // The next barrier keeps this rank from handing in its next stamp before rank 0
+            // took this one.
             return Ok(None);
         }
-        let mut r = self.round.lock().unwrap();
-        let stamps: Vec<Stamp> = r.iter_mut().map(|s| s.take().expect("all in")).collect();
+        let mut st = self.wait_until(st, |s| s.stamps.iter().all(Option::is_some))?;
+        let stamps: Vec<Stamp> = st
+            .stamps
+            .iter_mut()
+            .map(|s| s.take().expect("all in"))
+            .collect();
         let start = stamps.iter().map(|s| s.released_ns).min().expect("ranks");
         let shared = vec![true; stamps.len()];
         Ok(Some(iteration_time(start, &stamps, &shared)))
