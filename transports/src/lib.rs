@@ -17,7 +17,6 @@ mod error;
 mod frame;
 pub mod link;
 mod memory;
-pub mod mesh;
 pub mod tcp;
 
 pub use error::TransportError;
