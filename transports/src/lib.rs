@@ -1,4 +1,5 @@
-//! Phalanx transports: the [`Transport`] trait, registered memory, and the TCP transport.
+//! Phalanx transports: the [`Transport`] trait, registered memory, the link bookkeeping
+//! every transport shares ([`link`]), and the TCP transport.
 //!
 //! A transport links the nodes of a cluster with three services:
 //! - ordered **control messages** ([`Transport::send`]),
@@ -14,12 +15,13 @@
 
 mod error;
 mod frame;
+pub mod link;
 mod memory;
-pub mod mesh;
 pub mod tcp;
 
 pub use error::TransportError;
 pub use frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN, MAX_CTRL_LEN};
+pub use link::{Counters, EventSink, Link, LinkState, LinkTable};
 pub use memory::{Arena, RemoteRegion};
 pub use tcp::{TcpConfig, TcpTransport};
 
@@ -28,6 +30,18 @@ use std::sync::Arc;
 
 /// The `PeerDown` reason of a peer that said goodbye (a clean shutdown, not a failure).
 pub const PEER_LEFT: &str = "peer left";
+
+/// Checks that a control message fits [`MAX_CTRL_LEN`] (what every transport's `send` does
+/// first).
+pub fn check_ctrl_len(msg: &[u8]) -> Result<(), TransportError> {
+    if msg.len() > MAX_CTRL_LEN {
+        return Err(TransportError::MessageTooLarge {
+            len: msg.len(),
+            max: MAX_CTRL_LEN,
+        });
+    }
+    Ok(())
+}
 
 /// Index of a node in the cluster.
 pub type NodeId = u32;

@@ -1,0 +1,62 @@
+//! Settings of the verbs transport.
+
+use std::time::Duration;
+
+/// Settings of the verbs transport.
+#[derive(Debug, Clone)]
+pub struct RdmaConfig {
+    /// RDMA device name (e.g. "rxe0", "mlx5_0"); `None` takes the first device.
+    pub device: Option<String>,
+    /// Port number on the device (1-based).
+    pub port: u8,
+    /// GID table index; `None` picks an IPv4-mapped GID (RoCE v2 preferred), or index 0 on
+    /// InfiniBand.
+    pub gid_index: Option<u8>,
+    /// Bytes per eager block (header 48 + trailer 5 included). Both peers must agree.
+    pub block_size: usize,
+    /// Blocks per ring (per connection and direction). Both peers must agree.
+    pub ring_blocks: usize,
+    /// Data writes of at least this many bytes go by rendezvous (zero copy); smaller ones
+    /// ride the eager blocks.
+    pub rendezvous_threshold: u64,
+    /// Bytes per RDMA write of the rendezvous path.
+    pub chunk_size: usize,
+    /// Rendezvous chunk writes in flight per `write` call.
+    pub write_window: usize,
+    /// A peer silent for this long is reported down; heartbeats go out at a quarter of it.
+    pub heartbeat_timeout: Duration,
+    /// How long `connect` waits for the whole mesh to come up.
+    pub connect_timeout: Duration,
+    /// Spin on the CQ and the rings instead of sleeping on the completion channel.
+    pub busy_poll: bool,
+    /// Completion queue entries (shared by all connections).
+    pub cq_entries: usize,
+    /// Local ACK timeout exponent of the QPs (4.096 µs × 2^x).
+    pub qp_timeout: u8,
+    /// Transport retries before a QP goes to error.
+    pub retry_cnt: u8,
+}
+
+impl Default for RdmaConfig {
+    fn default() -> Self {
+        RdmaConfig {
+            device: None,
+            port: 1,
+            gid_index: None,
+            block_size: 8192,
+            ring_blocks: 64,
+            rendezvous_threshold: DEFAULT_RENDEZVOUS_THRESHOLD,
+            chunk_size: 1 << 20,
+            write_window: 8,
+            heartbeat_timeout: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(30),
+            busy_poll: false,
+            cq_entries: 16384,
+            qp_timeout: 14,
+            retry_cnt: 7,
+        }
+    }
+}
+
+/// Default eager/rendezvous boundary (see README: measured on rxe in the test VM).
+pub const DEFAULT_RENDEZVOUS_THRESHOLD: u64 = 8 << 10;

@@ -1,0 +1,385 @@
+//! The verbs transport: RC queue pairs set up over an out-of-band TCP exchange, an eager
+//! ring of bottom-filled blocks per connection with credits returned through notification
+//! buffers, and rendezvous RDMA writes straight between the registered arenas.
+//!
+//! Per connection and direction (see `README.md` for a picture):
+//! - the receiver owns a ring of `ring_blocks` blocks of `block_size` bytes; the sender
+//!   keeps a staging copy of the same geometry in its own registered buffer, composes
+//!   message `seq` in staging slot `seq % n` and RDMA-writes it, bottom-filled, into the
+//!   receiver's block `seq % n` with write-with-immediate (immediate = `seq`), so the
+//!   receiver's completion channel wakes it up; it then validates the block by its counter
+//!   bytes (header and trailer) and checksum ([`crate::block`]);
+//! - the receiver RDMA-writes its running count of consumed blocks (16 bytes: count and its
+//!   complement) into the sender's notification buffer, again with an immediate (flagged)
+//!   as a wake-up; the sender writes block `seq` only once `seq - consumed < n`;
+//! - data writes below `rendezvous_threshold` ride the blocks (copy in, copy out); above
+//!   it they go as a window of RDMA writes of `chunk_size` bytes from the local arena to the
+//!   receiver's `RemoteRegion` addr/rkey, each followed on the same QP by a `DataDone` block
+//!   that RC ordering delivers after the chunk's bytes: no copy, no registration.
+//!
+//! Files, one job each:
+//! - `config`: [`RdmaConfig`];
+//! - `hello`: the out-of-band hello and ready byte; `setup`: QP and buffers of a
+//!   connection, the dialler's and the acceptor's side of the exchange, install, teardown;
+//! - `conn`: a connection, its buffer layout, its send and receive state, and the
+//!   primitives of every send path (wait, send lock, posting a write);
+//! - `eager`: sending blocks (control messages and small writes); `ring`: consuming them;
+//!   `credit`: the credits that pace the sender;
+//! - `rendezvous`: the zero-copy path of large writes;
+//! - `progress`, `heartbeat`: the two threads;
+//! - here: [`RdmaTransport`] and its [`Transport`] implementation.
+
+mod config;
+mod conn;
+mod credit;
+mod eager;
+mod heartbeat;
+mod hello;
+mod progress;
+mod rendezvous;
+mod ring;
+mod setup;
+
+pub use config::{RdmaConfig, DEFAULT_RENDEZVOUS_THRESHOLD};
+
+use crate::block::{self, Header, Kind};
+use crate::verbs::{
+    CompletionQueue, Context, GidInfo, MemoryRegion, PortInfo, ProtectionDomain, RcParams,
+    LINK_LAYER_ETHERNET,
+};
+use conn::Conn;
+use phalanx_transport::{
+    check_ctrl_len, Arena, Link, LinkTable, NodeId, RemoteRegion, StreamId, Transport,
+    TransportError,
+};
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use tracing::info;
+
+/// Immediate values with this bit are credit notifications; others carry a block seq.
+const IMM_CREDIT: u32 = 1 << 31;
+const IMM_MASK: u32 = IMM_CREDIT - 1;
+/// wr_id tags of send work requests.
+const WR_APP: u64 = 1 << 62;
+const WR_CREDIT: u64 = 2 << 62;
+const WR_TAG: u64 = 3 << 62;
+
+struct Inner {
+    id: NodeId,
+    cfg: RdmaConfig,
+    // Verbs objects. Connections hold Arcs of what they use, so the order here is free.
+    ctx: Arc<Context>,
+    pd: Arc<ProtectionDomain>,
+    cq: Arc<CompletionQueue>,
+    port: PortInfo,
+    gid: GidInfo,
+    rc: RcParams,
+    arena: Mutex<Option<Arc<MemoryRegion>>>,
+    arena_registered: AtomicBool,
+    /// Installed connections by peer, with the event sink and the counters.
+    links: Arc<LinkTable<Conn>>,
+    /// Every connection whose QP exists (installed or still in setup), by QP number.
+    by_qpn: Mutex<HashMap<u32, Arc<Conn>>>,
+    wake: OwnedFd,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    psn_seed: AtomicU64,
+    rendezvous_threshold: AtomicU64,
+}
+
+/// One data write as [`Transport::write`] takes it, its bounds already checked; what the
+/// eager and the rendezvous path are given.
+struct WriteReq<'a> {
+    stream: StreamId,
+    src_offset: u64,
+    dst: &'a RemoteRegion,
+    dst_offset: u64,
+    len: u64,
+}
+
+/// Verbs implementation of [`Transport`].
+#[derive(Clone)]
+pub struct RdmaTransport {
+    inner: Arc<Inner>,
+}
+
+fn setup_err(e: impl std::fmt::Display) -> TransportError {
+    TransportError::Setup(e.to_string())
+}
+
+impl RdmaTransport {
+    /// Opens the RDMA device, binds the out-of-band TCP listener of node `id` and starts the
+    /// progress, heartbeat and accept threads. Port 0 picks a free port;
+    /// [`RdmaTransport::listen_addr`] tells which.
+    pub fn bind(
+        id: NodeId,
+        addr: SocketAddr,
+        cfg: RdmaConfig,
+    ) -> Result<RdmaTransport, TransportError> {
+        if cfg.block_size < block::MIN_BLOCK || cfg.ring_blocks < 1 {
+            return Err(setup_err(format!(
+                "block_size must be at least {} and ring_blocks at least 1",
+                block::MIN_BLOCK
+            )));
+        }
+        let ctx = Context::open(cfg.device.as_deref())?;
+        let port = ctx.query_port(cfg.port)?;
+        if !port.active {
+            return Err(setup_err(format!(
+                "{} port {} is not ACTIVE",
+                ctx.name(),
+                cfg.port
+            )));
+        }
+        let gid = ctx.select_gid(cfg.port, cfg.gid_index)?;
+        let rc = RcParams {
+            port: cfg.port,
+            gid_index: gid.index,
+            use_grh: port.link_layer == LINK_LAYER_ETHERNET || cfg.gid_index.is_some(),
+            timeout: cfg.qp_timeout,
+            retry_cnt: cfg.retry_cnt,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+        };
+        let pd = ProtectionDomain::new(&ctx)?;
+        let cq = CompletionQueue::new(&ctx, cfg.cq_entries)?;
+        let listener = TcpListener::bind(addr)
+            .map_err(|e| setup_err(format!("node {id}: bind {addr}: {e}")))?;
+        let listen_addr = listener.local_addr()?;
+        // SAFETY: eventfd has no memory-safety preconditions; the result is checked.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if efd < 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        // SAFETY: efd is a fresh descriptor that nothing else owns.
+        let wake = unsafe { OwnedFd::from_raw_fd(efd) };
+        info!(
+            node = id,
+            device = ctx.name(),
+            gid_index = gid.index,
+            lid = port.lid,
+            "verbs transport up"
+        );
+        let cfg_threshold = cfg.rendezvous_threshold;
+        let seed = (std::process::id() as u64) << 32
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0)
+            ^ (id as u64) << 16;
+        let inner = Arc::new(Inner {
+            id,
+            cfg,
+            ctx,
+            pd,
+            cq,
+            port,
+            gid,
+            rc,
+            arena: Mutex::new(None),
+            arena_registered: AtomicBool::new(false),
+            links: Arc::new(LinkTable::new(id, listen_addr, "verbs link")),
+            by_qpn: Mutex::new(HashMap::new()),
+            wake,
+            threads: Mutex::new(Vec::new()),
+            psn_seed: AtomicU64::new(seed),
+            rendezvous_threshold: AtomicU64::new(cfg_threshold),
+        });
+        let p = inner.clone();
+        let progress = std::thread::Builder::new()
+            .name(format!("phx-verbs-{id}"))
+            .spawn(move || p.progress_loop())?;
+        let h = inner.clone();
+        let hb = std::thread::Builder::new()
+            .name(format!("phx-vheartbeat-{id}"))
+            .spawn(move || h.heartbeat_loop())?;
+        let a = inner.clone();
+        let acc = std::thread::Builder::new()
+            .name(format!("phx-vaccept-{id}"))
+            .spawn(move || {
+                let links = a.links.clone();
+                let failed = "verbs connection setup failed";
+                links.accept_loop(listener, "phx-vhello", failed, move |s| a.handshake(s))
+            })?;
+        inner.threads.lock().unwrap().extend([progress, hb, acc]);
+        Ok(RdmaTransport { inner })
+    }
+
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.inner.links.listen_addr()
+    }
+
+    /// Changes the eager/rendezvous boundary at run time (for measurements).
+    pub fn set_rendezvous_threshold(&self, bytes: u64) {
+        self.inner
+            .rendezvous_threshold
+            .store(bytes, Ordering::Relaxed);
+    }
+
+    pub fn rendezvous_threshold(&self) -> u64 {
+        self.inner.rendezvous_threshold.load(Ordering::Relaxed)
+    }
+
+    /// Name of the opened device.
+    pub fn device_name(&self) -> &str {
+        self.inner.ctx.name()
+    }
+
+    /// Index of the GID in use.
+    pub fn gid_index(&self) -> u8 {
+        self.inner.gid.index
+    }
+
+    phalanx_transport::connect_methods!(inner);
+}
+
+impl Inner {
+    /// The registered arena. Errors: [`TransportError::NoArena`] before registration and
+    /// after shutdown.
+    fn arena_mr(&self) -> Result<Arc<MemoryRegion>, TransportError> {
+        self.arena
+            .lock()
+            .unwrap()
+            .clone()
+            .ok_or(TransportError::NoArena)
+    }
+
+    fn close_all(&self, goodbye: bool) {
+        let first = self.links.leave();
+        if goodbye && first {
+            for c in self.links.snapshot() {
+                let Ok(mut tx) = self.lock_tx(&c) else {
+                    continue;
+                };
+                let deadline = Instant::now() + Duration::from_millis(500);
+                if let Ok(true) =
+                    self.send_block(&c, &mut tx, &Header::new(Kind::Bye), &[], Some(deadline))
+                {
+                    let last = tx.next_op;
+                    drop(tx);
+                    // Wait for the goodbye to reach the peer before tearing the QP down.
+                    let _ = self.wait_for(&c, Some(deadline), || {
+                        c.ops_done.load(Ordering::Acquire) >= last
+                    });
+                }
+            }
+        }
+        let Some(conns) = self.links.close() else {
+            return;
+        };
+        let all: Vec<Arc<Conn>> = self
+            .by_qpn
+            .lock()
+            .unwrap()
+            .drain()
+            .map(|(_, c)| c)
+            .collect();
+        for c in conns.iter().chain(all.iter()) {
+            c.shut();
+        }
+        self.wake_progress();
+        self.links.wake_accept_loop();
+        let me = std::thread::current().id();
+        let threads: Vec<JoinHandle<()>> = self.threads.lock().unwrap().drain(..).collect();
+        for t in threads {
+            if t.thread().id() != me {
+                let _ = t.join();
+            }
+        }
+        // The arena stays registered until here; connections still referenced by callers
+        // keep its MR (and their QP destroys first) until they let go.
+        self.arena.lock().unwrap().take();
+    }
+}
+
+impl Transport for RdmaTransport {
+    phalanx_transport::transport_link_methods!(inner);
+
+    fn name(&self) -> &'static str {
+        "rdma"
+    }
+
+    fn register_arena(&self, arena: Arc<Arena>) -> Result<(), TransportError> {
+        if self.inner.arena_registered.swap(true, Ordering::AcqRel) {
+            return Err(TransportError::ArenaAlreadyRegistered);
+        }
+        match MemoryRegion::register(&self.inner.pd, arena) {
+            Ok(mr) => {
+                let counters = &self.inner.links.counters;
+                counters.registrations.fetch_add(1, Ordering::Relaxed);
+                *self.inner.arena.lock().unwrap() = Some(Arc::new(mr));
+                Ok(())
+            }
+            Err(e) => {
+                self.inner.arena_registered.store(false, Ordering::Release);
+                Err(e.into())
+            }
+        }
+    }
+
+    fn remote_region(&self, offset: u64, len: u64) -> Result<RemoteRegion, TransportError> {
+        let mr = self.inner.arena_mr()?;
+        mr.arena().check(offset, len)?;
+        Ok(RemoteRegion {
+            node: self.inner.id,
+            offset,
+            len,
+            addr: mr.addr() + offset,
+            rkey: mr.rkey(),
+        })
+    }
+
+    fn send(&self, peer: NodeId, msg: &[u8]) -> Result<(), TransportError> {
+        check_ctrl_len(msg)?;
+        let inner = &self.inner;
+        let conn = inner.links.get(peer)?;
+        let mut tx = inner.lock_tx(&conn)?;
+        inner.send_ctrl(&conn, &mut tx, msg)
+    }
+
+    /// Small writes (below the rendezvous threshold, or to a region without addr/rkey) take
+    /// the eager path, large ones the rendezvous path.
+    fn write(
+        &self,
+        peer: NodeId,
+        stream: StreamId,
+        src_offset: u64,
+        dst: &RemoteRegion,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<(), TransportError> {
+        let inner = &self.inner;
+        let mr = inner.arena_mr()?;
+        mr.arena().check(src_offset, len)?;
+        dst.check(dst_offset, len)?;
+        let conn = inner.links.get(peer)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let w = WriteReq {
+            stream,
+            src_offset,
+            dst,
+            dst_offset,
+            len,
+        };
+        let rendezvous = len >= inner.rendezvous_threshold.load(Ordering::Relaxed)
+            && dst.rkey != 0
+            && dst.addr != 0;
+        if rendezvous {
+            inner.write_rendezvous(&conn, &mr, &w)
+        } else {
+            inner.write_eager(&conn, &mr, &w)
+        }
+    }
+
+    fn send_nonblocking(&self, peer: NodeId, msg: &[u8]) -> Result<bool, TransportError> {
+        check_ctrl_len(msg)?;
+        let conn = self.inner.links.get(peer)?;
+        self.inner.try_send_ctrl(&conn, msg)
+    }
+}

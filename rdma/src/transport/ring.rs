@@ -1,0 +1,160 @@
+//! The eager path, receiving side: the progress thread consumes the valid blocks at the
+//! head of a connection's ring in order and acts on each.
+
+use super::conn::{Conn, RxState};
+use super::Inner;
+use crate::block::{self, BlockState, Header, Kind, FLAG_FIRST, FLAG_LAST};
+use phalanx_transport::{Event, Link, TransportError, MAX_CTRL_LEN, PEER_LEFT};
+use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
+
+impl Inner {
+    /// Consumes every valid block at the head of a connection's ring.
+    pub(super) fn scan_ring(&self, conn: &Arc<Conn>) {
+        let n = conn.lay.n;
+        let bsize = conn.lay.bsize as u64;
+        let mut consumed_any = false;
+        loop {
+            let mut rx = conn.rx.lock().unwrap();
+            let seq = rx.next_seq;
+            let off = conn.ring_block(seq);
+            let last = (conn.bufs.addr() + off + bsize - 1) as *const u8;
+            // SAFETY: the block lies inside our registered buffer; the counter byte is read
+            // volatile because the NIC writes it.
+            let lap = unsafe { std::ptr::read_volatile(last) };
+            if lap != block::lap_of(seq, n) && seq >= rx.imm_seen {
+                break; // nothing new: the usual exit
+            }
+            fence(Ordering::Acquire);
+            // SAFETY: the peer writes block `seq % n` only for message `seq` (its previous
+            // content was consumed and credited), and writes nothing else there until we
+            // return credit for `seq`, so the bytes are stable once they validate.
+            let blk = unsafe { conn.bufs.arena().slice(off, bsize) };
+            match block::decode(blk, n, seq) {
+                BlockState::Ready(h, payload) => {
+                    let res = self.deliver(conn, &mut rx, &h, payload);
+                    rx.next_seq += 1;
+                    drop(rx);
+                    consumed_any = true;
+                    conn.last_recv.store(self.links.now_ns(), Ordering::Relaxed);
+                    match res {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            self.fail_conn(conn, PEER_LEFT.into());
+                            return;
+                        }
+                        Err(e) => {
+                            self.links
+                                .counters
+                                .malformed_frames
+                                .fetch_add(1, Ordering::Relaxed);
+                            self.fail_conn(conn, format!("malformed block: {e}"));
+                            return;
+                        }
+                    }
+                }
+                BlockState::Stale | BlockState::Torn(_) if seq >= rx.imm_seen => break,
+                other => {
+                    drop(rx);
+                    self.links
+                        .counters
+                        .malformed_frames
+                        .fetch_add(1, Ordering::Relaxed);
+                    self.fail_conn(
+                        conn,
+                        format!("block {seq} invalid after its completion: {other:?}"),
+                    );
+                    return;
+                }
+            }
+        }
+        if consumed_any {
+            self.return_credit(conn);
+        }
+    }
+
+    /// Acts on one block message. `Ok(false)` on a goodbye.
+    fn deliver(
+        &self,
+        conn: &Conn,
+        rx: &mut RxState,
+        h: &Header,
+        payload: &[u8],
+    ) -> Result<bool, TransportError> {
+        let peer = conn.peer();
+        match h.kind {
+            Kind::Heartbeat => {}
+            Kind::Bye => return Ok(false),
+            Kind::Ctrl => {
+                if h.flags & FLAG_FIRST != 0 {
+                    if rx.partial.is_some() {
+                        return Err(TransportError::Malformed(
+                            "control message restarted".into(),
+                        ));
+                    }
+                    let total = h.a as usize;
+                    if total > MAX_CTRL_LEN {
+                        return Err(TransportError::MessageTooLarge {
+                            len: total,
+                            max: MAX_CTRL_LEN,
+                        });
+                    }
+                    rx.partial = Some((total, Vec::with_capacity(total)));
+                }
+                let Some((total, buf)) = rx.partial.as_mut() else {
+                    return Err(TransportError::Malformed(
+                        "control fragment without a start".into(),
+                    ));
+                };
+                if buf.len() + payload.len() > *total {
+                    return Err(TransportError::Malformed(
+                        "control message longer than announced".into(),
+                    ));
+                }
+                buf.extend_from_slice(payload);
+                if h.flags & FLAG_LAST != 0 {
+                    let (total, msg) = rx.partial.take().expect("partial");
+                    if msg.len() != total {
+                        return Err(TransportError::Malformed(
+                            "control message shorter than announced".into(),
+                        ));
+                    }
+                    self.links
+                        .counters
+                        .ctrl_received
+                        .fetch_add(1, Ordering::Relaxed);
+                    self.links.emit(Event::Ctrl { peer, msg });
+                }
+            }
+            Kind::Data | Kind::DataDone => {
+                let arena = self.arena_mr()?;
+                let len = if h.kind == Kind::Data {
+                    payload.len() as u64
+                } else {
+                    h.d
+                };
+                arena.arena().check(h.c, len)?;
+                if h.kind == Kind::Data {
+                    // SAFETY: bounds checked; the store reserved this range for the stream and
+                    // nobody else reads or writes it until the Data event is handled.
+                    unsafe { arena.arena().slice_mut(h.c, len) }.copy_from_slice(payload);
+                    self.links
+                        .counters
+                        .payload_bytes_copied
+                        .fetch_add(len, Ordering::Relaxed);
+                }
+                self.links
+                    .counters
+                    .data_bytes_received
+                    .fetch_add(len, Ordering::Relaxed);
+                self.links.emit(Event::Data {
+                    peer,
+                    stream: h.a,
+                    offset: h.b,
+                    len,
+                });
+            }
+        }
+        Ok(true)
+    }
+}

@@ -1,0 +1,251 @@
+//! The link bookkeeping every transport shares: a table of one live link per peer
+//! ([`LinkTable`]), the event outlet ([`EventSink`]), the counters ([`Counters`]), and the
+//! out-of-band TCP plumbing around them (dial with backoff, the accept loop, forming the
+//! mesh).
+//!
+//! A transport plugs its connection type in through [`Link`]; what happens on the wire (the
+//! hello, frames or verbs) stays with the transport, passed in as closures where the shared
+//! code needs it. The methods every transport handle answers the same way from its table
+//! are written once, as the macros [`crate::transport_link_methods`] and
+//! [`crate::connect_methods`].
+
+mod counters;
+mod delegate;
+mod events;
+mod mesh;
+mod net;
+#[cfg(test)]
+mod tests;
+
+pub use counters::Counters;
+pub use events::{EventReceiver, EventSink};
+
+use crate::{Event, NodeId, TransportError, PEER_LEFT};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
+use tracing::{info, warn};
+
+/// What every link holds whatever its transport: the peer at the other end and the failed
+/// flag, which starts false and, once set, is never cleared (a link does not come back; a
+/// new one replaces it).
+#[derive(Debug)]
+pub struct LinkState {
+    peer: NodeId,
+    failed: AtomicBool,
+}
+
+impl LinkState {
+    /// The state of a new, live link to `peer`.
+    pub fn new(peer: NodeId) -> LinkState {
+        LinkState {
+            peer,
+            failed: AtomicBool::new(false),
+        }
+    }
+}
+
+/// A transport's connection to one peer, as the [`LinkTable`] handles it.
+///
+/// Contract: [`Link::stop`] and [`Link::wake`] must be idempotent and must not block on the
+/// network.
+pub trait Link: Send + Sync + 'static {
+    /// The link's [`LinkState`].
+    fn state(&self) -> &LinkState;
+
+    /// Stops the link's I/O at once, so that its threads and pending operations end
+    /// (shut the socket down, move the queue pair to error).
+    fn stop(&self);
+
+    /// Wakes the threads waiting on the link so they see it failed. Default: nothing.
+    fn wake(&self) {}
+
+    /// The node at the other end.
+    fn peer(&self) -> NodeId {
+        self.state().peer
+    }
+
+    /// Whether the link is flagged failed.
+    fn is_failed(&self) -> bool {
+        self.state().failed.load(Ordering::Acquire)
+    }
+
+    /// Flags the link failed; true if this call did it (it was alive until now).
+    fn mark_failed(&self) -> bool {
+        !self.state().failed.swap(true, Ordering::AcqRel)
+    }
+
+    /// Ends the link without any event: flags it failed, stops it and wakes its waiters.
+    fn shut(&self) {
+        self.mark_failed();
+        self.stop();
+        self.wake();
+    }
+}
+
+/// The links of one node, one per peer, with the node's event sink and counters.
+///
+/// Contract:
+/// - [`LinkTable::install`] makes a link the current one of its peer; a link it replaces is
+///   shut without an event (the transport decides whether to report it).
+/// - [`LinkTable::fail`] acts once per link: the first call shuts it, removes it if it is
+///   still current and, unless the node is leaving, counts and emits exactly one
+///   `PeerDown`; later calls, and calls for a replaced link, emit nothing.
+/// - Lookups ([`LinkTable::get`]) see only current links: a failed link is gone from the
+///   table by the time its `PeerDown` is emitted; once the table is closed every lookup
+///   fails with [`TransportError::Shutdown`].
+/// - Waiters on [`LinkTable::connect_mesh`] are woken by every change.
+pub struct LinkTable<C> {
+    node: NodeId,
+    /// Names the links in log lines ("link", "verbs link").
+    label: &'static str,
+    listen_addr: SocketAddr,
+    epoch: Instant,
+    links: Mutex<HashMap<NodeId, Arc<C>>>,
+    changed: Condvar,
+    /// Set when shutdown starts: failures seen from then on are ours, not reported.
+    leaving: AtomicBool,
+    /// Set once the links are torn down: lookups fail, the transport's threads stop.
+    closing: AtomicBool,
+    /// Where the transport's events go (the table emits `PeerDown` there itself).
+    pub events: EventSink,
+    /// The transport's counters (the table counts `peers_down` and malformed hellos).
+    pub counters: Counters,
+}
+
+impl<C: Link> LinkTable<C> {
+    /// An empty table for node `node`, whose out-of-band listener is bound to `listen_addr`.
+    pub fn new(node: NodeId, listen_addr: SocketAddr, label: &'static str) -> LinkTable<C> {
+        LinkTable {
+            node,
+            label,
+            listen_addr,
+            epoch: Instant::now(),
+            links: Mutex::new(HashMap::new()),
+            changed: Condvar::new(),
+            leaving: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
+            events: EventSink::default(),
+            counters: Counters::default(),
+        }
+    }
+
+    /// This node's id.
+    pub fn node(&self) -> NodeId {
+        self.node
+    }
+
+    /// The address of the node's listener.
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.listen_addr
+    }
+
+    /// Nanoseconds since the table was made: the clock of heartbeats and silence.
+    pub fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// Emits `ev` through the table's [`EventSink`].
+    pub fn emit(&self, ev: Event) {
+        self.events.emit(ev);
+    }
+
+    /// Whether the table is closed (see [`LinkTable::close`]).
+    pub fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
+    }
+
+    /// Starts leaving: from now on link failures are not reported. True on the first call.
+    pub fn leave(&self) -> bool {
+        !self.leaving.swap(true, Ordering::AcqRel)
+    }
+
+    /// Closes the table (leaving it first): lookups fail from now on. The first call takes
+    /// every link out and returns them for the transport to shut; later calls return None.
+    pub fn close(&self) -> Option<Vec<Arc<C>>> {
+        self.leaving.store(true, Ordering::Release);
+        if self.closing.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        let links: Vec<Arc<C>> = self.links.lock().unwrap().drain().map(|(_, c)| c).collect();
+        self.changed.notify_all();
+        Some(links)
+    }
+
+    /// The current link to `peer`. Errors: [`TransportError::Shutdown`] once closed,
+    /// [`TransportError::PeerUnavailable`] if there is none (never linked, or failed).
+    pub fn get(&self, peer: NodeId) -> Result<Arc<C>, TransportError> {
+        if self.is_closing() {
+            return Err(TransportError::Shutdown);
+        }
+        self.links
+            .lock()
+            .unwrap()
+            .get(&peer)
+            .cloned()
+            .ok_or(TransportError::PeerUnavailable(peer))
+    }
+
+    /// Whether a current link to `peer` exists.
+    pub fn contains(&self, peer: NodeId) -> bool {
+        self.links.lock().unwrap().contains_key(&peer)
+    }
+
+    /// The current links, for loops that visit each (heartbeats).
+    pub fn snapshot(&self) -> Vec<Arc<C>> {
+        self.links.lock().unwrap().values().cloned().collect()
+    }
+
+    /// Makes `link` the current link of its peer and wakes the mesh waiters. A link it
+    /// replaces (the peer restarted and dialled again) is shut, with no event, and returned.
+    pub fn install(&self, link: Arc<C>) -> Option<Arc<C>> {
+        let old = {
+            let mut links = self.links.lock().unwrap();
+            let old = links.insert(link.peer(), link);
+            self.changed.notify_all();
+            old
+        };
+        if let Some(old) = &old {
+            old.shut();
+        }
+        old
+    }
+
+    /// Fails `link` once (see the type's contract): shuts it, removes it if current and
+    /// reports `PeerDown { reason }` unless leaving. True if this call failed it.
+    pub fn fail(&self, link: &Arc<C>, reason: String) -> bool {
+        if !link.mark_failed() {
+            return false;
+        }
+        link.stop();
+        let peer = link.peer();
+        let current = {
+            let mut links = self.links.lock().unwrap();
+            let current = links.get(&peer).is_some_and(|c| Arc::ptr_eq(c, link));
+            if current {
+                links.remove(&peer);
+                self.changed.notify_all();
+            }
+            current
+        };
+        link.wake();
+        if current && !self.leaving.load(Ordering::Acquire) {
+            let (node, label) = (self.node, self.label);
+            if reason == PEER_LEFT {
+                info!(node, peer, "{label} closed: {reason}");
+            } else {
+                warn!(node, peer, "{label} down: {reason}");
+            }
+            self.report_down(peer, reason);
+        }
+        true
+    }
+
+    /// Counts a lost peer and emits its `PeerDown`.
+    pub fn report_down(&self, peer: NodeId, reason: String) {
+        self.counters.peers_down.fetch_add(1, Ordering::Relaxed);
+        self.emit(Event::PeerDown { peer, reason });
+    }
+}

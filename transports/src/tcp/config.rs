@@ -1,0 +1,27 @@
+//! Settings of the TCP transport.
+
+use std::time::Duration;
+
+/// Settings of the TCP transport.
+#[derive(Debug, Clone)]
+pub struct TcpConfig {
+    /// A peer silent for this long is reported down. Heartbeats go out at a quarter of it.
+    pub heartbeat_timeout: Duration,
+    /// How long `connect` waits for the whole mesh to come up.
+    pub connect_timeout: Duration,
+    /// SO_SNDBUF / SO_RCVBUF in bytes; 0 keeps the kernel's autotuning.
+    pub socket_buffer: usize,
+    /// Largest data frame; larger writes are split so control messages can interleave.
+    pub max_frame: usize,
+}
+
+impl Default for TcpConfig {
+    fn default() -> Self {
+        TcpConfig {
+            heartbeat_timeout: Duration::from_secs(1),
+            connect_timeout: Duration::from_secs(30),
+            socket_buffer: 0,
+            max_frame: 1 << 20,
+        }
+    }
+}
