@@ -12,6 +12,8 @@
 //! the sender moves bytes there with no intermediate copy. Every node registers one arena,
 //! once, before any transfer.
 
+#[cfg(feature = "contract")]
+pub mod contract;
 mod error;
 mod frame;
 mod memory;
