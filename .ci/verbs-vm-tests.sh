@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every verbs test inside a Soft-RoCE VM (soft-roce-setup.sh vm): the verbs-layer unit
-# and integration tests of phalanx-rdma, the store/broadcast/reduce tests on the verbs
-# transport, and the 4-node demo with --transport rdma. Test binaries are built on the host.
+# and integration tests of phalanx-rdma, the transport contract suite on verbs, the
+# store/broadcast/reduce tests on the verbs transport, and the 4-node demo with
+# --transport rdma. Test binaries are built on the host.
 # Prints the number of tests that passed; fails if any failed or was skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,8 +12,9 @@ bins=$(cargo test --release -p phalanx-rdma -p phalanx --test verbs_cluster --li
 pick() { grep "/$1-" <<<"$bins" | head -1 | sed "s|^$PWD/||"; }
 unit=$(pick phalanx_rdma)
 integ=$(pick verbs_transport)
+contract=$(pick contract_verbs)
 cluster=$(pick verbs_cluster)
-for b in "$unit" "$integ" "$cluster"; do
+for b in "$unit" "$integ" "$contract" "$cluster"; do
     [[ -n $b && -x $b ]] || { echo "verbs test binary missing ($b)" >&2; exit 1; }
 done
 cargo build --release -p phalanx-cli --bin phalanx
@@ -22,6 +24,7 @@ trap 'rm -f "$log"' EXIT
 cmd="set -e
 echo '== phalanx-rdma unit tests'; $unit --test-threads=1
 echo '== verbs transport tests'; timeout 900 $integ --test-threads=1
+echo '== transport contract on verbs'; timeout 900 $contract --test-threads=1
 echo '== store and collectives on verbs'; timeout 900 $cluster --test-threads=1
 echo '== demo, 4 nodes, verbs'; timeout 600 target/release/phalanx demo --nodes 4 --size 16M --transport rdma"
 status=0

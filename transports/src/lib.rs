@@ -13,6 +13,8 @@
 //! the sender moves bytes there with no intermediate copy. Every node registers one arena,
 //! once, before any transfer.
 
+#[cfg(feature = "contract")]
+pub mod contract;
 mod error;
 mod frame;
 pub mod link;

@@ -1,0 +1,56 @@
+//! The transport contract suite (`phalanx_transport::contract`) on the verbs transport. It
+//! needs an RDMA device (Soft-RoCE in the test VM: `bash .ci/verbs-vm-tests.sh`); without one
+//! each case prints "<case>: no RDMA device: skipped" and passes.
+
+use phalanx_rdma::{verbs, RdmaConfig, RdmaTransport};
+use phalanx_transport::contract::Harness;
+use phalanx_transport::{NodeId, TransportError};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+struct Verbs;
+
+impl Harness for Verbs {
+    type T = RdmaTransport;
+
+    fn unavailable() -> Option<String> {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+        verbs::device_names()
+            .is_empty()
+            .then(|| "no RDMA device".to_string())
+    }
+
+    /// One second: the emulated VM's scheduling stalls stay well below it.
+    fn heartbeat() -> Duration {
+        Duration::from_secs(1)
+    }
+
+    fn bind(id: NodeId, heartbeat: Duration) -> Result<RdmaTransport, TransportError> {
+        let cfg = RdmaConfig {
+            device: std::env::var("PHALANX_RXE_DEV").ok(),
+            heartbeat_timeout: heartbeat,
+            ..RdmaConfig::default()
+        };
+        RdmaTransport::bind(id, "127.0.0.1:0".parse().expect("address"), cfg)
+    }
+
+    fn connect(
+        t: &RdmaTransport,
+        peers: &[(NodeId, SocketAddr)],
+        dial_all: bool,
+    ) -> Result<(), TransportError> {
+        t.connect(peers, dial_all)
+    }
+}
+
+phalanx_transport::transport_contract_tests!(Verbs, known_violations: {
+    // Reported: a peer that restarts before its death was detected has its old link replaced
+    // silently (`install` retires it without an event), so the survivors never see the old
+    // incarnation down, though `kill` promises "peers see failure"; TCP reports it. Remove
+    // this line once the verbs transport emits that PeerDown.
+    restart_before_detection_reports_down_then_up:
+        "verbs: a restart before detection replaces the old link without PeerDown (reported)",
+});

@@ -1,0 +1,35 @@
+//! The transport contract suite (`phalanx_transport::contract`) on the TCP transport, over
+//! loopback with OS-assigned ports.
+
+use phalanx_transport::contract::Harness;
+use phalanx_transport::{NodeId, TcpConfig, TcpTransport, TransportError};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+struct Tcp;
+
+impl Harness for Tcp {
+    type T = TcpTransport;
+
+    fn heartbeat() -> Duration {
+        Duration::from_millis(300)
+    }
+
+    fn bind(id: NodeId, heartbeat: Duration) -> Result<TcpTransport, TransportError> {
+        let cfg = TcpConfig {
+            heartbeat_timeout: heartbeat,
+            ..TcpConfig::default()
+        };
+        TcpTransport::bind(id, "127.0.0.1:0".parse().expect("address"), cfg)
+    }
+
+    fn connect(
+        t: &TcpTransport,
+        peers: &[(NodeId, SocketAddr)],
+        dial_all: bool,
+    ) -> Result<(), TransportError> {
+        t.connect(peers, dial_all)
+    }
+}
+
+phalanx_transport::transport_contract_tests!(Tcp);
