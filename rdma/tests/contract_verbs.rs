@@ -46,11 +46,4 @@ impl Harness for Verbs {
     }
 }
 
-phalanx_transport::transport_contract_tests!(Verbs, known_violations: {
-    // Reported: a peer that restarts before its death was detected has its old link replaced
-    // silently (`install` retires it without an event), so the survivors never see the old
-    // incarnation down, though `kill` promises "peers see failure"; TCP reports it. Remove
-    // this line once the verbs transport emits that PeerDown.
-    restart_before_detection_reports_down_then_up:
-        "verbs: a restart before detection replaces the old link without PeerDown (reported)",
-});
+phalanx_transport::transport_contract_tests!(Verbs);

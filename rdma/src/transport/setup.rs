@@ -188,8 +188,10 @@ impl Inner {
         conn.last_recv.store(now, Ordering::Relaxed);
         conn.last_send.store(now, Ordering::Relaxed);
         if let Some(old) = self.links.install(conn.clone()) {
-            // A restarted peer replaces its old link silently.
+            // A restarted peer replaces its old link: the old incarnation is dead even if we
+            // had not noticed yet, and is reported down before the new link is reported up.
             self.forget(&old);
+            self.links.report_down(peer, "peer restarted".into());
         }
         info!(node = self.id, peer, qpn = conn.qp.qpn(), "verbs link up");
         self.links.emit(Event::PeerUp { peer });
