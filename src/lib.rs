@@ -21,6 +21,7 @@ mod rpc;
 pub mod store;
 mod transfer;
 mod view;
+mod workers;
 
 pub use cluster::{LocalCluster, TransportSettings};
 pub use config::{ClusterConfig, NodeConfig, TransportKind, INLINE_LIMIT};

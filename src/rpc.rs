@@ -9,7 +9,7 @@ use crossbeam_channel::{Receiver, Sender};
 use phalanx_transport::{Event, NodeId, Transport, TransportError};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Work for the node's dispatcher thread.
@@ -26,12 +26,17 @@ pub(crate) enum Work {
 /// An outstanding request: the node it went to, and where its reply goes.
 type PendingCall = (NodeId, Sender<Result<Reply>>);
 
+/// Handles a message this node sends to itself, on the sender's thread.
+pub(crate) type Loopback = Box<dyn Fn(Msg) + Send + Sync>;
+
 pub(crate) struct Rpc {
     id: NodeId,
     transport: Arc<dyn Transport>,
     /// The dispatcher's queue: messages to ourselves, and work handed off by transport threads.
     queue: Sender<Work>,
     pending: Mutex<HashMap<Rid, PendingCall>>,
+    /// Set once the node is wired up; until then messages to ourselves take the queue.
+    loopback: OnceLock<Loopback>,
     next_rid: AtomicU64,
     closed: AtomicBool,
     spin_wait: Duration,
@@ -51,6 +56,7 @@ impl Rpc {
             transport,
             queue,
             pending: Mutex::new(HashMap::new()),
+            loopback: OnceLock::new(),
             next_rid: AtomicU64::new(1),
             closed: AtomicBool::new(false),
             spin_wait,
@@ -79,6 +85,13 @@ impl Rpc {
         }
     }
 
+    /// Messages to ourselves are handled by `f` on the sending thread from now on (no hand-off
+    /// to the dispatcher). Only threads that may block send to ourselves: transport threads
+    /// use [`Rpc::send_from_transport_thread`], which queues them.
+    pub fn set_loopback(&self, f: Loopback) {
+        let _ = self.loopback.set(f);
+    }
+
     /// Hands work to the dispatcher thread.
     pub fn enqueue(&self, w: Work) {
         let _ = self.queue.send(w);
@@ -88,9 +101,16 @@ impl Rpc {
     pub fn send(&self, to: NodeId, msg: impl Into<Msg>) -> Result<()> {
         let msg = msg.into();
         if to == self.id {
-            self.queue
-                .send(Work::Msg(self.id, msg))
-                .map_err(|_| Error::Shutdown)
+            match self.loopback.get() {
+                Some(f) if !self.is_closed() => {
+                    f(msg);
+                    Ok(())
+                }
+                _ => self
+                    .queue
+                    .send(Work::Msg(self.id, msg))
+                    .map_err(|_| Error::Shutdown),
+            }
         } else {
             self.transport.send(to, &msg.encode()).map_err(peer_error)
         }

@@ -34,7 +34,7 @@ impl Inner {
             match w {
                 Work::Msg(from, msg) => {
                     hop!(self.id, "dispatcher has it", from = from, kind = msg.kind());
-                    self.on_msg(from, msg)
+                    self.on_msg(from, msg, Thread::MayBlock)
                 }
                 Work::Event(Event::PeerDown { peer, reason }) => {
                     let newly = self.members.mark_down(peer);
@@ -60,28 +60,21 @@ impl Inner {
         debug!(node = self.id, "dispatcher stopped");
     }
 
-    /// Runs on transport threads: must not block on the network.
+    /// Runs on transport threads: must not block on the network. Every message is handled
+    /// here (what may block is handed to a worker by its subsystem); replies that cannot go
+    /// out at once are left to the dispatcher.
     pub(super) fn on_transport_event(&self, ev: Event) {
         match ev {
-            Event::Ctrl { peer, msg } => match Msg::decode(&msg).inspect(|m| {
-                hop!(
-                    self.id,
-                    "in on the transport thread",
-                    from = peer,
-                    kind = m.kind()
-                );
-            }) {
-                Ok(Msg::Reply { rid, reply }) => self.rpc.complete(rid, reply),
-                // The directory answers on the transport thread when the reply can go out
-                // without blocking: one thread hand-off less per lookup.
-                Ok(Msg::Dir(m)) => {
-                    let mut out = Vec::new();
-                    self.shard.lock().unwrap().handle(peer, m, &mut out);
-                    for (to, reply) in out {
-                        self.rpc.send_from_transport_thread(to, reply);
-                    }
+            Event::Ctrl { peer, msg } => match Msg::decode(&msg) {
+                Ok(m) => {
+                    hop!(
+                        self.id,
+                        "in on the transport thread",
+                        from = peer,
+                        kind = m.kind()
+                    );
+                    self.on_msg(peer, m, Thread::Transport);
                 }
-                Ok(m) => self.rpc.enqueue(Work::Msg(peer, m)),
                 Err(e) => error!(
                     node = self.id,
                     peer, "undecodable control message dropped: {e}"
@@ -97,6 +90,11 @@ impl Inner {
         }
     }
 
+    /// A message this node sent itself, handled on the sender's thread (which may block).
+    pub(super) fn on_loopback(&self, msg: Msg) {
+        self.on_msg(self.id, msg, Thread::MayBlock);
+    }
+
     fn on_peer_down(&self, peer: NodeId, reason: &str) {
         if reason == phalanx_transport::PEER_LEFT {
             debug!(node = self.id, peer, "peer left");
@@ -105,36 +103,53 @@ impl Inner {
         }
         let mut out = Vec::new();
         self.shard.lock().unwrap().node_down(peer, &mut out);
-        self.send_all(out);
+        for (to, m) in out {
+            self.deliver(to, m, Thread::MayBlock);
+        }
         self.members.notify_down(peer);
         self.rpc.fail_peer(peer);
         self.transfers.on_peer_down(peer, reason);
     }
 
-    fn send_all(&self, out: Vec<(NodeId, Msg)>) {
-        for (to, m) in out {
-            if let Err(e) = self.rpc.send(to, m) {
-                debug!(node = self.id, to, "directory reply not delivered: {e}");
+    /// Sends a message a handler produced, as the thread it runs on allows.
+    fn deliver(&self, to: NodeId, msg: Msg, thread: Thread) {
+        match thread {
+            Thread::Transport => self.rpc.send_from_transport_thread(to, msg),
+            Thread::MayBlock => {
+                if let Err(e) = self.rpc.send(to, msg) {
+                    debug!(node = self.id, to, "reply not delivered: {e}");
+                }
             }
         }
     }
 
-    /// A message on the dispatcher thread, to the subsystem of its family.
-    fn on_msg(&self, from: NodeId, msg: Msg) {
+    /// A message, to the subsystem of its family.
+    fn on_msg(&self, from: NodeId, msg: Msg, thread: Thread) {
         match msg {
             Msg::Reply { rid, reply } => self.rpc.complete(rid, reply),
             Msg::Dir(m) => {
                 let mut out = Vec::new();
                 self.shard.lock().unwrap().handle(from, m, &mut out);
-                self.send_all(out);
+                for (to, m) in out {
+                    self.deliver(to, m, thread);
+                }
             }
             Msg::Pull(m) => self.transfers.handle(from, m),
             Msg::Reduce(m) => self.reducer.handle(from, m),
             Msg::Store(StoreMsg::Evict { rid, id }) => {
                 self.store.delete(&id);
                 let reply = Reply::Ack;
-                let _ = self.rpc.send(from, Msg::Reply { rid, reply });
+                self.deliver(from, Msg::Reply { rid, reply }, thread);
             }
         }
     }
+}
+
+/// What the thread handling a message may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Thread {
+    /// A transport thread: never wait on the network.
+    Transport,
+    /// The dispatcher, or a caller sending to itself.
+    MayBlock,
 }

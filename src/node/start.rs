@@ -10,6 +10,7 @@ use crate::reduce::{ReduceDeps, Reducer};
 use crate::rpc::Rpc;
 use crate::store::Store;
 use crate::transfer::{TransferDeps, Transfers};
+use crate::workers::Workers;
 use crate::{Error, Result};
 use phalanx_transport::{Arena, EventHandler, NodeId, Transport};
 use std::sync::{Arc, Mutex, Weak};
@@ -48,6 +49,7 @@ impl Node {
             store.clone(),
             cfg.op_timeout,
         ));
+        let workers = Arc::new(Workers::new(format!("phx-worker-{id}")));
         let inner = Arc::new_cyclic(|me: &Weak<Inner>| {
             // The fault hook's DropLinks closes this node; weak, so it never keeps it alive.
             let me = me.clone();
@@ -63,6 +65,7 @@ impl Node {
                 rpc: rpc.clone(),
                 dir: dir.clone(),
                 fault: fault.clone(),
+                workers: workers.clone(),
             }));
             let reducer = Arc::new(Reducer::new(ReduceDeps {
                 cfg: cfg.clone(),
@@ -71,6 +74,7 @@ impl Node {
                 members: members.clone(),
                 store: store.clone(),
                 transfers: transfers.clone(),
+                workers,
             }));
             Inner {
                 id,
@@ -86,6 +90,14 @@ impl Node {
                 fault,
             }
         });
+        // Messages to ourselves are handled on the sender's thread. Weak: the messaging must
+        // not keep the node alive.
+        let weak = Arc::downgrade(&inner);
+        inner.rpc.set_loopback(Box::new(move |msg| {
+            if let Some(i) = weak.upgrade() {
+                i.on_loopback(msg);
+            }
+        }));
         let d = inner.clone();
         let h = std::thread::Builder::new()
             .name(format!("phx-node-{id}"))

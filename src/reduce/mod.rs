@@ -27,6 +27,7 @@ use crate::protocol::ReduceMsg;
 use crate::rpc::Rpc;
 use crate::store::Store;
 use crate::transfer::Transfers;
+use crate::workers::Workers;
 use crate::{Error, ObjectId, Result};
 use crossbeam_channel::{Receiver, Sender};
 use phalanx_transport::NodeId;
@@ -129,6 +130,7 @@ pub(crate) struct ReduceDeps {
     pub members: Arc<Membership>,
     pub store: Arc<Store>,
     pub transfers: Arc<Transfers>,
+    pub workers: Arc<Workers>,
 }
 
 /// The reduce subsystem of one node.
@@ -140,6 +142,8 @@ pub(crate) struct Reducer {
     members: Arc<Membership>,
     store: Arc<Store>,
     transfers: Arc<Transfers>,
+    /// Where tasks run.
+    workers: Arc<Workers>,
     tasks: task::Tasks,
 }
 
@@ -153,6 +157,7 @@ impl Reducer {
             members: d.members,
             store: d.store,
             transfers: d.transfers,
+            workers: d.workers,
             tasks: task::Tasks::default(),
         }
     }

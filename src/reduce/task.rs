@@ -49,8 +49,8 @@ impl Input {
 }
 
 impl Reducer {
-    /// A coordinator asks for one position: computed on a thread of its own, answered with
-    /// `Ack` or the error when done (nothing if cancelled).
+    /// A coordinator asks for one position: computed by a worker, answered with `Ack` or the
+    /// error when done (nothing if cancelled). Runs on a transport thread: never blocks.
     pub(super) fn start_task(self: &Arc<Self>, from: NodeId, rid: Rid, task: ReduceTask) {
         // Registered before the thread starts, so a Cancel that follows on the same link
         // always finds it.
@@ -61,26 +61,25 @@ impl Reducer {
             .unwrap()
             .insert(task.out.clone(), cancel.clone());
         let me = self.clone();
-        let spawned = std::thread::Builder::new()
-            .name(format!("phx-reduce-{}", self.id))
-            .spawn(move || {
-                hop!(me.id, "task running");
-                let reply = match me.run_task(&task, &cancel) {
-                    Ok(()) => Reply::Ack,
-                    Err(e) => Reply::Error(e.to_string()),
-                };
-                let mut c = me.tasks.cancels.lock().unwrap();
-                if c.get(&task.out).is_some_and(|f| Arc::ptr_eq(f, &cancel)) {
-                    c.remove(&task.out);
-                }
-                drop(c);
-                if !cancel.load(Ordering::Acquire) {
-                    let _ = me.rpc.send(from, Msg::Reply { rid, reply });
-                }
-            });
+        let spawned = self.workers.spawn(move || {
+            hop!(me.id, "task running");
+            let reply = match me.run_task(&task, &cancel) {
+                Ok(()) => Reply::Ack,
+                Err(e) => Reply::Error(e.to_string()),
+            };
+            let mut c = me.tasks.cancels.lock().unwrap();
+            if c.get(&task.out).is_some_and(|f| Arc::ptr_eq(f, &cancel)) {
+                c.remove(&task.out);
+            }
+            drop(c);
+            if !cancel.load(Ordering::Acquire) {
+                let _ = me.rpc.send(from, Msg::Reply { rid, reply });
+            }
+        });
         if let Err(e) = spawned {
             let reply = Reply::Error(format!("spawn: {e}"));
-            let _ = self.rpc.send(from, Msg::Reply { rid, reply });
+            self.rpc
+                .send_from_transport_thread(from, Msg::Reply { rid, reply });
         }
     }
 

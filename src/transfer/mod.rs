@@ -16,6 +16,7 @@ use crate::fault::FaultHook;
 use crate::protocol::PullMsg;
 use crate::rpc::Rpc;
 use crate::store::Store;
+use crate::workers::Workers;
 use crate::ObjectId;
 use phalanx_transport::{NodeId, StreamId, Transport};
 use pull::Inbound;
@@ -58,6 +59,7 @@ pub(crate) struct TransferDeps {
     pub rpc: Arc<Rpc>,
     pub dir: Arc<DirClient>,
     pub fault: Arc<FaultHook>,
+    pub workers: Arc<Workers>,
 }
 
 pub(crate) struct Transfers {
@@ -68,6 +70,8 @@ pub(crate) struct Transfers {
     rpc: Arc<Rpc>,
     dir: Arc<DirClient>,
     fault: Arc<FaultHook>,
+    /// Where pulls are driven and served.
+    workers: Arc<Workers>,
     // Receiver side.
     inbound: Mutex<HashMap<StreamId, Inbound>>,
     next_stream: AtomicU64,
@@ -90,6 +94,7 @@ impl Transfers {
             rpc: d.rpc,
             dir: d.dir,
             fault: d.fault,
+            workers: d.workers,
             inbound: Mutex::new(HashMap::new()),
             next_stream: AtomicU64::new(1),
             recv_log: Mutex::new(Vec::new()),

@@ -98,8 +98,7 @@ impl Transfers {
         let exclude_owned = exclude.to_vec();
         let driver_copy = copy.clone();
         let id2 = id.clone();
-        std::thread::Builder::new()
-            .name(format!("phx-pull-{}", self.id))
+        self.workers
             .spawn(move || me.drive(id2, driver_copy, (node, token), exclude_owned))
             .map_err(|e| Error::Config(format!("spawn: {e}")))?;
         Ok(Fetched::Copy(copy))

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use tracing::debug;
 
 impl Transfers {
-    /// A receiver asks for `[from, size)` of `id`: served on a thread of its own.
+    /// A receiver asks for `[from, size)` of `id`: served by a worker. Runs on a transport
+    /// thread: never blocks.
     pub(super) fn on_pull(
         self: &Arc<Self>,
         receiver: NodeId,
@@ -23,13 +24,13 @@ impl Transfers {
         from: u64,
     ) {
         let me = self.clone();
-        let spawned = std::thread::Builder::new()
-            .name(format!("phx-serve-{}", self.id))
+        let spawned = self
+            .workers
             .spawn(move || me.serve(receiver, id, stream, dst, from));
         if spawned.is_err() {
-            let _ = self
-                .rpc
-                .send(receiver, PullMsg::PullEnd { stream, ok: false });
+            let refused = PullMsg::PullEnd { stream, ok: false };
+            self.rpc
+                .send_from_transport_thread(receiver, refused.into());
         }
     }
 
