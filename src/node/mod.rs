@@ -15,7 +15,7 @@ use crate::protocol::{ObjectInfo, Reply};
 use crate::reduce::Reducer;
 use crate::rpc::Rpc;
 use crate::store::{CopyStatus, Store};
-use crate::transfer::Transfers;
+use crate::transfer::{Driver, Transfers};
 use crate::view::{Fetched, ObjectReader, ObjectView};
 use crate::{Error, ObjectId, Result};
 use crossbeam_channel::Receiver;
@@ -158,8 +158,12 @@ impl Node {
         exclude: &[NodeId],
     ) -> Result<ObjectView> {
         let id = id.into();
-        refetching(
-            || match self.inner.transfers.fetch_excluding(&id, exclude)? {
+        refetching(|| {
+            match self
+                .inner
+                .transfers
+                .fetch_excluding(&id, exclude, Driver::Caller)?
+            {
                 Fetched::Owned(v) => Ok(ObjectView::Owned(v)),
                 Fetched::Copy(c) => {
                     let size = c.size();
@@ -169,8 +173,8 @@ impl Node {
                     }
                     Ok(ObjectView::Arena(c))
                 }
-            },
-        )
+            }
+        })
     }
 
     /// A reader that returns bytes as soon as they have arrived.

@@ -20,6 +20,8 @@ use crate::workers::Workers;
 use crate::ObjectId;
 use phalanx_transport::{NodeId, StreamId, Transport};
 use pull::Inbound;
+
+pub(crate) use pull::Driver;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -15,6 +15,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::{debug, error, warn};
 
+/// Who drives a pull that a fetch starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Driver {
+    /// The calling thread, to the end, before the fetch returns.
+    Caller,
+    /// A worker; the fetch returns the copy while it fills.
+    Worker,
+}
+
 /// How a receiver's inbound stream ended.
 #[derive(Debug)]
 pub(super) enum InboundEnd {
@@ -33,14 +42,17 @@ impl Transfers {
     /// Finds the object: the local copy (maybe partial), inline bytes from the directory, or a
     /// new local copy being pulled by a background driver.
     pub(crate) fn fetch(self: &Arc<Self>, id: &ObjectId) -> Result<Fetched> {
-        self.fetch_excluding(id, &[])
+        self.fetch_excluding(id, &[], Driver::Worker)
     }
 
-    /// [`Transfers::fetch`] that never pulls from the nodes in `exclude` (for baselines).
+    /// [`Transfers::fetch`] that never pulls from the nodes in `exclude` (for baselines). With
+    /// `Driver::Caller` a pull runs to its end on the calling thread (one hand-off less for a
+    /// caller that waits for the whole object anyway) before the copy is returned.
     pub(crate) fn fetch_excluding(
         self: &Arc<Self>,
         id: &ObjectId,
         exclude: &[NodeId],
+        driver: Driver,
     ) -> Result<Fetched> {
         let deadline = Instant::now() + self.cfg.op_timeout;
         let (node, size, token) = loop {
@@ -93,18 +105,24 @@ impl Transfers {
             }
         };
         self.dir.withdraw(&evicted);
-        hop!(self.id, "pull driver spawned", source = node);
         let me = self.clone();
         let exclude_owned = exclude.to_vec();
         let driver_copy = copy.clone();
         let id2 = id.clone();
-        self.workers
-            .spawn(move || me.drive(id2, driver_copy, (node, token), exclude_owned))
-            .map_err(|e| Error::Config(format!("spawn: {e}")))?;
+        let drive = move || me.drive(id2, driver_copy, (node, token), exclude_owned);
+        match driver {
+            Driver::Caller => drive(),
+            Driver::Worker => {
+                hop!(self.id, "pull driver handed to a worker", source = node);
+                self.workers
+                    .spawn(drive)
+                    .map_err(|e| Error::Config(format!("spawn: {e}")))?
+            }
+        }
         Ok(Fetched::Copy(copy))
     }
 
-    /// Pulls the copy to completion, replacing failed sources; runs on its own thread.
+    /// Pulls the copy to completion, replacing failed sources.
     fn drive(
         self: Arc<Self>,
         id: ObjectId,
