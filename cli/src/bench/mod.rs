@@ -4,6 +4,7 @@
 //! (`sync.rs`: how the ranks meet and share a clock, never through Phalanx objects).
 
 mod rounds;
+mod socket;
 pub mod sync;
 
 use phalanx::Node;
@@ -32,6 +33,9 @@ pub enum Algo {
     Phalanx,
     /// Every transfer to or from rank 0, one after another.
     Star,
+    /// p2p only, one process (`--local`): a plain TCP request on loopback answered with the
+    /// object's bytes, the floor a get is measured against.
+    Socket,
 }
 
 /// Reduce tree degree for the benchmark.
@@ -194,7 +198,7 @@ pub fn run_rank(
             );
         }
         let (mut times, mut after, mut degree) = (Vec::new(), Vec::new(), None);
-        let round = rounds::Round::new(node, spec, size, sync);
+        let round = rounds::Round::new(node, spec, size, sync)?;
         let last = spec.iters + spec.warmup - 1;
         for it in 0..=last {
             let trace = spec.trace && it == last && node.id() == 0;

@@ -27,10 +27,20 @@ pub(super) struct Round<'a> {
     payload: Vec<u8>,
     /// When this rank last left the barrier.
     released: std::sync::atomic::AtomicU64,
+    /// `--algo socket`: rank 0's server, rank 1's client.
+    socket: Option<super::socket::Socket>,
 }
 
 impl<'a> Round<'a> {
-    pub fn new(node: &'a Node, spec: &'a BenchSpec, size: u64, sync: &'a dyn RankSync) -> Self {
+    pub fn new(
+        node: &'a Node,
+        spec: &'a BenchSpec,
+        size: u64,
+        sync: &'a dyn RankSync,
+    ) -> Result<Self> {
+        if spec.algo == Algo::Socket && spec.collective != Collective::P2p {
+            bail!("--algo socket is the baseline of p2p only");
+        }
         let payload = match spec.collective {
             Collective::P2p | Collective::Broadcast if node.id() == 0 => pattern(size),
             Collective::Reduce | Collective::Allreduce | Collective::Gather => {
@@ -38,14 +48,18 @@ impl<'a> Round<'a> {
             }
             _ => Vec::new(),
         };
-        Round {
+        let socket = (spec.algo == Algo::Socket)
+            .then(|| super::socket::Socket::new(node.id(), size))
+            .transpose()?;
+        Ok(Round {
             node,
             spec,
             size,
             sync,
             payload,
             released: std::sync::atomic::AtomicU64::new(0),
-        }
+            socket,
+        })
     }
 
     fn name(&self, it: usize, kind: &str, rank: u32) -> ObjectId {
@@ -86,6 +100,12 @@ impl<'a> Round<'a> {
     fn p2p(&self, it: usize) -> Result<Option<Measure>> {
         let node = self.node;
         let data = self.name(it, "data", 0);
+        if let Some(s) = &self.socket {
+            let released = self.barrier()?;
+            let done = s.request()?;
+            let total = self.finish(released, done)?;
+            return Ok(total.map(only_total));
+        }
         if node.id() == 0 {
             node.put(data.clone(), &self.payload)?;
         }
@@ -117,7 +137,7 @@ impl<'a> Round<'a> {
         } else {
             let v = match self.spec.algo {
                 Algo::Phalanx => node.get_view(data.clone())?,
-                Algo::Star => node.get_view_from(data.clone(), 0)?,
+                Algo::Star | Algo::Socket => node.get_view_from(data.clone(), 0)?,
             };
             let done = now_ns();
             check_pattern(&v, self.size)?;
