@@ -41,6 +41,46 @@ pub(crate) struct Rpc {
     closed: AtomicBool,
     spin_wait: Duration,
     op_timeout: Duration,
+    /// Round trips of recent calls to other nodes.
+    rtt: Mutex<RttWindow>,
+}
+
+/// The smallest round trip seen in the current and the previous epoch: the link's latency
+/// without the queueing of busy moments, kept fresh without probes of its own.
+struct RttWindow {
+    epoch_start: Instant,
+    current: Option<Duration>,
+    previous: Option<Duration>,
+}
+
+/// How long one epoch of the round-trip window lasts.
+const RTT_EPOCH: Duration = Duration::from_secs(2);
+
+impl RttWindow {
+    fn record(&mut self, rtt: Duration) {
+        let age = self.epoch_start.elapsed();
+        if age >= RTT_EPOCH {
+            // An epoch with no sample in between forgets the old one.
+            self.previous = if age < 2 * RTT_EPOCH {
+                self.current
+            } else {
+                None
+            };
+            self.current = None;
+            self.epoch_start = Instant::now();
+        }
+        self.current = Some(self.current.map_or(rtt, |c| c.min(rtt)));
+    }
+
+    fn estimate(&self) -> Option<Duration> {
+        if self.epoch_start.elapsed() >= 2 * RTT_EPOCH {
+            return None;
+        }
+        match (self.current, self.previous) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
 }
 
 impl Rpc {
@@ -61,6 +101,11 @@ impl Rpc {
             closed: AtomicBool::new(false),
             spin_wait,
             op_timeout,
+            rtt: Mutex::new(RttWindow {
+                epoch_start: Instant::now(),
+                current: None,
+                previous: None,
+            }),
         }
     }
 
@@ -162,6 +207,7 @@ impl Rpc {
 
     /// A request/reply exchange, bounded by the operation timeout.
     pub fn call(&self, to: NodeId, make: impl FnOnce(Rid) -> Msg) -> Result<Reply> {
+        let start = Instant::now();
         let rx = self.call_async(to, make)?;
         // Replies to directory lookups take tens of microseconds: spin briefly before parking,
         // which saves the wake-up latency of a sleeping thread.
@@ -179,6 +225,9 @@ impl Rpc {
             None => rx.recv_timeout(self.op_timeout),
         };
         hop!(self.id, "caller has the reply", from = to, spun = spun);
+        if to != self.id && matches!(got, Ok(Ok(_))) {
+            self.rtt.lock().unwrap().record(start.elapsed());
+        }
         match got {
             Ok(Ok(Reply::Error(e))) => Err(Error::Protocol { peer: to, what: e }),
             Ok(r) => r,
@@ -187,6 +236,12 @@ impl Rpc {
                 format!("a reply from node {to}"),
             )),
         }
+    }
+
+    /// The round trip to another node, from recent calls (none in the last few seconds:
+    /// `None`).
+    pub fn rtt_estimate(&self) -> Option<Duration> {
+        self.rtt.lock().unwrap().estimate()
     }
 
     /// A reply arrived: hands it to its caller.
@@ -229,5 +284,33 @@ fn peer_error(e: TransportError) -> Error {
             Error::PeerDown(p)
         }
         e => Error::Transport(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rtt_window_keeps_the_recent_minimum() {
+        let mut w = RttWindow {
+            epoch_start: Instant::now(),
+            current: None,
+            previous: None,
+        };
+        assert_eq!(w.estimate(), None);
+        w.record(Duration::from_micros(80));
+        w.record(Duration::from_micros(30));
+        w.record(Duration::from_micros(50));
+        assert_eq!(w.estimate(), Some(Duration::from_micros(30)));
+        // One epoch later the old minimum still counts; two epochs later it is forgotten.
+        w.epoch_start -= RTT_EPOCH;
+        w.record(Duration::from_micros(60));
+        assert_eq!(w.estimate(), Some(Duration::from_micros(30)));
+        w.epoch_start -= RTT_EPOCH;
+        w.record(Duration::from_micros(70));
+        assert_eq!(w.estimate(), Some(Duration::from_micros(60)));
+        w.epoch_start -= 3 * RTT_EPOCH;
+        assert_eq!(w.estimate(), None, "stale");
     }
 }

@@ -16,10 +16,14 @@ use tracing::warn;
 const MAX_TASK_ERRORS: u32 = 3;
 
 impl Reducer {
-    /// Round trip to a peer, measured now (min of a few directory queries).
+    /// Round trip to a peer: the smallest of recent calls, else measured now (the min of a few
+    /// directory queries).
     fn measure_latency(&self) -> f64 {
         if let Some(l) = self.cfg.latency_override {
             return l.as_secs_f64();
+        }
+        if let Some(rtt) = self.rpc.rtt_estimate() {
+            return rtt.as_secs_f64().min(1.0);
         }
         let peer = (self.id + 1) % self.members.nodes();
         let probe = ObjectId::new("phalanx/latency-probe");

@@ -25,6 +25,15 @@ enum Input {
     Owned(Vec<u8>),
 }
 
+impl From<Fetched> for Input {
+    fn from(f: Fetched) -> Input {
+        match f {
+            Fetched::Copy(c) => Input::Copy(c),
+            Fetched::Owned(v) => Input::Owned(v),
+        }
+    }
+}
+
 impl Input {
     fn size(&self) -> u64 {
         match self {
@@ -91,21 +100,39 @@ impl Reducer {
     }
 
     fn input(&self, id: &ObjectId) -> Result<Input> {
-        Ok(match self.transfers.fetch(id)? {
-            Fetched::Copy(c) => Input::Copy(c),
-            Fetched::Owned(v) => Input::Owned(v),
-        })
+        Ok(self.transfers.fetch(id)?.into())
+    }
+
+    /// The children's outputs, found at once: each lookup is a directory round trip, so all
+    /// but the first go to workers and the round trips overlap.
+    fn inputs(&self, ids: &[ObjectId]) -> Result<Vec<Input>> {
+        let Some((first, rest)) = ids.split_first() else {
+            return Ok(Vec::new());
+        };
+        let (tx, rx) = crossbeam_channel::bounded(rest.len());
+        for (k, id) in rest.iter().enumerate() {
+            let (job_tx, transfers, job_id) = (tx.clone(), self.transfers.clone(), id.clone());
+            let job = move || {
+                let _ = job_tx.send((k + 1, transfers.fetch(&job_id)));
+            };
+            if self.workers.spawn(job).is_err() {
+                let _ = tx.send((k + 1, self.transfers.fetch(id)));
+            }
+        }
+        let mut got: Vec<Option<Input>> = (0..ids.len()).map(|_| None).collect();
+        got[0] = Some(self.input(first)?);
+        for _ in rest {
+            let (k, r) = rx.recv().map_err(|_| Error::Shutdown)?;
+            got[k] = Some(r?.into());
+        }
+        Ok(got.into_iter().map(|i| i.expect("every input")).collect())
     }
 
     /// Runs one tree position; called on the node that holds `task.own`.
     fn run_task(&self, t: &ReduceTask, cancel: &AtomicBool) -> Result<()> {
         let cancelled = || Error::InvalidArgument(format!("reduce task for {} cancelled", t.out));
         let own = self.input(&t.own)?;
-        let children = t
-            .children
-            .iter()
-            .map(|c| self.input(c))
-            .collect::<Result<Vec<_>>>()?;
+        let children = self.inputs(&t.children)?;
         for (id, i) in std::iter::once(&t.own)
             .zip(std::iter::once(&own))
             .chain(t.children.iter().zip(&children))
