@@ -15,6 +15,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::warn;
 
+/// The request id of a message whose answer nobody waits for (request ids start at 1).
+const NO_REPLY: u64 = 0;
+
 pub(crate) struct DirClient {
     id: NodeId,
     rpc: Arc<Rpc>,
@@ -82,6 +85,22 @@ impl DirClient {
             })
         });
         self.tolerate_shard_down(id, r.map(|_| ()))
+    }
+
+    /// Announces a complete small copy together with its bytes, without waiting for the
+    /// directory's answer (a reduce output: its readers get the bytes with their location).
+    pub fn publish_inline(&self, id: &ObjectId, data: &[u8]) -> Result<()> {
+        hop!(self.id, "publish inline", len = data.len() as u64);
+        let r = self.rpc.send(
+            self.shard_of(id),
+            DirMsg::PutInline {
+                rid: NO_REPLY,
+                id: id.clone(),
+                node: self.id,
+                data: data.to_vec(),
+            },
+        );
+        self.tolerate_shard_down(id, r)
     }
 
     /// Tells the directory that these copies are gone (evicted, or a pull given up).
@@ -210,7 +229,7 @@ impl DirClient {
             let small = size < INLINE_LIMIT && complete;
             let msg = match self.store.lookup(&id) {
                 Some(c) if small => DirMsg::PutInline {
-                    rid: 0,
+                    rid: NO_REPLY,
                     id: id.clone(),
                     node: self.id,
                     data: c.filled(0, size).to_vec(),

@@ -3,6 +3,7 @@
 //! `Cancel` find the task that produces a given output.
 
 use super::Reducer;
+use crate::config::INLINE_LIMIT;
 use crate::hop::hop;
 use crate::ops::{combine, combine_into};
 use crate::protocol::{Msg, ReduceTask, Reply, Rid};
@@ -170,7 +171,12 @@ impl Reducer {
     ) -> Result<()> {
         let esz = t.dtype.size() as u64;
         let cancelled = || Error::InvalidArgument(format!("reduce task for {} cancelled", t.out));
-        self.dir.publish(&t.out, t.size, false)?;
+        // A small output travels inline with the message that announces it, once complete:
+        // its readers need no pull. A large one is published partial, so they stream it.
+        let small = t.size < INLINE_LIMIT;
+        if !small {
+            self.dir.publish(&t.out, t.size, false)?;
+        }
         let chunk = (t.chunk / esz).max(1) * esz;
         let timeout = self.cfg.op_timeout;
         let mut off = 0;
@@ -212,7 +218,11 @@ impl Reducer {
         if cancel.load(Ordering::Acquire) || out.is_detached() {
             return Err(cancelled());
         }
-        self.dir.publish(&t.out, t.size, true)?;
+        if small {
+            self.dir.publish_inline(&t.out, out.filled(0, t.size))?;
+        } else {
+            self.dir.publish(&t.out, t.size, true)?;
+        }
         Ok(())
     }
 }

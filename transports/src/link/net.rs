@@ -72,9 +72,13 @@ impl<C: Link> LinkTable<C> {
                 .name(format!("{hello_thread}-{}", self.node))
                 .spawn(move || {
                     let from = s.peer_addr().ok();
+                    // Held until the failure is counted, so the peer sees the connection close
+                    // only after that.
+                    let hold = s.try_clone();
                     if let Err(e) = handshake(s) {
                         me.setup_failed(from, failed, e);
                     }
+                    drop(hold);
                 });
         }
     }
