@@ -23,8 +23,12 @@ pub(crate) enum Work {
     Stop,
 }
 
-/// An outstanding request: the node it went to, and where its reply goes.
-type PendingCall = (NodeId, Sender<Result<Reply>>);
+/// What becomes of a reply (or of the failure that replaces it). Runs where the reply lands,
+/// a transport thread: it must not block.
+pub(crate) type OnReply = Box<dyn FnOnce(Result<Reply>) + Send>;
+
+/// An outstanding request: the node it went to, and what becomes of its reply.
+type PendingCall = (NodeId, OnReply);
 
 /// Handles a message this node sends to itself, on the sender's thread.
 pub(crate) type Loopback = Box<dyn Fn(Msg) + Send + Sync>;
@@ -125,8 +129,9 @@ impl Rpc {
     /// Stops the dispatcher and fails every outstanding request (after `mark_closed`).
     pub fn stop(&self) {
         let _ = self.queue.send(Work::Stop);
-        for (_, (_, tx)) in self.pending.lock().unwrap().drain() {
-            let _ = tx.send(Err(Error::Shutdown));
+        let pending: Vec<_> = self.pending.lock().unwrap().drain().collect();
+        for (_, (_, on_reply)) in pending {
+            on_reply(Err(Error::Shutdown));
         }
     }
 
@@ -184,17 +189,35 @@ impl Rpc {
         }
     }
 
+    /// Sends a request; its reply will arrive on the returned channel.
     pub fn call_async(
         &self,
         to: NodeId,
         make: impl FnOnce(Rid) -> Msg,
     ) -> Result<Receiver<Result<Reply>>> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.call_then(
+            to,
+            make,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        )?;
+        Ok(rx)
+    }
+
+    /// Sends a request; `on_reply` gets its reply (or the error that ends it) where it lands.
+    pub fn call_then(
+        &self,
+        to: NodeId,
+        make: impl FnOnce(Rid) -> Msg,
+        on_reply: OnReply,
+    ) -> Result<()> {
         if self.is_closed() {
             return Err(Error::Shutdown);
         }
         let rid = self.next_rid.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = crossbeam_channel::bounded(1);
-        self.pending.lock().unwrap().insert(rid, (to, tx));
+        self.pending.lock().unwrap().insert(rid, (to, on_reply));
         let msg = make(rid);
         let kind = msg.kind();
         if let Err(e) = self.send(to, msg) {
@@ -202,7 +225,7 @@ impl Rpc {
             return Err(e);
         }
         hop!(self.id, "request sent", to = to, rid = rid, kind = kind);
-        Ok(rx)
+        Ok(())
     }
 
     /// A request/reply exchange, bounded by the operation timeout.
@@ -247,8 +270,9 @@ impl Rpc {
     /// A reply arrived: hands it to its caller.
     pub fn complete(&self, rid: Rid, reply: Reply) {
         hop!(self.id, "reply in", rid = rid);
-        if let Some((_, tx)) = self.pending.lock().unwrap().remove(&rid) {
-            let _ = tx.send(Ok(reply));
+        let pending = self.pending.lock().unwrap().remove(&rid);
+        if let Some((_, on_reply)) = pending {
+            on_reply(Ok(reply));
         }
     }
 
@@ -263,8 +287,8 @@ impl Rpc {
                 .collect();
             rids.into_iter().filter_map(|r| p.remove(&r)).collect()
         };
-        for (_, tx) in failed {
-            let _ = tx.send(Err(Error::PeerDown(peer)));
+        for (_, on_reply) in failed {
+            on_reply(Err(Error::PeerDown(peer)));
         }
     }
 

@@ -9,7 +9,7 @@ use crate::protocol::{DirMsg, Located, Msg, ObjectInfo, Reply, StoreMsg};
 use crate::rpc::Rpc;
 use crate::store::Store;
 use crate::{Error, ObjectId, Result};
-use crossbeam_channel::Receiver;
+use crossbeam_channel::{Receiver, Sender};
 use phalanx_transport::NodeId;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -174,12 +174,31 @@ impl DirClient {
 
     /// Asynchronous location query: the receiver hears the entry once `id` has a location.
     pub fn subscribe(&self, id: &ObjectId) -> Result<Receiver<Result<Reply>>> {
-        self.rpc.call_async(self.shard_of(id), |rid| {
-            Msg::Dir(DirMsg::Subscribe {
-                rid,
-                id: id.clone(),
-            })
-        })
+        self.rpc
+            .call_async(self.shard_of(id), |rid| subscribe_msg(rid, id))
+    }
+
+    /// Like [`DirClient::subscribe`], the entry (`None`: deleted first) or the error delivered
+    /// into `out`, with no thread waiting for it.
+    pub fn subscribe_into(
+        &self,
+        id: &ObjectId,
+        out: Sender<Result<Option<ObjectInfo>>>,
+    ) -> Result<()> {
+        let me = self.id;
+        let on_reply = Box::new(move |r: Result<Reply>| {
+            let r = match r {
+                Ok(Reply::Info(i)) => Ok(i),
+                Ok(r) => Err(Error::Protocol {
+                    peer: me,
+                    what: format!("unexpected reply {r:?}"),
+                }),
+                Err(e) => Err(e),
+            };
+            let _ = out.try_send(r);
+        });
+        self.rpc
+            .call_then(self.shard_of(id), |rid| subscribe_msg(rid, id), on_reply)
     }
 
     /// Removes every copy of `id` and its entry.
@@ -254,4 +273,11 @@ impl DirClient {
     pub fn republish_after_rejoin(&self, peer: NodeId) {
         self.republish(|id| self.shard_of(id) == peer);
     }
+}
+
+fn subscribe_msg(rid: u64, id: &ObjectId) -> Msg {
+    Msg::Dir(DirMsg::Subscribe {
+        rid,
+        id: id.clone(),
+    })
 }

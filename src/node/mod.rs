@@ -11,7 +11,7 @@ use crate::config::{NodeConfig, INLINE_LIMIT};
 use crate::directory::{Assignment, DirClient, Shard};
 use crate::fault::{FaultHook, FaultPlan};
 use crate::membership::Membership;
-use crate::protocol::{ObjectInfo, Reply};
+use crate::protocol::ObjectInfo;
 use crate::reduce::Reducer;
 use crate::rpc::Rpc;
 use crate::store::{CopyStatus, Store};
@@ -232,22 +232,8 @@ impl Node {
         &self,
         id: impl Into<ObjectId>,
     ) -> Result<Receiver<Result<Option<ObjectInfo>>>> {
-        let id = id.into();
-        let inner = self.inner.clone();
-        let rx = inner.dir.subscribe(&id)?;
         let (tx, out) = crossbeam_channel::bounded(1);
-        std::thread::Builder::new()
-            .name("phx-subscribe".into())
-            .spawn(move || {
-                let r = match rx.recv() {
-                    Ok(Ok(Reply::Info(i))) => Ok(i),
-                    Ok(Ok(r)) => Err(inner.rpc.unexpected(r)),
-                    Ok(Err(e)) => Err(e),
-                    Err(_) => Err(Error::Shutdown),
-                };
-                let _ = tx.send(r);
-            })
-            .map_err(|e| Error::Config(format!("spawn: {e}")))?;
+        self.inner.dir.subscribe_into(&id.into(), tx)?;
         Ok(out)
     }
 
