@@ -366,16 +366,7 @@ mod tests {
         };
         let kind = (ReduceOp::Sum, DType::F32);
         let mut run = Run::new(ObjectId::new("t"), &sources, 3, kind, &opts, (1e-4, 1e9));
-        let info = |node| ObjectInfo {
-            size: 64,
-            inline: false,
-            locations: vec![crate::protocol::LocationInfo {
-                node,
-                complete: true,
-                serving: None,
-                depends_on: None,
-            }],
-        };
+        let info = complete_on;
         // Two gradients arrive first: they leave the leaf (position 2) to the model.
         assert!(run.arrived(1, &info(1)).unwrap());
         assert!(run.arrived(2, &info(2)).unwrap());
