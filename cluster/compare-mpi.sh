@@ -325,12 +325,14 @@ busy() {
 
 # With --wait-quiet P: wait (at most 60 s, 300 s over the whole run) until other work keeps
 # the machine under P % busy.
-waited=0
+waited=0 others=""
 wait_quiet() {
+    others=""
     [ "$quiet_pct" -gt 0 ] || return 0
     local b start=$SECONDS
     while :; do
         b=$(busy 2)
+        others="; other work kept the machine ${b}% busy"
         [ "$b" -le "$quiet_pct" ] && break
         if [ $((SECONDS - start)) -ge 60 ] || [ $((waited + SECONDS - start)) -ge 300 ]; then
             note "machine still ${b}% busy with other work; measuring anyway"
@@ -353,7 +355,7 @@ run_mpi() {
         wait_quiet
         read -r -a before <<<"$(link_bytes)"
         t0=$SECONDS rc=0
-        note "load $(load); mpirun ${mpi_args[*]} ${mca[*]} collbench -c $cl -s $size_arg -n $iters_arg -w $warm_arg -a $label"
+        note "load $(load)$others; mpirun ${mpi_args[*]} ${mca[*]} collbench -c $cl -s $size_arg -n $iters_arg -w $warm_arg -a $label"
         # mpirun runs on host 0, named phx-0 like the daemons (see mpi/netns-agent.sh).
         # shellcheck disable=SC2016 # $@ is expanded by the inner shell
         bounded "$log" "${nice_cmd[@]}" ip netns exec "$(host_ns 0)" unshare --uts \
@@ -411,7 +413,7 @@ if [ $skip_phalanx = 0 ]; then
         wait_quiet
         read -r -a before <<<"$(link_bytes)"
         t0=$SECONDS
-        note "load $(load); cluster/run.sh --timeout $run_timeout $config -- phalanx bench $colls --config $config --size $gs --iters $gi --warmup $gw --json"
+        note "load $(load)$others; cluster/run.sh --timeout $run_timeout $config -- phalanx bench $colls --config $config --size $gs --iters $gi --warmup $gw --json"
         run_nice=()
         [ "$nice_n" = 0 ] || run_nice=(--nice "$nice_n")
         bounded "$log" "$HERE/run.sh" --timeout "$run_timeout" "${run_nice[@]}" "$config" -- \
