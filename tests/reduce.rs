@@ -502,3 +502,63 @@ fn lengths_not_a_multiple_of_the_element_size_are_rejected() {
         Err(Error::InvalidArgument(_))
     ));
 }
+
+#[test]
+fn small_inputs_travel_with_their_news_and_are_combined_in_tree_order() {
+    // Inputs under the inline limit come with their subscriptions; the coordinator combines
+    // them in the tree's order: the same bits as the tasks would give, and no pull anywhere.
+    let c = cluster(6);
+    let elems = 500; // 500 to 4000 bytes: inline
+    let mut run = 0;
+    for dtype in [DType::F32, DType::F64, DType::I32, DType::I64, DType::U8] {
+        for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max, ReduceOp::Prod] {
+            run += 1;
+            let mut data = HashMap::new();
+            let ids: Vec<ObjectId> = (0..6)
+                .map(|k| ObjectId::new(format!("small-{run}-{k}")))
+                .collect();
+            for (k, id) in ids.iter().enumerate() {
+                let v = input(dtype, elems, 7000 + run * 10 + k as u64);
+                c.node(k).put(id.clone(), &v).unwrap();
+                data.insert(id.clone(), v);
+            }
+            let served_before: usize = (0..6).map(|k| c.node(k).serve_log().len()).sum();
+            for (rep, degree) in [(0, Some(2)), (1, None)] {
+                let target = format!("small-out-{run}-{rep}");
+                let o = c
+                    .node(rep + 1)
+                    .reduce_with(
+                        target.as_str(),
+                        &ids,
+                        5,
+                        op,
+                        dtype,
+                        &ReduceOptions {
+                            degree,
+                            ..Default::default()
+                        },
+                    )
+                    .unwrap();
+                assert_eq!(o.used.len(), 5, "the first 5 of 6");
+                assert!(o.recomputed.is_empty());
+                let want = tree_reference(&o.tree, &data, op, dtype);
+                for k in 0..6 {
+                    let got = c.node(k).get(target.as_str()).unwrap();
+                    assert!(
+                        got == want,
+                        "{op:?} {dtype:?} node {k}: not the tree's result"
+                    );
+                }
+                c.node(0).delete(target.as_str()).unwrap();
+            }
+            let served_after: usize = (0..6).map(|k| c.node(k).serve_log().len()).sum();
+            assert_eq!(
+                served_after, served_before,
+                "{op:?} {dtype:?}: no pull was needed"
+            );
+            for id in &ids {
+                c.node(0).delete(id.clone()).unwrap();
+            }
+        }
+    }
+}

@@ -189,6 +189,7 @@ impl DirClient {
         let on_reply = Box::new(move |r: Result<Reply>| {
             let r = match r {
                 Ok(Reply::Info(i)) => Ok(i),
+                Ok(Reply::InfoInline(i, _)) => Ok(Some(i)),
                 Ok(r) => Err(Error::Protocol {
                     peer: me,
                     what: format!("unexpected reply {r:?}"),

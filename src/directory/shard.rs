@@ -64,6 +64,15 @@ fn reply(out: &mut Out, to: NodeId, rid: Rid, reply: Reply) {
 }
 
 impl Entry {
+    /// What a subscriber is told once the object has a location: the entry, with the bytes
+    /// of a small object (they travel with the news).
+    fn ready(&self) -> Reply {
+        match &self.inline {
+            Some(data) => Reply::InfoInline(self.info(), data.clone()),
+            None => Reply::Info(Some(self.info())),
+        }
+    }
+
     fn info(&self) -> ObjectInfo {
         ObjectInfo {
             size: self.size,
@@ -245,7 +254,7 @@ impl Shard {
             }
             DirMsg::Subscribe { rid, id } => match self.entries.get(&id) {
                 Some(e) if e.inline.is_some() || !e.locs.is_empty() => {
-                    reply(out, from, rid, Reply::Info(Some(e.info())));
+                    reply(out, from, rid, e.ready());
                 }
                 _ if self.tombstones.contains(&id) => reply(out, from, rid, Reply::Info(None)),
                 _ => self.subscribers.entry(id).or_default().push((from, rid)),
@@ -374,9 +383,9 @@ impl Shard {
 
     fn notify(&mut self, id: &ObjectId, out: &mut Out) {
         if let Some(subs) = self.subscribers.remove(id) {
-            let info = self.info(id);
+            let ready = self.entries.get(id).map_or(Reply::Info(None), Entry::ready);
             for (n, rid) in subs {
-                reply(out, n, rid, Reply::Info(info.clone()));
+                reply(out, n, rid, ready.clone());
             }
         }
     }

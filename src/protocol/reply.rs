@@ -9,6 +9,8 @@ pub enum Reply {
     Ack,
     Located(Located),
     Info(Option<ObjectInfo>),
+    /// A subscription's answer for a small object: the entry and the object's bytes.
+    InfoInline(ObjectInfo, Vec<u8>),
     /// Nodes that held a copy of a deleted object.
     Deleted(Vec<NodeId>),
     Error(String),

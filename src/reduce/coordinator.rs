@@ -146,8 +146,9 @@ impl Reducer {
                 resub.extend(self.repair(&mut run, node));
             } else if k <= sub_ix.len() {
                 let i = sub_ix[k - 1];
-                let info = match what.recv(subs[i].as_ref().expect("listed")) {
-                    Ok(Ok(Reply::Info(info))) => info,
+                let (info, data) = match what.recv(subs[i].as_ref().expect("listed")) {
+                    Ok(Ok(Reply::Info(info))) => (info, None),
+                    Ok(Ok(Reply::InfoInline(info, data))) => (Some(info), Some(data)),
                     Ok(Ok(r)) => return Err(self.rpc.unexpected(r)),
                     Ok(Err(Error::PeerDown(_))) => {
                         subs[i] = None;
@@ -173,6 +174,7 @@ impl Reducer {
                     }
                     continue;
                 };
+                run.inline[i] = data.filter(|d| d.len() as u64 == info.size);
                 if !run.arrived(i, &info)? {
                     later.push((i, Instant::now() + Duration::from_millis(50)));
                 }
@@ -209,6 +211,10 @@ impl Reducer {
                     Err(_) => return Err(Error::Shutdown),
                 }
             }
+            // Small inputs that came with their subscriptions: combined here, no task.
+            if let Some(result) = run.combine_locally() {
+                self.store_result(&target, &result)?;
+            }
             // Dispatch; a node found dead on the way is repaired around and we go again.
             let mut again = true;
             while again {
@@ -243,7 +249,7 @@ impl Reducer {
         let tree = run.tree.take().expect("at least one source");
         // Intermediate results are not needed any more.
         for p in 1..num {
-            if !tree.is_leaf(p) {
+            if !tree.is_leaf(p) && !run.local {
                 let _ = self.dir.delete(&run.out_of(&tree, p));
             }
         }
@@ -297,6 +303,15 @@ impl Reducer {
         );
         self.apply(r.actions);
         r.resubscribe
+    }
+
+    /// The result combined here: this node's copy of the target, announced with its bytes.
+    fn store_result(&self, target: &ObjectId, bytes: &[u8]) -> Result<()> {
+        let (copy, evicted) = self.store.create(target, bytes.len() as u64, true)?;
+        self.dir.withdraw(&evicted);
+        copy.append(bytes)?;
+        hop!(self.id, "reduce combined here", len = bytes.len() as u64);
+        self.dir.publish_inline(target, bytes)
     }
 
     /// Carries out the run's decisions, in order.

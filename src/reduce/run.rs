@@ -4,7 +4,7 @@
 //! [`Action`]s for the coordinator to carry out.
 
 use super::{choose_degree, ReduceOptions, SourceClaims, Tree};
-use crate::ops::{DType, ReduceOp};
+use crate::ops::{combine, combine_into, DType, ReduceOp};
 use crate::protocol::{ObjectInfo, ReduceTask, Reply};
 use crate::{Error, ObjectId, Result};
 use crossbeam_channel::Receiver;
@@ -64,6 +64,10 @@ pub(super) struct Run {
     pub(super) required: Vec<bool>,
     pub(super) num_required: usize,
     pub(super) claims: Option<Arc<SourceClaims>>,
+    /// Per source: its bytes, when it is small and they came with its subscription.
+    pub(super) inline: Vec<Option<Vec<u8>>>,
+    /// The result was combined here from inline inputs, without tasks.
+    pub(super) local: bool,
     /// Per position: failed tasks so far.
     pub(super) task_errors: Vec<u32>,
 }
@@ -102,6 +106,8 @@ impl Run {
             num_required: required.iter().filter(|r| **r).count(),
             required,
             claims: opts.claims.clone(),
+            inline: vec![None; sources.len()],
+            local: false,
             task_errors: Vec::new(),
         }
     }
@@ -225,11 +231,61 @@ impl Run {
         }
     }
 
+    /// Whether every placed source is small and its bytes are here: then the reduce waits for
+    /// the whole tree and combines it here (no task, no pull).
+    fn all_inline(&self) -> bool {
+        self.size < crate::config::INLINE_LIMIT
+            && self.dispatches.iter().all(|&d| d == 0)
+            && self
+                .slots
+                .iter()
+                .flatten()
+                .all(|&(i, _)| self.inline[i].is_some())
+    }
+
+    /// With every position placed and every input inline, the result, combined in the tree's
+    /// order (bit for bit what the tasks would compute); every position is then done.
+    pub(super) fn combine_locally(&mut self) -> Option<Vec<u8>> {
+        let tree = self.tree.clone()?;
+        if self.placed() != self.num || !self.all_inline() {
+            return None;
+        }
+        let out = self.value_of(&tree, 0);
+        self.done.iter_mut().for_each(|d| *d = true);
+        self.local = true;
+        Some(out)
+    }
+
+    /// Position `p`'s output: `own ⊕ children...`, from inline inputs.
+    fn value_of(&self, tree: &Tree, p: usize) -> Vec<u8> {
+        let own = self.inline[self.slots[p].expect("placed").0]
+            .as_deref()
+            .expect("inline");
+        let Some((first, rest)) = tree.children[p].split_first() else {
+            return own.to_vec();
+        };
+        let mut out = vec![0u8; own.len()];
+        combine_into(
+            self.op,
+            self.dtype,
+            &mut out,
+            own,
+            &self.value_of(tree, *first),
+        );
+        for &c in rest {
+            combine(self.op, self.dtype, &mut out, &self.value_of(tree, c));
+        }
+        out
+    }
+
     /// Positions whose inputs are all placed and that have no task yet, with their tasks.
     pub(super) fn dispatchable(&mut self) -> Vec<(usize, ReduceTask)> {
         let Some(tree) = self.tree.clone() else {
             return Vec::new();
         };
+        if self.all_inline() {
+            return Vec::new(); // combined here once the tree is full
+        }
         let mut out = Vec::new();
         for p in 0..self.num {
             let needs_task = p == 0 || !tree.is_leaf(p);
