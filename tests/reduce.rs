@@ -551,6 +551,8 @@ fn small_inputs_travel_with_their_news_and_are_combined_in_tree_order() {
                 }
                 c.node(0).delete(target.as_str()).unwrap();
             }
+            let gathered = c.node(5).gather(&ids).unwrap();
+            assert!(gathered.iter().zip(&ids).all(|(g, id)| *g == data[id]));
             let served_after: usize = (0..6).map(|k| c.node(k).serve_log().len()).sum();
             assert_eq!(
                 served_after, served_before,

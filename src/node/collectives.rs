@@ -3,8 +3,9 @@
 
 use super::Node;
 use crate::ops::{DType, ReduceOp};
+use crate::protocol::Reply;
 use crate::reduce::{ReduceHandle, ReduceOptions, ReduceOutcome};
-use crate::{ObjectId, Result};
+use crate::{Error, ObjectId, Result};
 
 impl Node {
     /// Reduces the first `num_objects` of `sources` to become ready into `target`.
@@ -82,16 +83,43 @@ impl Node {
         })
     }
 
-    /// Gets several objects concurrently (a gather at this node).
+    /// Gets several objects concurrently (a gather at this node). Every object is asked for
+    /// at once with a subscription, whose answer carries a small object's bytes: small objects
+    /// cost one concurrent round of messages; large ones (and any whose shard died meanwhile)
+    /// are then pulled concurrently.
     pub fn gather(&self, ids: &[ObjectId]) -> Result<Vec<Vec<u8>>> {
+        let inner = &self.inner;
+        let mut out: Vec<Option<Vec<u8>>> = vec![None; ids.len()];
+        let mut subs = Vec::new();
+        for (k, id) in ids.iter().enumerate() {
+            match inner.store.lookup(id) {
+                Some(_) => {} // a local copy: read below
+                None => subs.push((k, inner.dir.subscribe(id)?)),
+            }
+        }
+        for (k, rx) in subs {
+            match rx.recv_timeout(inner.cfg.op_timeout) {
+                Ok(Ok(Reply::InfoInline(_, data))) => out[k] = Some(data),
+                Ok(Ok(Reply::Info(None))) => return Err(Error::NotFound(ids[k].clone())),
+                Ok(Ok(Reply::Info(Some(_))) | Err(Error::PeerDown(_))) => {}
+                Ok(Ok(r)) => return Err(inner.rpc.unexpected(r)),
+                Ok(Err(e)) => return Err(e),
+                Err(_) => {
+                    let what = format!("{} to appear", ids[k]);
+                    return Err(Error::Timeout(inner.cfg.op_timeout, what));
+                }
+            }
+        }
         std::thread::scope(|s| {
             let hs: Vec<_> = ids
                 .iter()
-                .map(|id| s.spawn(move || self.get(id.clone())))
+                .zip(&mut out)
+                .filter(|(_, o)| o.is_none())
+                .map(|(id, o)| s.spawn(move || self.get(id.clone()).map(|v| *o = Some(v))))
                 .collect();
             hs.into_iter()
-                .map(|h| h.join().expect("gather thread"))
-                .collect()
-        })
+                .try_for_each(|h| h.join().expect("gather thread"))
+        })?;
+        Ok(out.into_iter().map(|o| o.expect("every object")).collect())
     }
 }
