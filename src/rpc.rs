@@ -218,6 +218,13 @@ impl Rpc {
         }
         let rid = self.next_rid.fetch_add(1, Ordering::Relaxed);
         self.pending.lock().unwrap().insert(rid, (to, on_reply));
+        if self.is_closed() {
+            // Closed meanwhile: `stop` may have drained the table before this entry went in.
+            if let Some((_, on_reply)) = self.pending.lock().unwrap().remove(&rid) {
+                on_reply(Err(Error::Shutdown));
+            }
+            return Err(Error::Shutdown);
+        }
         let msg = make(rid);
         let kind = msg.kind();
         if let Err(e) = self.send(to, msg) {

@@ -78,23 +78,25 @@ impl Workers {
 
 fn worker(first: Job, rx: Receiver<Job>, state: Arc<Counts>) {
     first();
-    loop {
+    'work: loop {
         state.idle.fetch_add(1, Ordering::AcqRel);
-        match rx.recv_timeout(IDLE_EXIT) {
-            Ok(job) => job(),
-            Err(_) => {
-                // Leave only if no job was promised to an idle worker meanwhile; if one was,
-                // some idle worker (maybe this one) must take it.
-                let left = state
-                    .idle
-                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
-                    .is_ok();
-                if left {
-                    break;
+        loop {
+            match rx.recv_timeout(IDLE_EXIT) {
+                Ok(job) => {
+                    job();
+                    continue 'work;
                 }
-                match rx.recv() {
-                    Ok(job) => job(),
-                    Err(_) => break,
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break 'work,
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    // Leave only if no job was promised to an idle worker meanwhile; if one
+                    // was, some idle worker (maybe this one) must take it: wait again.
+                    let left = state
+                        .idle
+                        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+                        .is_ok();
+                    if left {
+                        break 'work;
+                    }
                 }
             }
         }

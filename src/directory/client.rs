@@ -2,6 +2,7 @@
 //! the entry now (placement follows membership), and a dead shard is waited out or tolerated
 //! where the operation allows it.
 
+use super::NO_REPLY;
 use crate::config::INLINE_LIMIT;
 use crate::hop::hop;
 use crate::membership::Membership;
@@ -14,9 +15,6 @@ use phalanx_transport::NodeId;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::warn;
-
-/// The request id of a message whose answer nobody waits for (request ids start at 1).
-const NO_REPLY: u64 = 0;
 
 pub(crate) struct DirClient {
     id: NodeId,
@@ -85,22 +83,6 @@ impl DirClient {
             })
         });
         self.tolerate_shard_down(id, r.map(|_| ()))
-    }
-
-    /// Announces a complete small copy together with its bytes, without waiting for the
-    /// directory's answer (a reduce output: its readers get the bytes with their location).
-    pub fn publish_inline(&self, id: &ObjectId, data: &[u8]) -> Result<()> {
-        hop!(self.id, "publish inline", len = data.len() as u64);
-        let r = self.rpc.send(
-            self.shard_of(id),
-            DirMsg::PutInline {
-                rid: NO_REPLY,
-                id: id.clone(),
-                node: self.id,
-                data: data.to_vec(),
-            },
-        );
-        self.tolerate_shard_down(id, r)
     }
 
     /// Tells the directory that these copies are gone (evicted, or a pull given up).

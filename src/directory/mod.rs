@@ -5,4 +5,4 @@ mod client;
 mod shard;
 
 pub(crate) use client::DirClient;
-pub use shard::{Assignment, Out, Shard};
+pub use shard::{Assignment, Out, Shard, NO_REPLY};

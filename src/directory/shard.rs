@@ -8,6 +8,9 @@ use crate::ObjectId;
 use phalanx_transport::NodeId;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
+/// The request id of a message whose sender waits for no answer (request ids start at 1).
+pub const NO_REPLY: Rid = 0;
+
 /// How many deleted ids the shard remembers, to fail later lookups at once.
 const TOMBSTONES: usize = 1 << 16;
 /// How many source assignments the shard remembers for inspection.
@@ -168,8 +171,20 @@ impl Shard {
                 data,
             } => {
                 self.forget_tombstone(&id);
-                let mut locs = BTreeMap::new();
-                locs.insert(
+                let size = data.len() as u64;
+                // Other copies of the same object stay listed (their holders must still be
+                // found by a delete); an entry of another size is another object.
+                let e = self.entries.entry(id.clone()).or_insert(Entry {
+                    size,
+                    inline: None,
+                    locs: BTreeMap::new(),
+                });
+                if e.size != size {
+                    e.size = size;
+                    e.locs.clear();
+                }
+                e.inline = Some(data);
+                e.locs.insert(
                     node,
                     Loc {
                         complete: true,
@@ -178,15 +193,9 @@ impl Shard {
                         depends_on: None,
                     },
                 );
-                self.entries.insert(
-                    id.clone(),
-                    Entry {
-                        size: data.len() as u64,
-                        inline: Some(data),
-                        locs,
-                    },
-                );
-                reply(out, from, rid, Reply::Ack);
+                if rid != NO_REPLY {
+                    reply(out, from, rid, Reply::Ack);
+                }
                 self.notify(&id, out);
                 self.serve_waiters(&id, out);
             }

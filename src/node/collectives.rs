@@ -97,8 +97,9 @@ impl Node {
                 None => subs.push((k, inner.dir.subscribe(id)?)),
             }
         }
+        let deadline = std::time::Instant::now() + inner.cfg.op_timeout;
         for (k, rx) in subs {
-            match rx.recv_timeout(inner.cfg.op_timeout) {
+            match rx.recv_deadline(deadline) {
                 Ok(Ok(Reply::InfoInline(_, data))) => out[k] = Some(data),
                 Ok(Ok(Reply::Info(None))) => return Err(Error::NotFound(ids[k].clone())),
                 Ok(Ok(Reply::Info(Some(_))) | Err(Error::PeerDown(_))) => {}

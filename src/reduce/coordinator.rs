@@ -305,13 +305,15 @@ impl Reducer {
         r.resubscribe
     }
 
-    /// The result combined here: this node's copy of the target, announced with its bytes.
+    /// The result combined here: this node's copy of the target, announced with its bytes
+    /// (acknowledged: once the reduce returns, the directory has it, so a delete that follows
+    /// cannot overtake it).
     fn store_result(&self, target: &ObjectId, bytes: &[u8]) -> Result<()> {
         let (copy, evicted) = self.store.create(target, bytes.len() as u64, true)?;
         self.dir.withdraw(&evicted);
         copy.append(bytes)?;
         hop!(self.id, "reduce combined here", len = bytes.len() as u64);
-        self.dir.publish_inline(target, bytes)
+        self.dir.put_inline(target, bytes)
     }
 
     /// Carries out the run's decisions, in order.

@@ -365,6 +365,13 @@ impl Run {
             }
         }
         r.affected = affected;
+        // Spares on the dead node cannot take a position: asked for again (a copy may live on
+        // elsewhere, or the node may rejoin).
+        let dead = &self.dead;
+        let (gone, kept): (Vec<_>, Vec<_>) =
+            self.spares.drain(..).partition(|s| dead.contains(&s.1));
+        self.spares = kept.into();
+        r.resubscribe.extend(gone.into_iter().map(|s| s.0));
         self.fill_from_spares();
         Some(r)
     }
@@ -498,5 +505,30 @@ mod tests {
         assert!(run.arrived(4, &complete_on(9)).unwrap());
         assert_eq!(run.slots[leaf], Some((4, 9)));
         assert!(run.repair(leaf_node).is_none(), "a death is repaired once");
+    }
+
+    #[test]
+    fn a_spare_on_the_dead_node_is_never_placed() {
+        let sources: Vec<ObjectId> = (0..4).map(|i| ObjectId::new(format!("s{i}"))).collect();
+        let opts = ReduceOptions {
+            degree: Some(1),
+            ..Default::default()
+        };
+        let kind = (ReduceOp::Sum, DType::F32);
+        let mut run = Run::new(ObjectId::new("t"), &sources, 2, kind, &opts, (1e-4, 1e9));
+        // Node 7 holds a placed source and a spare; node 8 a spare that arrived later.
+        assert!(run.arrived(0, &complete_on(7)).unwrap());
+        assert!(run.arrived(1, &complete_on(1)).unwrap());
+        assert!(run.arrived(2, &complete_on(7)).unwrap());
+        assert!(run.arrived(3, &complete_on(8)).unwrap());
+        assert_eq!(run.placed(), 2);
+        let r = run.repair(7).expect("a repair");
+        assert!(r.resubscribe.contains(&0) && r.resubscribe.contains(&2));
+        assert!(
+            run.slots.iter().flatten().all(|&(_, n)| n != 7),
+            "no position on the dead node: {:?}",
+            run.slots
+        );
+        assert_eq!(run.placed(), 2, "the live spare took the freed position");
     }
 }

@@ -3,7 +3,6 @@
 //! `Cancel` find the task that produces a given output.
 
 use super::Reducer;
-use crate::config::INLINE_LIMIT;
 use crate::hop::hop;
 use crate::ops::{combine, combine_into};
 use crate::protocol::{Msg, ReduceTask, Reply, Rid};
@@ -120,6 +119,7 @@ impl Reducer {
                 let _ = tx.send((k + 1, self.transfers.fetch(id)));
             }
         }
+        drop(tx); // a job that dies without an answer then ends the wait
         let mut got: Vec<Option<Input>> = (0..ids.len()).map(|_| None).collect();
         got[0] = Some(self.input(first)?);
         for _ in rest {
@@ -171,12 +171,9 @@ impl Reducer {
     ) -> Result<()> {
         let esz = t.dtype.size() as u64;
         let cancelled = || Error::InvalidArgument(format!("reduce task for {} cancelled", t.out));
-        // A small output travels inline with the message that announces it, once complete:
-        // its readers need no pull. A large one is published partial, so they stream it.
-        let small = t.size < INLINE_LIMIT;
-        if !small {
-            self.dir.publish(&t.out, t.size, false)?;
-        }
+        // Published partial from the start: readers stream it, and a reset or delete of the
+        // output always finds this copy.
+        self.dir.publish(&t.out, t.size, false)?;
         let chunk = (t.chunk / esz).max(1) * esz;
         let timeout = self.cfg.op_timeout;
         let mut off = 0;
@@ -218,11 +215,7 @@ impl Reducer {
         if cancel.load(Ordering::Acquire) || out.is_detached() {
             return Err(cancelled());
         }
-        if small {
-            self.dir.publish_inline(&t.out, out.filled(0, t.size))?;
-        } else {
-            self.dir.publish(&t.out, t.size, true)?;
-        }
+        self.dir.publish(&t.out, t.size, true)?;
         Ok(())
     }
 }

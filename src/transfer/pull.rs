@@ -114,9 +114,12 @@ impl Transfers {
             Driver::Caller => drive(),
             Driver::Worker => {
                 hop!(self.id, "pull driver handed to a worker", source = node);
-                self.workers
-                    .spawn(drive)
-                    .map_err(|e| Error::Config(format!("spawn: {e}")))?
+                if let Err(e) = self.workers.spawn(drive) {
+                    // No thread to be had: this caller drives the pull itself.
+                    warn!(node = self.id, %id, "no worker for a pull ({e}); driving it here");
+                    self.clone()
+                        .drive(id.clone(), copy.clone(), (node, token), exclude.to_vec());
+                }
             }
         }
         Ok(Fetched::Copy(copy))
