@@ -6,7 +6,7 @@ use crate::hop::hop;
 use crate::protocol::{Msg, Reply, Rid};
 use crate::{Error, Result};
 use crossbeam_channel::{Receiver, Sender};
-use phalanx_transport::{Event, NodeId, Transport, TransportError};
+use phalanx_transport::{NodeId, Transport, TransportError};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 pub(crate) enum Work {
     /// A message from a peer (or from this node to itself) to handle.
     Msg(NodeId, Msg),
-    /// A transport event other than control messages and data.
-    Event(Event),
+    /// Work that may block (on the network), handed off by a transport thread.
+    Run(Box<dyn FnOnce() + Send>),
     /// A message a transport thread could not send without blocking.
     Send(NodeId, Msg),
     Stop,

@@ -36,19 +36,7 @@ impl Inner {
                     hop!(self.id, "dispatcher has it", from = from, kind = msg.kind());
                     self.on_msg(from, msg, Thread::MayBlock)
                 }
-                Work::Event(Event::PeerDown { peer, reason }) => {
-                    let newly = self.members.mark_down(peer);
-                    self.on_peer_down(peer, &reason);
-                    if newly {
-                        self.dir.republish_after_death(peer);
-                    }
-                }
-                Work::Event(Event::PeerUp { peer }) => {
-                    if self.members.mark_up(peer) {
-                        self.dir.republish_after_rejoin(peer);
-                    }
-                }
-                Work::Event(_) => {}
+                Work::Run(job) => job(),
                 Work::Send(to, msg) => {
                     if let Err(e) = self.rpc.send(to, msg) {
                         debug!(node = self.id, to, "reply not delivered: {e}");
@@ -86,7 +74,24 @@ impl Inner {
                 offset,
                 len,
             } => self.transfers.on_data(peer, stream, offset, len),
-            ev => self.rpc.enqueue(Work::Event(ev)),
+            // Handled here, in the order the transport reports them, so a restarted peer's
+            // new messages never come before the news of its old incarnation's death.
+            Event::PeerDown { peer, reason } => {
+                let newly = self.members.mark_down(peer);
+                self.on_peer_down(peer, &reason);
+                if newly {
+                    let dir = self.dir.clone();
+                    let job = move || dir.republish_after_death(peer);
+                    self.rpc.enqueue(Work::Run(Box::new(job)));
+                }
+            }
+            Event::PeerUp { peer } => {
+                if self.members.mark_up(peer) {
+                    let dir = self.dir.clone();
+                    let job = move || dir.republish_after_rejoin(peer);
+                    self.rpc.enqueue(Work::Run(Box::new(job)));
+                }
+            }
         }
     }
 
@@ -95,6 +100,8 @@ impl Inner {
         self.on_msg(self.id, msg, Thread::MayBlock);
     }
 
+    /// Runs on the transport thread that reports the death: touches only local state; what
+    /// must be sent goes through the dispatcher.
     fn on_peer_down(&self, peer: NodeId, reason: &str) {
         if reason == phalanx_transport::PEER_LEFT {
             debug!(node = self.id, peer, "peer left");
@@ -104,7 +111,7 @@ impl Inner {
         let mut out = Vec::new();
         self.shard.lock().unwrap().node_down(peer, &mut out);
         for (to, m) in out {
-            self.deliver(to, m, Thread::MayBlock);
+            self.rpc.enqueue(Work::Send(to, m));
         }
         self.members.notify_down(peer);
         self.rpc.fail_peer(peer);
