@@ -301,10 +301,15 @@ impl Rpc {
 
     /// The error for a reply of the wrong kind.
     pub fn unexpected(&self, r: Reply) -> Error {
-        Error::Protocol {
-            peer: self.id,
-            what: format!("unexpected reply {r:?}"),
-        }
+        unexpected_reply(self.id, r)
+    }
+}
+
+/// The error for a reply of the wrong kind, seen by `node`.
+pub(crate) fn unexpected_reply(node: NodeId, r: Reply) -> Error {
+    Error::Protocol {
+        peer: node,
+        what: format!("unexpected reply {r:?}"),
     }
 }
 

@@ -46,6 +46,27 @@ fn input(dtype: DType, elems: usize, seed: u64) -> Vec<u8> {
     out
 }
 
+/// Node k puts input `{prefix}-{k}` (seed `seed + k`), for k < n; returns the ids and bytes.
+fn put_inputs(
+    c: &LocalCluster,
+    n: usize,
+    prefix: &str,
+    dtype: DType,
+    elems: usize,
+    seed: u64,
+) -> (Vec<ObjectId>, HashMap<ObjectId, Vec<u8>>) {
+    let mut data = HashMap::new();
+    let ids: Vec<ObjectId> = (0..n)
+        .map(|k| ObjectId::new(format!("{prefix}-{k}")))
+        .collect();
+    for (k, id) in ids.iter().enumerate() {
+        let v = input(dtype, elems, seed + k as u64);
+        c.node(k).put(id.clone(), &v).unwrap();
+        data.insert(id.clone(), v);
+    }
+    (ids, data)
+}
+
 /// The result the tree must produce: out(p) = own(p) ⊕ out(children in order).
 fn tree_reference(
     tree: &[TreeSlot],
@@ -102,15 +123,7 @@ fn every_op_and_dtype_matches_the_reference() {
     for dtype in [DType::F32, DType::F64, DType::I32, DType::I64, DType::U8] {
         for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max, ReduceOp::Prod] {
             run += 1;
-            let mut data = HashMap::new();
-            let ids: Vec<ObjectId> = (0..4)
-                .map(|k| ObjectId::new(format!("in-{run}-{k}")))
-                .collect();
-            for (k, id) in ids.iter().enumerate() {
-                let v = input(dtype, elems, run * 10 + k as u64);
-                c.node(k).put(id.clone(), &v).unwrap();
-                data.insert(id.clone(), v);
-            }
+            let (ids, data) = put_inputs(&c, 4, &format!("in-{run}"), dtype, elems, run * 10);
             let mut results = Vec::new();
             for (rep, degree) in [(0, Some(2)), (1, Some(2)), (2, None)] {
                 let target = format!("out-{run}-{rep}");
@@ -513,15 +526,8 @@ fn small_inputs_travel_with_their_news_and_are_combined_in_tree_order() {
     for dtype in [DType::F32, DType::F64, DType::I32, DType::I64, DType::U8] {
         for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max, ReduceOp::Prod] {
             run += 1;
-            let mut data = HashMap::new();
-            let ids: Vec<ObjectId> = (0..6)
-                .map(|k| ObjectId::new(format!("small-{run}-{k}")))
-                .collect();
-            for (k, id) in ids.iter().enumerate() {
-                let v = input(dtype, elems, 7000 + run * 10 + k as u64);
-                c.node(k).put(id.clone(), &v).unwrap();
-                data.insert(id.clone(), v);
-            }
+            let prefix = format!("small-{run}");
+            let (ids, data) = put_inputs(&c, 6, &prefix, dtype, elems, 7000 + run * 10);
             let served_before: usize = (0..6).map(|k| c.node(k).serve_log().len()).sum();
             for (rep, degree) in [(0, Some(2)), (1, None)] {
                 let target = format!("small-out-{run}-{rep}");

@@ -7,7 +7,7 @@ use crate::config::INLINE_LIMIT;
 use crate::hop::hop;
 use crate::membership::Membership;
 use crate::protocol::{DirMsg, Located, Msg, ObjectInfo, Reply, StoreMsg};
-use crate::rpc::Rpc;
+use crate::rpc::{unexpected_reply, Rpc};
 use crate::store::Store;
 use crate::{Error, ObjectId, Result};
 use crossbeam_channel::{Receiver, Sender};
@@ -88,14 +88,19 @@ impl DirClient {
     /// Tells the directory that these copies are gone (evicted, or a pull given up).
     pub fn withdraw(&self, ids: &[ObjectId]) {
         for id in ids {
-            let _ = self.rpc.send(
-                self.shard_of(id),
-                DirMsg::Withdraw {
-                    id: id.clone(),
-                    node: self.id,
-                },
-            );
+            self.withdraw_at(self.shard_of(id), id);
         }
+    }
+
+    /// [`DirClient::withdraw`] at a shard the caller already knows.
+    pub fn withdraw_at(&self, shard: NodeId, id: &ObjectId) {
+        let _ = self.rpc.send(
+            shard,
+            DirMsg::Withdraw {
+                id: id.clone(),
+                node: self.id,
+            },
+        );
     }
 
     /// Asks for a source of `id`, waiting until there is one; a shard that dies meanwhile is
@@ -172,10 +177,7 @@ impl DirClient {
             let r = match r {
                 Ok(Reply::Info(i)) => Ok(i),
                 Ok(Reply::InfoInline(i, _)) => Ok(Some(i)),
-                Ok(r) => Err(Error::Protocol {
-                    peer: me,
-                    what: format!("unexpected reply {r:?}"),
-                }),
+                Ok(r) => Err(unexpected_reply(me, r)),
                 Err(e) => Err(e),
             };
             let _ = out.try_send(r);

@@ -4,7 +4,7 @@
 
 use super::{TransferRecord, Transfers};
 use crate::hop::hop;
-use crate::protocol::{DirMsg, Located, PullMsg};
+use crate::protocol::{Located, PullMsg};
 use crate::store::CopyRef;
 use crate::view::Fetched;
 use crate::{Error, ObjectId, Result};
@@ -191,13 +191,7 @@ impl Transfers {
 
     /// Gives up a pull: our location leaves the directory and readers of the copy get an error.
     fn abandon_pull(&self, shard: NodeId, id: &ObjectId, copy: &CopyRef) {
-        let _ = self.rpc.send(
-            shard,
-            DirMsg::Withdraw {
-                id: id.clone(),
-                node: self.id,
-            },
-        );
+        self.dir.withdraw_at(shard, id);
         copy.fail();
     }
 
