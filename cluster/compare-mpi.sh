@@ -37,8 +37,10 @@
 #    configuration goes to FILE's sibling *-raw.jsonl ("mpi_best": true marks the best), with "#"
 #    notes (commands, machine load, link bytes).
 #
-# Timing (collbench, like the OSU/MPI benchmarks): per iteration MPI_Barrier, t0 = MPI_Wtime on
-# every rank, the collective, t1 on every rank; the iteration's time is the largest t1 - t0 over
+# Timing (collbench, the rule of phalanx bench): per iteration MPI_Barrier, t0 = CLOCK_MONOTONIC
+# on every rank as it leaves the barrier, the collective, t1 on every rank; on one kernel (the
+# emulated hosts) every rank shares the clock and the iteration's time is the last t1 minus the
+# first t0 (the barrier's exit skew counts, for both), else the largest t1 - t0 over
 # the ranks; median, min, max, p99 over the timed iterations after the warm-up ones. "size" is
 # the object per rank, as in phalanx bench: broadcast sends size bytes from rank 0, reduce and
 # allreduce sum size/4 float32, gather collects size bytes from every rank at rank 0.

@@ -86,6 +86,12 @@ pub struct ClusterConfig {
     pub device: Option<String>,
     /// RoCE GID index (transport = "rdma"); default: the IPv4-mapped GID.
     pub gid_index: Option<u8>,
+    /// How long a caller spins for a reply before it sleeps, in microseconds (default 30).
+    /// Set 0 where nodes share cores (emulated hosts): a spinning waiter then takes the CPU
+    /// the peer it waits for needs.
+    pub spin_wait_us: Option<u64>,
+    /// How long a blocking operation waits, in seconds (default 300).
+    pub op_timeout_s: Option<u64>,
     pub nodes: Vec<NodeEntry>,
 }
 
@@ -103,6 +109,12 @@ impl ClusterConfig {
         if ids.is_empty() || ids.iter().enumerate().any(|(i, &id)| id != i as NodeId) {
             return Err(format!("node ids must be 0..n-1 without gaps, got {ids:?}"));
         }
+        if c.op_timeout_s == Some(0) {
+            return Err("op_timeout_s must be at least 1".into());
+        }
+        if c.spin_wait_us.is_some_and(|us| us > 1_000_000) {
+            return Err("spin_wait_us above one second makes no sense".into());
+        }
         Ok(c)
     }
 
@@ -112,6 +124,8 @@ impl ClusterConfig {
             chunk_size: self.chunk_size.unwrap_or(d.chunk_size),
             arena_size: self.arena_size.unwrap_or(d.arena_size),
             huge_pages: self.huge_pages.unwrap_or(d.huge_pages),
+            spin_wait: self.spin_wait_us.map_or(d.spin_wait, Duration::from_micros),
+            op_timeout: self.op_timeout_s.map_or(d.op_timeout, Duration::from_secs),
             ..d
         }
     }
@@ -164,5 +178,11 @@ mod tests {
         assert_eq!(c.addr_of(1).unwrap().port(), 7101);
         assert!(ClusterConfig::parse("[[nodes]]\nid = 1\naddr = \"127.0.0.1:1\"").is_err());
         assert!(ClusterConfig::parse("bogus = 1\nnodes = []").is_err());
+        let one = "[[nodes]]\nid = 0\naddr = \"127.0.0.1:1\"\n";
+        let c =
+            ClusterConfig::parse(&format!("spin_wait_us = 0\nop_timeout_s = 5\n{one}")).unwrap();
+        assert_eq!(c.node_config().spin_wait, Duration::ZERO);
+        assert_eq!(c.node_config().op_timeout, Duration::from_secs(5));
+        assert!(ClusterConfig::parse(&format!("op_timeout_s = 0\n{one}")).is_err());
     }
 }

@@ -2,12 +2,34 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// Names an immutable object; made from any string.
+///
+/// A name of the form `@N/rest` (made with [`ObjectId::homed`]) asks for its directory entry
+/// to live on node `N` while `N` is alive, the way a task system's owner keeps the entries of
+/// the objects it asked for: when the producers and the consumer agree on the home, a small
+/// object goes from its producer to the consumer's node in one message, and a reader's
+/// lookup is a local call there. If node `N` is down (or not in the cluster) the entry is
+/// placed by hashing, like any other name, and it comes back to `N` when `N` rejoins.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ObjectId(String);
 
 impl ObjectId {
     pub fn new(name: impl Into<String>) -> ObjectId {
         ObjectId(name.into())
+    }
+
+    /// `name` with its directory entry on node `home` (see the type's documentation).
+    pub fn homed(home: u32, name: impl AsRef<str>) -> ObjectId {
+        ObjectId(format!("@{home}/{}", name.as_ref()))
+    }
+
+    /// The node asked to hold the directory entry, for names made by [`ObjectId::homed`].
+    pub fn home(&self) -> Option<u32> {
+        let rest = self.0.strip_prefix('@')?;
+        let (n, _) = rest.split_once('/')?;
+        if n.is_empty() || n.len() > 10 || !n.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        n.parse().ok()
     }
 
     pub fn as_str(&self) -> &str {
@@ -54,6 +76,24 @@ impl fmt::Debug for ObjectId {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_homed_name_carries_its_home() {
+        let id = ObjectId::homed(3, "grad/7");
+        assert_eq!(id.as_str(), "@3/grad/7");
+        assert_eq!(id.home(), Some(3));
+        for plain in [
+            "grad/7",
+            "@/x",
+            "@x/y",
+            "@3",
+            "@-1/x",
+            "@99999999999/x",
+            "3/x",
+        ] {
+            assert_eq!(ObjectId::new(plain).home(), None, "{plain}");
+        }
+    }
 
     #[test]
     fn stable_hash_spreads_similar_names_over_shards() {

@@ -1,6 +1,7 @@
-//! Who is alive, as this node believes, and where directory entries live: highest-random-
-//! weight hashing over the live nodes, so that when a shard's node dies its entries move to one
-//! deterministic other node (and move back when it rejoins).
+//! Who is alive, as this node believes, and where directory entries live: on the name's home
+//! node when it has one ([`ObjectId::homed`]) and that node is alive, else by highest-random-
+//! weight hashing over the live nodes, so that when a shard's node dies its entries move to
+//! one deterministic other node (and move back when it rejoins).
 
 use crate::ObjectId;
 use crossbeam_channel::{Receiver, Sender};
@@ -36,12 +37,12 @@ impl Membership {
     /// The node holding the directory entry of `id` among the nodes believed alive.
     pub fn shard_of(&self, id: &ObjectId) -> NodeId {
         let down = self.down.lock().unwrap();
-        hrw_owner(id, self.nodes, |n| n == self.id || !down.contains(&n))
+        entry_owner(id, self.nodes, |n| n == self.id || !down.contains(&n))
     }
 
     /// The node holding the entry of `id` while every node is alive.
     pub fn home_shard(&self, id: &ObjectId) -> NodeId {
-        hrw_owner(id, self.nodes, |_| true)
+        entry_owner(id, self.nodes, |_| true)
     }
 
     /// Records `peer` as down; true if it was up until now.
@@ -66,7 +67,7 @@ impl Membership {
     /// believed down now.
     pub fn owned_by_before_death(&self, id: &ObjectId, peer: NodeId) -> bool {
         let down = self.down.lock().unwrap();
-        hrw_owner(id, self.nodes, |n| {
+        entry_owner(id, self.nodes, |n| {
             n == self.id || n == peer || !down.contains(&n)
         }) == peer
     }
@@ -76,6 +77,15 @@ impl Membership {
         let (tx, rx) = crossbeam_channel::unbounded();
         self.watchers.lock().unwrap().push(tx);
         rx
+    }
+}
+
+/// The node holding the entry of `id` among the nodes for which `alive` holds: the name's
+/// home if it is one of them, else the highest-random-weight owner.
+fn entry_owner(id: &ObjectId, nodes: u32, alive: impl Fn(NodeId) -> bool) -> NodeId {
+    match id.home() {
+        Some(h) if h < nodes && alive(h) => h,
+        _ => hrw_owner(id, nodes, alive),
     }
 }
 
@@ -122,5 +132,34 @@ mod tests {
         assert!(m.mark_up(3));
         let after: Vec<NodeId> = ids.iter().map(|i| m.shard_of(i)).collect();
         assert_eq!(after, before);
+    }
+
+    #[test]
+    fn a_homed_entry_lives_on_its_home_while_it_is_alive() {
+        let m = Membership::new(0, 5, []);
+        let ids: Vec<ObjectId> = (0..50)
+            .map(|i| ObjectId::homed(3, format!("o{i}")))
+            .collect();
+        assert!(ids
+            .iter()
+            .all(|i| m.shard_of(i) == 3 && m.home_shard(i) == 3));
+        // A home outside the cluster: placed by hashing, like the plain name would be spread.
+        let far = ObjectId::homed(9, "x");
+        assert!(m.shard_of(&far) < 5);
+        m.mark_down(3);
+        for id in &ids {
+            let now = m.shard_of(id);
+            assert_ne!(now, 3, "a dead home hands its entries on");
+            assert!(m.owned_by_before_death(id, 3));
+            assert_eq!(m.home_shard(id), 3);
+        }
+        // Spread over the live nodes, not piled on one.
+        let spread: HashSet<NodeId> = ids.iter().map(|i| m.shard_of(i)).collect();
+        assert!(spread.len() > 1, "{spread:?}");
+        m.mark_up(3);
+        assert!(
+            ids.iter().all(|i| m.shard_of(i) == 3),
+            "back home after a rejoin"
+        );
     }
 }

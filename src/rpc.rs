@@ -169,6 +169,12 @@ impl Rpc {
     /// Sends from a transport thread: at once if that cannot block, else through the
     /// dispatcher.
     pub fn send_from_transport_thread(&self, to: NodeId, msg: Msg) {
+        // A reply to ourselves (our shard answering our own subscription) completes its
+        // request here: the callbacks it runs never block.
+        let msg = match msg {
+            Msg::Reply { rid, reply } if to == self.id => return self.complete(rid, reply),
+            m => m,
+        };
         let sent =
             to != self.id && matches!(self.transport.send_nonblocking(to, &msg.encode()), Ok(true));
         if sent {

@@ -610,3 +610,39 @@ fn a_dead_shard_hands_its_entries_to_the_next_node() {
     assert!(c.node(2).get(old).unwrap() == a);
     assert_eq!(c.node(2).get(small).unwrap(), b"tiny");
 }
+
+/// A name homed on a node keeps its entry there; when the home dies the entries move to the
+/// hashed owner among the living (the holders republish there), and a small and a large object
+/// homed on the dead node are still found by a reader.
+#[test]
+fn a_dead_home_hands_its_entries_to_a_living_node() {
+    let c = LocalCluster::start(4, cfg(), tcp()).unwrap();
+    let small = ObjectId::homed(3, "homed-small");
+    let large = ObjectId::homed(3, "homed-large");
+    for k in 0..4 {
+        assert_eq!(c.node(k).shard_of(small.clone()), 3);
+        assert_eq!(c.node(k).home_shard(large.clone()), 3);
+    }
+    let a: Vec<u8> = (0..(8 << 20)).map(|i| (i % 251) as u8).collect();
+    c.node(0).put(small.clone(), b"tiny").unwrap();
+    c.node(1).put(large.clone(), &a).unwrap();
+    // The entries live on node 3: it answers the lookups.
+    assert_eq!(c.node(2).get(small.clone()).unwrap(), b"tiny");
+    assert!(c.node(2).get(large.clone()).unwrap() == a);
+    c.node(3).kill();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while (0..3).any(|k| c.node(k).shard_of(small.clone()) == 3) {
+        assert!(Instant::now() < deadline, "the death was not noticed");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let moved = c.node(0).shard_of(small.clone());
+    assert!(moved < 3);
+    assert!(
+        (0..3).all(|k| c.node(k).shard_of(small.clone()) == moved),
+        "one new owner"
+    );
+    // A node that never read them finds both at the new owner.
+    let c2 = c.node(0);
+    assert_eq!(c2.get(small).unwrap(), b"tiny");
+    assert!(c2.get(large).unwrap() == a);
+}

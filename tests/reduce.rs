@@ -445,50 +445,61 @@ fn a_required_source_outside_the_sources_is_rejected() {
 #[test]
 fn allreduce_and_gather_on_eight_nodes() {
     let c = cluster(8);
-    let ids: Vec<ObjectId> = (0..8).map(|k| ObjectId::new(format!("ar-{k}"))).collect();
-    let mut want = Vec::new();
-    for (k, id) in ids.iter().enumerate() {
-        let v = input(DType::F32, 1 << 20, 70 + k as u64);
-        c.node(k).put(id.clone(), &v).unwrap();
-        if k == 0 {
-            want = v;
+    // A tree for 1 MiB inputs; 1 KiB ones are combined at the coordinator (with plain names
+    // and with names homed on the coordinator, whose entries then all live there).
+    for (round, (len, homed)) in [(1usize << 20, false), (256, false), (256, true)]
+        .into_iter()
+        .enumerate()
+    {
+        let name = |what: String| match homed {
+            true => ObjectId::homed(0, what),
+            false => ObjectId::new(what),
+        };
+        let ids: Vec<ObjectId> = (0..8).map(|k| name(format!("ar-{round}-{k}"))).collect();
+        let out = name(format!("ar-{round}-out"));
+        for (k, id) in ids.iter().enumerate() {
+            let v = input(DType::F32, len, 70 + k as u64);
+            c.node(k).put(id.clone(), &v).unwrap();
         }
-    }
-    let results: Vec<Vec<u8>> = std::thread::scope(|s| {
-        let hs: Vec<_> = (1..8)
-            .map(|k| {
-                let n = c.node(k).clone();
-                s.spawn(move || n.get("ar-out").unwrap())
-            })
-            .collect();
-        let (mine, outcome) = c
-            .node(0)
-            .allreduce(
-                "ar-out",
-                &ids,
-                ReduceOp::Sum,
-                DType::F32,
-                &ReduceOptions::default(),
-            )
-            .unwrap();
-        let data: HashMap<ObjectId, Vec<u8>> = ids
-            .iter()
-            .map(|i| (i.clone(), c.node(0).get(i.clone()).unwrap()))
-            .collect();
-        want = tree_reference(&outcome.tree, &data, ReduceOp::Sum, DType::F32);
-        let mut all = vec![mine];
-        all.extend(hs.into_iter().map(|h| h.join().unwrap()));
-        all
-    });
-    for (k, r) in results.iter().enumerate() {
-        assert!(
-            *r == want,
-            "participant {k} got a different allreduce result"
-        );
-    }
-    let gathered = c.node(3).gather(&ids).unwrap();
-    for (k, g) in gathered.iter().enumerate() {
-        assert!(*g == c.node(k).get(ids[k].clone()).unwrap());
+        let mut want = Vec::new();
+        let results: Vec<Vec<u8>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (1..8)
+                .map(|k| {
+                    let n = c.node(k).clone();
+                    let out = out.clone();
+                    s.spawn(move || n.get(out).unwrap())
+                })
+                .collect();
+            let (mine, outcome) = c
+                .node(0)
+                .allreduce(
+                    out.clone(),
+                    &ids,
+                    ReduceOp::Sum,
+                    DType::F32,
+                    &ReduceOptions::default(),
+                )
+                .unwrap();
+            let data: HashMap<ObjectId, Vec<u8>> = ids
+                .iter()
+                .map(|i| (i.clone(), c.node(0).get(i.clone()).unwrap()))
+                .collect();
+            want = tree_reference(&outcome.tree, &data, ReduceOp::Sum, DType::F32);
+            let mut all = vec![mine];
+            all.extend(hs.into_iter().map(|h| h.join().unwrap()));
+            all
+        });
+        assert_eq!(want.len(), len * 4);
+        for (k, r) in results.iter().enumerate() {
+            assert!(
+                *r == want,
+                "{len} x 4 bytes, homed {homed}: participant {k} got a different allreduce result"
+            );
+        }
+        let gathered = c.node(3).gather(&ids).unwrap();
+        for (k, g) in gathered.iter().enumerate() {
+            assert!(*g == c.node(k).get(ids[k].clone()).unwrap());
+        }
     }
 }
 

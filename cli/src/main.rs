@@ -6,7 +6,7 @@ mod trace;
 
 use anyhow::{bail, Context, Result};
 use bench::sync::{LocalSync, RankSync, TcpSync};
-use bench::{Algo, BenchRecord, BenchSpec, Collective, Degree};
+use bench::{Algo, BenchRecord, BenchSpec, Collective, Degree, Placement};
 use clap::{Parser, Subcommand};
 use phalanx::transport::NodeId;
 use phalanx::{
@@ -71,6 +71,10 @@ struct BenchArgs {
     /// Reduce tree degree: auto, n, or a number.
     #[arg(long, default_value = "auto")]
     degree: Degree,
+    /// Directory entries of the benchmark's objects: on rank 0, the root of every collective
+    /// (root), or spread by hashing their names (hash).
+    #[arg(long, value_enum, default_value = "root")]
+    placement: Placement,
     /// Rank k's input becomes ready k * this many milliseconds late (reduce, allreduce,
     /// gather).
     #[arg(long, default_value_t = 0)]
@@ -256,6 +260,7 @@ fn bench_cmd(a: BenchArgs) -> Result<()> {
             warmup: a.warmup,
             arrival_interval_ms: a.arrival_interval_ms,
             degree: a.degree,
+            placement: a.placement,
             trace: a.trace,
         })
         .collect();

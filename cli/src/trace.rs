@@ -41,7 +41,9 @@ pub fn take() -> Vec<Hop> {
 
 /// Prints `hops` to stderr with times relative to `start_ns`.
 pub fn print(title: &str, start_ns: u64, hops: &[Hop]) {
-    let mut out = format!("# trace: {title} (us from the start, +us from the previous hop)\n");
+    let mut out = format!(
+        "# trace: {title} (us from the start, +us from the previous hop, @ns on the host's monotonic clock) start@{start_ns}\n"
+    );
     let mut prev = start_ns;
     for h in hops {
         let at = (h.t_ns as i128 - start_ns as i128) as f64 / 1e3;
@@ -50,8 +52,8 @@ pub fn print(title: &str, start_ns: u64, hops: &[Hop]) {
         let node = h.node.map_or("-".into(), |n| n.to_string());
         let _ = writeln!(
             out,
-            "#  {at:>10.1} {gap:>+9.1}  node {node:>3}  {:<18} {}{}",
-            h.thread, h.what, h.fields
+            "#  {at:>10.1} {gap:>+9.1}  node {node:>3}  {:<18} {}{} @{}",
+            h.thread, h.what, h.fields, h.t_ns
         );
     }
     eprint!("{out}");

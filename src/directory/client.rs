@@ -72,17 +72,24 @@ impl DirClient {
         self.tolerate_shard_down(id, r)
     }
 
-    /// Stores a small object's bytes in its directory entry.
+    /// Stores a small object's bytes in its directory entry. Returns once the message is on
+    /// its way, like [`DirClient::publish`]: a put costs no round trip. Every later message
+    /// of this node to the shard (a delete, a reset) is ordered after it, since messages of
+    /// one node to another arrive in order and messages to ourselves are handled at once; a
+    /// reader anywhere waits for the entry; a dead shard gets it again by republishing.
     pub fn put_inline(&self, id: &ObjectId, data: &[u8]) -> Result<()> {
-        let r = self.rpc.call(self.shard_of(id), |rid| {
-            Msg::Dir(DirMsg::PutInline {
-                rid,
+        debug_assert!((data.len() as u64) < INLINE_LIMIT);
+        hop!(self.id, "put inline", len = data.len() as u64);
+        let r = self.rpc.send(
+            self.shard_of(id),
+            DirMsg::PutInline {
+                rid: NO_REPLY,
                 id: id.clone(),
                 node: self.id,
                 data: data.to_vec(),
-            })
-        });
-        self.tolerate_shard_down(id, r.map(|_| ()))
+            },
+        );
+        self.tolerate_shard_down(id, r)
     }
 
     /// Tells the directory that these copies are gone (evicted, or a pull given up).

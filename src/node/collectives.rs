@@ -4,7 +4,8 @@
 use super::Node;
 use crate::ops::{DType, ReduceOp};
 use crate::protocol::Reply;
-use crate::reduce::{ReduceHandle, ReduceOptions, ReduceOutcome};
+use crate::reduce::{Hooks, ReduceHandle, ReduceOptions, ReduceOutcome};
+use crate::store::CopyStatus;
 use crate::{Error, ObjectId, Result};
 
 impl Node {
@@ -63,7 +64,9 @@ impl Node {
 
     /// Allreduce from the coordinator's side: reduces all `sources` into `target` and returns
     /// the result; the other participants call `get(target)`, which streams the target while
-    /// it is still being reduced.
+    /// it is still being reduced. When a tree computes the target, the coordinator reads it
+    /// the same way, on a pooled thread started as the first task goes out (no thread is
+    /// created per call); a small result combined here is returned as the reduce ends.
     pub fn allreduce(
         &self,
         target: impl Into<ObjectId>,
@@ -73,14 +76,42 @@ impl Node {
         opts: &ReduceOptions,
     ) -> Result<(Vec<u8>, ReduceOutcome)> {
         let target = target.into();
-        std::thread::scope(|s| {
-            let h = s.spawn(|| {
-                self.reduce_with(target.clone(), sources, sources.len(), op, dtype, opts)
+        let (tx, got) = crossbeam_channel::bounded(1);
+        let reader = self.clone();
+        let id = target.clone();
+        let on_tree = Box::new(move || {
+            let workers = reader.inner.workers.clone();
+            let started = workers.spawn(move || {
+                let _ = tx.send(reader.get(id));
             });
-            let got = self.get(target.clone());
-            let outcome = h.join().expect("reduce thread")?;
-            Ok((got?, outcome))
-        })
+            if let Err(e) = started {
+                tracing::warn!("allreduce reader not started ({e}); read after the reduce");
+            }
+        });
+        let hooks = Hooks {
+            placed: None,
+            on_tree: Some(on_tree),
+        };
+        let kind = (op, dtype);
+        let outcome = self.inner.reducer.reduce_with_hooks(
+            target.clone(),
+            sources,
+            sources.len(),
+            kind,
+            opts,
+            hooks,
+        )?;
+        if let Some(c) = self.inner.store.lookup(&target) {
+            if c.status() == CopyStatus::Complete {
+                return Ok((c.filled(0, c.size()).to_vec(), outcome));
+            }
+        }
+        let bytes = match got.recv_timeout(self.inner.cfg.op_timeout) {
+            Ok(r) => r?,
+            // No reader ran (small result, or the reader could not start): read it now.
+            Err(_) => self.get(target)?,
+        };
+        Ok((bytes, outcome))
     }
 
     /// Gets several objects concurrently (a gather at this node). Every object is asked for

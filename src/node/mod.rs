@@ -56,6 +56,8 @@ pub(crate) struct Inner {
     transfers: Arc<Transfers>,
     reducer: Arc<Reducer>,
     fault: Arc<FaultHook>,
+    /// The node's pooled threads, for API calls that need a second one (allreduce).
+    workers: Arc<crate::workers::Workers>,
 }
 
 /// A Phalanx node. Cheap to clone; every clone is the same node.
@@ -211,9 +213,10 @@ impl Node {
         self.inner.members.shard_of(&id.into())
     }
 
-    /// The node that holds the directory entry of `id` while every node is alive. Placement
-    /// is highest-random-weight hashing, so that node keeps the entry for as long as it lives,
-    /// whoever else dies: unlike [`Node::shard_of`], this does not change with membership.
+    /// The node that holds the directory entry of `id` while every node is alive: its home
+    /// ([`ObjectId::homed`]) or, for other names, by highest-random-weight hashing, so that
+    /// node keeps the entry for as long as it lives, whoever else dies: unlike
+    /// [`Node::shard_of`], this does not change with membership.
     pub fn home_shard(&self, id: impl Into<ObjectId>) -> NodeId {
         self.inner.members.home_shard(&id.into())
     }

@@ -74,7 +74,7 @@ impl Node {
                 members: members.clone(),
                 store: store.clone(),
                 transfers: transfers.clone(),
-                workers,
+                workers: workers.clone(),
             }));
             Inner {
                 id,
@@ -88,6 +88,7 @@ impl Node {
                 transfers,
                 reducer,
                 fault,
+                workers,
             }
         });
         // Messages to ourselves are handled on the sender's thread. Weak: the messaging must

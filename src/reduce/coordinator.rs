@@ -2,12 +2,12 @@
 //! peer deaths that fills the tree in arrival order, dispatches tasks and repairs the tree.
 
 use super::run::{Action, Run};
-use super::{ReduceOptions, ReduceOutcome, Reducer, TreeSlot};
+use super::{Hooks, ReduceOptions, ReduceOutcome, Reducer, TreeSlot};
 use crate::hop::hop;
 use crate::ops::{DType, ReduceOp};
 use crate::protocol::{ReduceMsg, Reply};
 use crate::{Error, ObjectId, Result};
-use crossbeam_channel::{Receiver, Select, Sender};
+use crossbeam_channel::{Receiver, Select};
 use phalanx_transport::NodeId;
 use std::time::{Duration, Instant};
 use tracing::warn;
@@ -37,8 +37,9 @@ impl Reducer {
             .min(1.0)
     }
 
-    /// Runs one reduce to the end; `placed_tx` hears the inputs once the tree is full. A
-    /// reduce that fails gives the sources it claimed back to the pool.
+    /// Runs one reduce to the end; `hooks.placed` hears the inputs once the tree is full,
+    /// `hooks.on_tree` runs when the first task is dispatched. A reduce that fails gives the
+    /// sources it claimed back to the pool.
     pub(super) fn coordinate_reduce(
         &self,
         target: ObjectId,
@@ -46,9 +47,9 @@ impl Reducer {
         num: usize,
         kind: (ReduceOp, DType),
         opts: &ReduceOptions,
-        placed_tx: Option<Sender<Vec<ObjectId>>>,
+        hooks: Hooks,
     ) -> Result<ReduceOutcome> {
-        let r = self.run_coordinator(target.clone(), sources, num, kind, opts, placed_tx);
+        let r = self.run_coordinator(target.clone(), sources, num, kind, opts, hooks);
         if let (Err(_), Some(c)) = (&r, &opts.claims) {
             c.release(&target);
         }
@@ -62,8 +63,12 @@ impl Reducer {
         num: usize,
         (op, dtype): (ReduceOp, DType),
         opts: &ReduceOptions,
-        mut placed_tx: Option<Sender<Vec<ObjectId>>>,
+        hooks: Hooks,
     ) -> Result<ReduceOutcome> {
+        let Hooks {
+            placed: mut placed_tx,
+            mut on_tree,
+        } = hooks;
         if num == 0 || num > sources.len() {
             return Err(Error::InvalidArgument(format!(
                 "num_objects {num} not in 1..={}",
@@ -227,6 +232,9 @@ impl Reducer {
                     {
                         Ok(rx) => {
                             hop!(self.id, "task dispatched", position = p, to = node);
+                            if let Some(f) = on_tree.take() {
+                                f();
+                            }
                             run.tasks[p] = Some(rx);
                             run.dispatches[p] += 1;
                         }
@@ -305,9 +313,8 @@ impl Reducer {
         r.resubscribe
     }
 
-    /// The result combined here: this node's copy of the target, announced with its bytes
-    /// (acknowledged: once the reduce returns, the directory has it, so a delete that follows
-    /// cannot overtake it).
+    /// The result combined here: this node's copy of the target, announced with its bytes (as
+    /// a put does: a delete this node sends after the reduce returns cannot overtake it).
     fn store_result(&self, target: &ObjectId, bytes: &[u8]) -> Result<()> {
         let (copy, evicted) = self.store.create(target, bytes.len() as u64, true)?;
         self.dir.withdraw(&evicted);

@@ -122,6 +122,16 @@ pub struct ReduceOutcome {
     pub done: Instant,
 }
 
+/// What a caller of a reduce hears while it runs.
+#[derive(Default)]
+pub(crate) struct Hooks {
+    /// The inputs, once every position of the tree has a source.
+    pub placed: Option<Sender<Vec<ObjectId>>>,
+    /// Runs once when the first task is dispatched: the result is computed by a tree
+    /// (remote nodes), not combined at the coordinator from small inputs.
+    pub on_tree: Option<Box<dyn FnOnce() + Send>>,
+}
+
 /// What the reduce subsystem is handed by its node.
 pub(crate) struct ReduceDeps {
     pub cfg: NodeConfig,
@@ -179,7 +189,20 @@ impl Reducer {
         kind: (ReduceOp, DType),
         opts: &ReduceOptions,
     ) -> Result<ReduceOutcome> {
-        self.coordinate_reduce(target, sources, num, kind, opts, None)
+        self.coordinate_reduce(target, sources, num, kind, opts, Hooks::default())
+    }
+
+    /// [`Reducer::reduce`] with hooks.
+    pub(crate) fn reduce_with_hooks(
+        &self,
+        target: ObjectId,
+        sources: &[ObjectId],
+        num: usize,
+        kind: (ReduceOp, DType),
+        opts: &ReduceOptions,
+        hooks: Hooks,
+    ) -> Result<ReduceOutcome> {
+        self.coordinate_reduce(target, sources, num, kind, opts, hooks)
     }
 
     /// Starts a reduce coordinated from this node on a thread of its own.
@@ -195,7 +218,13 @@ impl Reducer {
         let (tx, rx): (Sender<Vec<ObjectId>>, _) = crossbeam_channel::bounded(1);
         let thread = std::thread::Builder::new()
             .name(format!("reduce {target}"))
-            .spawn(move || me.coordinate_reduce(target, &sources, num, kind, &opts, Some(tx)))
+            .spawn(move || {
+                let hooks = Hooks {
+                    placed: Some(tx),
+                    on_tree: None,
+                };
+                me.coordinate_reduce(target, &sources, num, kind, &opts, hooks)
+            })
             .map_err(|e| Error::Config(format!("spawn a reduce coordinator: {e}")))?;
         Ok(ReduceHandle { placed: rx, thread })
     }

@@ -133,11 +133,15 @@ impl Transfers {
     }
 }
 
+/// The smallest piece a source writes at once (per-frame costs).
+const MIN_SERVE_CHUNK: u64 = 16 << 10;
+
 /// Bytes a source writes at once for an object of `size`: about a sixteenth of the object, so
-/// that even a mid-sized object crosses a chain of forwarding nodes in many pieces, at least
-/// 64 KiB (per-frame costs) and at most the configured `chunk_size`.
+/// that even a mid-sized object (a 64 KiB one in four pieces) crosses a chain of forwarding
+/// nodes and reduce tasks in several pieces, at least 16 KiB and at most the configured
+/// `chunk_size`.
 fn serve_chunk(chunk_size: u64, size: u64) -> u64 {
-    (size / 16).clamp(64 << 10, chunk_size.max(64 << 10))
+    (size / 16).clamp(MIN_SERVE_CHUNK, chunk_size.max(MIN_SERVE_CHUNK))
 }
 
 #[cfg(test)]
@@ -147,9 +151,14 @@ mod tests {
     #[test]
     fn chunks_follow_the_object_size_within_bounds() {
         assert_eq!(serve_chunk(4 << 20, 1 << 20), 64 << 10);
+        assert_eq!(
+            serve_chunk(4 << 20, 64 << 10),
+            16 << 10,
+            "a 64 KiB object in 4 pieces"
+        );
         assert_eq!(serve_chunk(4 << 20, 16 << 20), 1 << 20);
         assert_eq!(serve_chunk(4 << 20, 1 << 30), 4 << 20);
-        assert_eq!(serve_chunk(4 << 20, 100), 64 << 10);
-        assert_eq!(serve_chunk(4096, 1 << 30), 64 << 10, "never below 64 KiB");
+        assert_eq!(serve_chunk(4 << 20, 100), 16 << 10);
+        assert_eq!(serve_chunk(4096, 1 << 30), 16 << 10, "never below 16 KiB");
     }
 }

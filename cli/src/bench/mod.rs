@@ -38,6 +38,18 @@ pub enum Algo {
     Socket,
 }
 
+/// Where the directory entries of the benchmark's objects live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Placement {
+    /// On rank 0, the root of every collective (`ObjectId::homed`), as a task system's
+    /// driver owns the entries of the objects it asked for: inputs reach the root in one
+    /// message, a reader's lookup goes to the root.
+    Root,
+    /// Spread over the nodes by hashing the names.
+    Hash,
+}
+
 /// Reduce tree degree for the benchmark.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Degree {
@@ -73,6 +85,7 @@ pub struct BenchSpec {
     pub warmup: usize,
     pub arrival_interval_ms: u64,
     pub degree: Degree,
+    pub placement: Placement,
     /// Record and print the hops of the last iteration of every size.
     pub trace: bool,
 }
@@ -94,6 +107,7 @@ pub struct BenchRecord {
     pub throughput_gbit_s: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub arrival_interval_ms: Option<u64>,
+    pub placement: Placement,
     /// Reduce: the degree used (of the median run).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub degree: Option<usize>,
@@ -201,12 +215,17 @@ pub fn run_rank(
         let round = rounds::Round::new(node, spec, size, sync)?;
         let last = spec.iters + spec.warmup - 1;
         for it in 0..=last {
-            let trace = spec.trace && it == last && node.id() == 0;
+            // Every rank records its own hops (rank 0 prints to the terminal, the others to
+            // their logs); the absolute stamps let `cluster/trace-merge.sh` interleave them.
+            let trace = spec.trace && it == last;
             if trace {
                 crate::trace::arm();
             }
             let m = round.run(it)?;
             if trace {
+                // Keep recording until every rank is through: a rank done early still serves
+                // the others (its shard, its copies).
+                sync.barrier(node.id())?;
                 let title = format!("{:?} ({:?}) {size} B", spec.collective, spec.algo);
                 crate::trace::print(&title, round.last_release(), &crate::trace::take());
             }
@@ -235,6 +254,7 @@ pub fn run_rank(
                 p99_s: percentile(&times, 99.0),
                 throughput_gbit_s: size as f64 * 8.0 / med / 1e9,
                 arrival_interval_ms: asynchronous.then_some(spec.arrival_interval_ms),
+                placement: spec.placement,
                 degree,
                 after_last_ready_s: (!after.is_empty()).then(|| median(&mut after)),
             });

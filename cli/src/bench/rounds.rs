@@ -3,7 +3,7 @@
 //! are checked outside the timed part.
 
 use super::sync::{now_ns, RankSync, Stamp};
-use super::{Algo, BenchSpec, Collective, Degree};
+use super::{Algo, BenchSpec, Collective, Degree, Placement};
 use anyhow::{bail, Context, Result};
 use phalanx::ops::{combine, DType, ReduceOp};
 use phalanx::{Node, ObjectId, ReduceOptions};
@@ -64,7 +64,11 @@ impl<'a> Round<'a> {
 
     fn name(&self, it: usize, kind: &str, rank: u32) -> ObjectId {
         let c = format!("{:?}-{:?}", self.spec.collective, self.spec.algo);
-        ObjectId::new(format!("bench/{c}/{kind}/{}/{it}/{rank}", self.size))
+        let name = format!("bench/{c}/{kind}/{}/{it}/{rank}", self.size);
+        match self.spec.placement {
+            Placement::Root => ObjectId::homed(0, name),
+            Placement::Hash => ObjectId::new(name),
+        }
     }
 
     pub fn run(&self, it: usize) -> Result<Option<Measure>> {
@@ -77,6 +81,7 @@ impl<'a> Round<'a> {
 
     fn barrier(&self) -> Result<u64> {
         let t = self.sync.barrier(self.node.id()).context("bench barrier")?;
+        bench_hop(self.node.id(), "bench: left the barrier");
         self.released.store(t, std::sync::atomic::Ordering::Relaxed);
         Ok(t)
     }
@@ -87,6 +92,9 @@ impl<'a> Round<'a> {
     }
 
     fn finish(&self, released_ns: u64, done_ns: Option<u64>) -> Result<Option<f64>> {
+        if done_ns.is_some() {
+            bench_hop(self.node.id(), "bench: this rank is done");
+        }
         let stamp = Stamp {
             released_ns,
             done_ns,
@@ -162,6 +170,7 @@ impl<'a> Round<'a> {
         let put_input = || -> Result<u64> {
             std::thread::sleep(interval * node.id());
             node.put(inputs[node.id() as usize].clone(), &self.payload)?;
+            bench_hop(node.id(), "bench: put returned");
             Ok(now_ns())
         };
         let released = self.barrier()?;
@@ -175,13 +184,21 @@ impl<'a> Round<'a> {
             self.finish(released, Some(done))?;
             return Ok(None);
         }
-        let (done, degree, result) = std::thread::scope(|s| -> Result<_> {
-            let mine = s.spawn(put_input);
-            let out = self.combine_at_root(&inputs, &target);
-            let put_done = mine.join().expect("input thread")?;
-            let (done, degree, result) = out?;
-            Ok((done.max(put_done), degree, result))
-        })?;
+        let (done, degree, result) = if interval.is_zero() {
+            // Every input is ready at the start: rank 0 puts its own, then combines.
+            let put_done = put_input()?;
+            let (done, degree, result) = self.combine_at_root(&inputs, &target)?;
+            (done.max(put_done), degree, result)
+        } else {
+            // Rank 0's input arrives on schedule while it already combines the others.
+            std::thread::scope(|s| -> Result<_> {
+                let mine = s.spawn(put_input);
+                let out = self.combine_at_root(&inputs, &target);
+                let put_done = mine.join().expect("input thread")?;
+                let (done, degree, result) = out?;
+                Ok((done.max(put_done), degree, result))
+            })?
+        };
         let total = self
             .finish(released, Some(done))?
             .expect("rank 0 gets the time");
@@ -275,6 +292,11 @@ impl<'a> Round<'a> {
             }
         }
     }
+}
+
+/// A hop event of the benchmark itself (see `phalanx::hop`), for `--trace`.
+fn bench_hop(node: u32, what: &'static str) {
+    tracing::trace!(target: "phalanx::hop", node = node as u64, "{what}");
 }
 
 fn only_total(total: f64) -> Measure {

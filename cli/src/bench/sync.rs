@@ -1,13 +1,14 @@
 //! How the benchmark's ranks meet and time themselves, outside the object store (as the MPI
-//! benchmarks do): a barrier starts every iteration, every rank stamps its own completion, and
-//! rank 0 takes the last completion minus the start.
+//! benchmarks do): a barrier starts every iteration, every rank stamps when it left the barrier
+//! and when its part was done, and rank 0 takes the last completion minus the start.
 //!
 //! Clocks: every stamp is `CLOCK_MONOTONIC`. Ranks on one host (threads of one process, or
 //! processes in network namespaces of one kernel) share that clock, detected by equal
-//! `/proc/sys/kernel/random/boot_id`: then a rank's time is its completion minus the instant
-//! rank 0 released the barrier, exactly. Ranks on other hosts do not share it: their time is
-//! their completion minus the instant they saw the release, which leaves out the release's
-//! one-way trip (as `MPI_Barrier` skew is left out by the MPI benchmarks).
+//! `/proc/sys/kernel/random/boot_id`: then the start is the first instant any of them left the
+//! barrier (a rank leaves when it has done its part of the barrier: rank 0 after sending the
+//! last release, the others when they read theirs), so the barrier's skew counts. Ranks on
+//! other hosts do not share it: their time is their completion minus the instant they left
+//! the barrier. `cluster/mpi/collbench.c` times Open MPI by the same rule.
 //!
 //! In one process the ranks meet at a `std::sync::Barrier`; across processes over a small TCP
 //! side channel to rank 0 (`TcpSync`), never through Phalanx objects.
@@ -52,15 +53,25 @@ pub trait RankSync: Send + Sync {
     fn finish(&self, rank: u32, stamp: Stamp) -> std::io::Result<Option<f64>>;
 }
 
-/// The iteration's time from every rank's stamp. `release_ns`: when rank 0 released the
-/// barrier; `shared[k]`: rank k's clock is rank 0's.
-fn iteration_time(release_ns: u64, stamps: &[Stamp], shared: &[bool]) -> f64 {
+/// The iteration's time from every rank's stamp; `shared[k]`: rank k's clock is rank 0's.
+/// Ranks on rank 0's clock count from the first of them to leave the barrier, the others from
+/// their own release.
+fn iteration_time(stamps: &[Stamp], shared: &[bool]) -> f64 {
+    let start = stamps
+        .iter()
+        .zip(shared)
+        .filter(|(_, &shared)| shared)
+        .map(|(s, _)| s.released_ns)
+        .min();
     stamps
         .iter()
         .zip(shared)
         .filter_map(|(s, &shared)| {
             let done = s.done_ns?;
-            let start = if shared { release_ns } else { s.released_ns };
+            let start = match start {
+                Some(t) if shared => t,
+                _ => s.released_ns,
+            };
             Some(done.saturating_sub(start))
         })
         .max()
@@ -149,9 +160,8 @@ impl RankSync for LocalSync {
             .iter_mut()
             .map(|s| s.take().expect("all in"))
             .collect();
-        let start = stamps.iter().map(|s| s.released_ns).min().expect("ranks");
         let shared = vec![true; stamps.len()];
-        Ok(Some(iteration_time(start, &stamps, &shared)))
+        Ok(Some(iteration_time(&stamps, &shared)))
     }
 }
 
@@ -189,7 +199,6 @@ pub struct TcpSync {
     links: Vec<Mutex<TcpStream>>,
     /// Rank 0: per rank, whether its clock is rank 0's.
     shared: Vec<bool>,
-    last_release: Mutex<u64>,
 }
 
 impl TcpSync {
@@ -239,11 +248,7 @@ impl TcpSync {
                 .into_iter()
                 .map(|l| Mutex::new(l.expect("all")))
                 .collect();
-            return Ok(TcpSync {
-                links,
-                shared,
-                last_release: Mutex::new(0),
-            });
+            return Ok(TcpSync { links, shared });
         }
         let mut s = loop {
             match TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {
@@ -259,7 +264,6 @@ impl TcpSync {
         Ok(TcpSync {
             links: vec![Mutex::new(s)],
             shared: Vec::new(),
-            last_release: Mutex::new(0),
         })
     }
 }
@@ -275,12 +279,11 @@ impl RankSync for TcpSync {
         for l in &self.links {
             recv(&mut l.lock().unwrap(), ARRIVE)?;
         }
-        let t = now_ns();
-        *self.last_release.lock().unwrap() = t;
         for l in &self.links {
-            send(&mut l.lock().unwrap(), GO, t, 0)?;
+            send(&mut l.lock().unwrap(), GO, 0, 0)?;
         }
-        Ok(t)
+        // Rank 0 leaves once its part of the barrier is done, like every rank.
+        Ok(now_ns())
     }
 
     fn finish(&self, rank: u32, stamp: Stamp) -> std::io::Result<Option<f64>> {
@@ -302,8 +305,7 @@ impl RankSync for TcpSync {
                 done_ns: (done != NONE).then_some(done),
             });
         }
-        let release = *self.last_release.lock().unwrap();
-        Ok(Some(iteration_time(release, &stamps, &self.shared)))
+        Ok(Some(iteration_time(&stamps, &self.shared)))
     }
 }
 
@@ -317,11 +319,13 @@ mod tests {
             released_ns: rel,
             done_ns: done,
         };
-        // Shared clock: measured from rank 0's release.
-        let st = [s(100, Some(300)), s(150, Some(900)), s(120, None)];
-        assert_eq!(iteration_time(100, &st, &[true; 3]), 800e-9);
+        // Shared clock: measured from the first rank to leave the barrier (rank 2 here).
+        let st = [s(100, Some(300)), s(150, Some(900)), s(90, None)];
+        assert_eq!(iteration_time(&st, &[true; 3]), 810e-9);
         // Rank 1 on another host: from its own release.
-        assert_eq!(iteration_time(100, &st, &[true, false, true]), 750e-9);
+        assert_eq!(iteration_time(&st, &[true, false, true]), 750e-9);
+        // Rank 0 alone on its clock.
+        assert_eq!(iteration_time(&st, &[true, false, false]), 750e-9);
     }
 
     #[test]
