@@ -142,6 +142,11 @@ impl Rpc {
         let _ = self.loopback.set(f);
     }
 
+    /// A number no other request or token of this node uses (a pull's token for a claim).
+    pub fn fresh_token(&self) -> u64 {
+        self.next_rid.fetch_add(1, Ordering::Relaxed)
+    }
+
     /// Hands work to the dispatcher thread.
     pub fn enqueue(&self, w: Work) {
         let _ = self.queue.send(w);

@@ -139,6 +139,20 @@ impl DirClient {
         }
     }
 
+    /// Tells the shard that this node pulls `id` from `source` under `token` without having
+    /// asked (see `DirMsg::Claim`).
+    pub fn claim(&self, id: &ObjectId, source: NodeId, token: u64) {
+        let _ = self.rpc.send(
+            self.shard_of(id),
+            DirMsg::Claim {
+                id: id.clone(),
+                source,
+                receiver: self.id,
+                token,
+            },
+        );
+    }
+
     /// Releases the source of an assignment (and, if `ok`, marks our copy complete).
     pub fn transfer_done(&self, shard: NodeId, id: &ObjectId, src: NodeId, token: u64, ok: bool) {
         let _ = self.rpc.send(

@@ -57,7 +57,14 @@ pub struct Shard {
     tombstones: HashSet<ObjectId>,
     tombstone_order: VecDeque<ObjectId>,
     log: VecDeque<Assignment>,
+    /// Claims on sources not listed yet, applied when the source publishes: by object,
+    /// (source, receiver, token). At most `PENDING_CLAIMS` in all, oldest dropped.
+    pending_claims: HashMap<ObjectId, Vec<(NodeId, NodeId, u64)>>,
+    pending_order: VecDeque<ObjectId>,
 }
+
+/// Claims the shard keeps for sources it has not heard of yet.
+const PENDING_CLAIMS: usize = 1 << 12;
 
 /// Messages a shard wants sent: (destination, message).
 pub type Out = Vec<(NodeId, Msg)>;
@@ -161,8 +168,28 @@ impl Shard {
                 if l.complete {
                     l.depends_on = None;
                 }
+                self.apply_pending_claims(&id, node);
                 self.notify(&id, out);
                 self.serve_waiters(&id, out);
+            }
+            DirMsg::Claim {
+                id,
+                source,
+                receiver,
+                token,
+            } => {
+                if !self.claim(&id, source, receiver, token) {
+                    if self.pending_order.len() >= PENDING_CLAIMS {
+                        if let Some(old) = self.pending_order.pop_front() {
+                            self.pending_claims.remove(&old);
+                        }
+                    }
+                    self.pending_claims
+                        .entry(id.clone())
+                        .or_default()
+                        .push((source, receiver, token));
+                    self.pending_order.push_back(id);
+                }
             }
             DirMsg::PutInline {
                 rid,
@@ -227,22 +254,26 @@ impl Shard {
                 token,
                 ok,
             } => {
+                self.drop_pending_claim(&id, source, receiver, token);
                 if let Some(e) = self.entries.get_mut(&id) {
-                    let current = e
-                        .locs
-                        .get(&source)
-                        .is_some_and(|s| s.serving == Some(receiver) && s.token == token);
-                    if !current {
-                        return; // a stale report: the source already serves a newer assignment
-                    }
-                    if let Some(s) = e.locs.get_mut(&source) {
-                        s.serving = None;
-                    }
+                    // The receiver's copy is complete whatever the source does now.
                     if ok {
                         if let Some(r) = e.locs.get_mut(&receiver) {
                             r.complete = true;
                             r.depends_on = None;
                         }
+                    }
+                    let current = e
+                        .locs
+                        .get(&source)
+                        .is_some_and(|s| s.serving == Some(receiver) && s.token == token);
+                    if !current {
+                        // A stale report: the source serves a newer assignment (or never
+                        // served this receiver on our books: a claim on a busy source).
+                        return;
+                    }
+                    if let Some(s) = e.locs.get_mut(&source) {
+                        s.serving = None;
                     }
                 }
                 self.serve_waiters(&id, out);
@@ -275,6 +306,7 @@ impl Shard {
                     .map(|e| e.locs.keys().copied().collect())
                     .unwrap_or_default();
                 self.remember_tombstone(id.clone());
+                self.pending_claims.remove(&id);
                 for w in self.waiting.remove(&id).unwrap_or_default() {
                     reply(out, w.node, w.rid, Reply::Located(Located::NotFound));
                 }
@@ -284,6 +316,7 @@ impl Shard {
                 reply(out, from, rid, Reply::Deleted(nodes));
             }
             DirMsg::Reset { rid, id } => {
+                self.pending_claims.remove(&id);
                 let nodes = self
                     .entries
                     .remove(&id)
@@ -309,11 +342,78 @@ impl Shard {
         for q in self.waiting.values_mut() {
             q.retain(|w| w.node != node);
         }
+        for c in self.pending_claims.values_mut() {
+            c.retain(|&(src, receiver, _)| src != node && receiver != node);
+        }
+        self.pending_claims.retain(|_, c| !c.is_empty());
         for s in self.subscribers.values_mut() {
             s.retain(|(n, _)| *n != node);
         }
         for id in &ids {
             self.serve_waiters(id, out);
+        }
+    }
+
+    /// Accounts for a pull the receiver started on its own from a source it knew; false if
+    /// the source is not listed (yet).
+    fn claim(&mut self, id: &ObjectId, source: NodeId, receiver: NodeId, token: u64) -> bool {
+        let Some(e) = self.entries.get_mut(id) else {
+            return false;
+        };
+        if source == receiver || e.inline.is_some() {
+            return true; // nothing to account for
+        }
+        let Some(s) = e.locs.get_mut(&source) else {
+            return false;
+        };
+        let source_complete = s.complete;
+        if s.serving.is_none() {
+            s.serving = Some(receiver);
+            s.token = token;
+        }
+        let r = e.locs.entry(receiver).or_insert(Loc {
+            complete: false,
+            serving: None,
+            token: 0,
+            depends_on: None,
+        });
+        if !r.complete {
+            r.depends_on = Some(source);
+        }
+        if self.log.len() == LOG_LIMIT {
+            self.log.pop_front();
+        }
+        self.log.push_back(Assignment {
+            id: id.clone(),
+            source,
+            receiver,
+            source_complete,
+        });
+        true
+    }
+
+    /// `source` published `id`: the claims that waited for it take effect.
+    fn apply_pending_claims(&mut self, id: &ObjectId, source: NodeId) {
+        let Some(mut claims) = self.pending_claims.remove(id) else {
+            return;
+        };
+        let mine: Vec<_> = claims.iter().filter(|c| c.0 == source).copied().collect();
+        claims.retain(|c| c.0 != source);
+        for (src, receiver, token) in mine {
+            self.claim(id, src, receiver, token);
+        }
+        if !claims.is_empty() {
+            self.pending_claims.insert(id.clone(), claims);
+        }
+    }
+
+    /// A pull ended before its source published: its claim is void.
+    fn drop_pending_claim(&mut self, id: &ObjectId, source: NodeId, receiver: NodeId, token: u64) {
+        if let Some(c) = self.pending_claims.get_mut(id) {
+            c.retain(|&x| x != (source, receiver, token));
+            if c.is_empty() {
+                self.pending_claims.remove(id);
+            }
         }
     }
 
@@ -482,6 +582,81 @@ mod tests {
             &mut out,
         );
         out
+    }
+
+    fn claim(s: &mut Shard, source: NodeId, receiver: NodeId, token: u64) {
+        let mut out = Vec::new();
+        let id = "x".into();
+        s.handle(
+            receiver,
+            DirMsg::Claim {
+                id,
+                source,
+                receiver,
+                token,
+            },
+            &mut out,
+        );
+        assert!(out.is_empty(), "a claim is not answered");
+    }
+
+    fn done(s: &mut Shard, source: NodeId, receiver: NodeId, token: u64, ok: bool) -> Out {
+        let mut out = Vec::new();
+        let msg = DirMsg::TransferDone {
+            id: "x".into(),
+            source,
+            receiver,
+            token,
+            ok,
+        };
+        s.handle(receiver, msg, &mut out);
+        out
+    }
+
+    fn loc(s: &Shard, node: NodeId) -> Option<LocationInfo> {
+        s.info(&"x".into())?
+            .locations
+            .into_iter()
+            .find(|l| l.node == node)
+    }
+
+    #[test]
+    fn a_claimed_source_is_accounted_for_like_an_assigned_one() {
+        let mut s = Shard::new();
+        // A claim that arrives before the source publishes waits for it.
+        claim(&mut s, 0, 1, 77);
+        assert!(s.info(&"x".into()).is_none());
+        publish(&mut s, 0, true);
+        let l0 = loc(&s, 0).unwrap();
+        assert_eq!(l0.serving, Some(1), "the source serves the claimant");
+        assert_eq!(loc(&s, 1).unwrap().depends_on, Some(0));
+        // So the next receiver is sent to the claimant's partial copy, not to the busy source.
+        assert_eq!(located(&locate(&mut s, 2, vec![]), 2), src(1));
+        // A claim on a busy source keeps its current receiver.
+        claim(&mut s, 0, 3, 5);
+        assert_eq!(loc(&s, 0).unwrap().serving, Some(1));
+        assert_eq!(loc(&s, 3).unwrap().depends_on, Some(0));
+        // Both finish: each copy is complete; the source is free after its own receiver.
+        done(&mut s, 0, 3, 5, true);
+        assert!(loc(&s, 3).unwrap().complete);
+        assert_eq!(
+            loc(&s, 0).unwrap().serving,
+            Some(1),
+            "not the busy source's receiver"
+        );
+        done(&mut s, 0, 1, 77, true);
+        assert!(loc(&s, 1).unwrap().complete);
+        assert_eq!(loc(&s, 0).unwrap().serving, None);
+        // A pending claim dies with its source, and with a delete.
+        let mut other = Shard::new();
+        claim(&mut other, 4, 1, 9);
+        other.node_down(4, &mut Vec::new());
+        publish(&mut other, 4, true);
+        assert_eq!(
+            other.info(&"x".into()).unwrap().locations[0].serving,
+            None,
+            "the dead source's claim was dropped"
+        );
     }
 
     #[test]

@@ -66,6 +66,17 @@ pub enum DirMsg {
         resume: bool,
         exclude: Vec<NodeId>,
     },
+    /// `receiver` pulls `id` from `source`, which it already knew (a reduce task told where
+    /// its child's input lives), without asking: the shard accounts for it as for an
+    /// assignment it made (the source serves `receiver` under `token`, the receiver is listed
+    /// as a partial copy filled from it). A source busy with another receiver keeps that one;
+    /// a claim on a source the shard has not heard of yet waits for its `Publish`.
+    Claim {
+        id: ObjectId,
+        source: NodeId,
+        receiver: NodeId,
+        token: u64,
+    },
     /// The receiver finished (or abandoned) its pull from `source`; the source is free again.
     TransferDone {
         id: ObjectId,

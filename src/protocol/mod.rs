@@ -73,6 +73,7 @@ impl Msg {
                 DirMsg::Publish { .. } => "Publish",
                 DirMsg::PutInline { .. } => "PutInline",
                 DirMsg::Locate { .. } => "Locate",
+                DirMsg::Claim { .. } => "Claim",
                 DirMsg::TransferDone { .. } => "TransferDone",
                 DirMsg::Withdraw { .. } => "Withdraw",
                 DirMsg::Query { .. } => "Query",

@@ -3,6 +3,7 @@
 use crate::ops::{DType, ReduceOp};
 use crate::protocol::Rid;
 use crate::ObjectId;
+use phalanx_transport::NodeId;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -23,6 +24,9 @@ pub struct ReduceTask {
     pub own: ObjectId,
     /// Objects produced by the children, combined in this order.
     pub children: Vec<ObjectId>,
+    /// The node each child runs on (it holds or produces that child's object): the task
+    /// pulls from it at once instead of asking the directory first.
+    pub children_at: Vec<NodeId>,
     pub size: u64,
     pub op: ReduceOp,
     pub dtype: DType,

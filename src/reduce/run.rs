@@ -303,6 +303,10 @@ impl Run {
                         .iter()
                         .map(|&c| self.out_of(&tree, c))
                         .collect(),
+                    children_at: tree.children[p]
+                        .iter()
+                        .map(|&c| self.slots[c].expect("placed").1)
+                        .collect(),
                     size: self.size,
                     op: self.op,
                     dtype: self.dtype,

@@ -103,26 +103,29 @@ impl Reducer {
         Ok(self.transfers.fetch(id)?.into())
     }
 
-    /// The children's outputs, found at once: each lookup is a directory round trip, so all
-    /// but the first go to workers and the round trips overlap.
-    fn inputs(&self, ids: &[ObjectId]) -> Result<Vec<Input>> {
-        let Some((first, rest)) = ids.split_first() else {
-            return Ok(Vec::new());
-        };
-        let (tx, rx) = crossbeam_channel::bounded(rest.len());
-        for (k, id) in rest.iter().enumerate() {
+    /// The children's outputs, each pulled at once from the node that produces it (no
+    /// directory round trip; see `Transfers::fetch_from`); a child without a known node is
+    /// looked up, on a worker so that the lookups overlap.
+    fn inputs(&self, t: &ReduceTask) -> Result<Vec<Input>> {
+        let mut got: Vec<Option<Input>> = (0..t.children.len()).map(|_| None).collect();
+        let (tx, rx) = crossbeam_channel::bounded(t.children.len().max(1));
+        let mut asked = 0;
+        for (k, id) in t.children.iter().enumerate() {
+            if let Some(&at) = t.children_at.get(k) {
+                got[k] = Some(self.transfers.fetch_from(id, at, t.size)?.into());
+                continue;
+            }
             let (job_tx, transfers, job_id) = (tx.clone(), self.transfers.clone(), id.clone());
             let job = move || {
-                let _ = job_tx.send((k + 1, transfers.fetch(&job_id)));
+                let _ = job_tx.send((k, transfers.fetch(&job_id)));
             };
             if self.workers.spawn(job).is_err() {
-                let _ = tx.send((k + 1, self.transfers.fetch(id)));
+                let _ = tx.send((k, self.transfers.fetch(id)));
             }
+            asked += 1;
         }
         drop(tx); // a job that dies without an answer then ends the wait
-        let mut got: Vec<Option<Input>> = (0..ids.len()).map(|_| None).collect();
-        got[0] = Some(self.input(first)?);
-        for _ in rest {
+        for _ in 0..asked {
             let (k, r) = rx.recv().map_err(|_| Error::Shutdown)?;
             got[k] = Some(r?.into());
         }
@@ -133,7 +136,7 @@ impl Reducer {
     fn run_task(&self, t: &ReduceTask, cancel: &AtomicBool) -> Result<()> {
         let cancelled = || Error::InvalidArgument(format!("reduce task for {} cancelled", t.out));
         let own = self.input(&t.own)?;
-        let children = self.inputs(&t.children)?;
+        let children = self.inputs(t)?;
         for (id, i) in std::iter::once(&t.own)
             .zip(std::iter::once(&own))
             .chain(t.children.iter().zip(&children))

@@ -3,12 +3,13 @@
 //! stream, and replace a failed source, resuming at the watermark.
 
 use super::{TransferRecord, Transfers};
+use crate::config::INLINE_LIMIT;
 use crate::hop::hop;
 use crate::protocol::{Located, PullMsg};
 use crate::store::CopyRef;
 use crate::view::Fetched;
 use crate::{Error, ObjectId, Result};
-use crossbeam_channel::Sender;
+use crossbeam_channel::{Receiver, Sender};
 use phalanx_transport::{NodeId, RemoteRegion, StreamId};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -29,6 +30,14 @@ pub(crate) enum Driver {
 pub(super) enum InboundEnd {
     Complete,
     Failed(String),
+}
+
+/// A pull request on its way: its stream and where the stream's end is reported.
+struct SentPull {
+    stream: StreamId,
+    /// Where the request starts.
+    from: u64,
+    done: Receiver<InboundEnd>,
 }
 
 /// An inbound stream: the copy it fills and the source it must come from.
@@ -105,24 +114,84 @@ impl Transfers {
             }
         };
         self.dir.withdraw(&evicted);
+        self.start_driver(id, copy.clone(), (node, token), exclude, driver);
+        Ok(Fetched::Copy(copy))
+    }
+
+    /// Fetches `id` (of `size` bytes) from `source`, which the caller already knows holds
+    /// or produces it (a reduce task's child), without asking the directory first: the pull
+    /// starts at once and the shard is told of it (`DirMsg::Claim`), so the source is
+    /// accounted for as if the shard had assigned it. A failed pull falls back to the
+    /// directory like any other. Small objects still come from the directory.
+    pub(crate) fn fetch_from(
+        self: &Arc<Self>,
+        id: &ObjectId,
+        source: NodeId,
+        size: u64,
+    ) -> Result<Fetched> {
+        if source == self.id || size < INLINE_LIMIT {
+            return self.fetch(id);
+        }
+        if let Some(c) = self.store.lookup(id) {
+            return Ok(Fetched::Copy(c));
+        }
+        let (copy, evicted) = match self.store.create(id, size, false) {
+            Ok(c) => c,
+            Err(Error::AlreadyExists(_)) => {
+                return self
+                    .store
+                    .wait_lookup(id, self.cfg.op_timeout)
+                    .map(Fetched::Copy)
+            }
+            Err(e) => return Err(e),
+        };
+        self.dir.withdraw(&evicted);
+        let token = self.rpc.fresh_token();
+        self.dir.claim(id, source, token);
+        hop!(self.id, "pull without a lookup", source = source);
+        self.start_driver(id, copy.clone(), (source, token), &[], Driver::Worker);
+        Ok(Fetched::Copy(copy))
+    }
+
+    /// Runs the pull of `copy` from `first` (source, token) on the caller or on a worker.
+    /// Handed to a worker, the first request is sent from here, so the worker's wake-up is
+    /// not on the path of the bytes.
+    fn start_driver(
+        self: &Arc<Self>,
+        id: &ObjectId,
+        copy: CopyRef,
+        first: (NodeId, u64),
+        exclude: &[NodeId],
+        driver: Driver,
+    ) {
+        if driver == Driver::Caller {
+            return self
+                .clone()
+                .drive(id.clone(), copy, first, exclude.to_vec(), None);
+        }
+        let sent = match copy.watermark() {
+            0 => self.send_pull(id, &copy, first.0, 0).ok().flatten(),
+            _ => None,
+        };
+        // Shared with the job, so that the request comes back if no worker takes it.
+        let sent = Arc::new(std::sync::Mutex::new(sent));
         let me = self.clone();
         let exclude_owned = exclude.to_vec();
         let driver_copy = copy.clone();
         let id2 = id.clone();
-        let drive = move || me.drive(id2, driver_copy, (node, token), exclude_owned);
-        match driver {
-            Driver::Caller => drive(),
-            Driver::Worker => {
-                hop!(self.id, "pull driver handed to a worker", source = node);
-                if let Err(e) = self.workers.spawn(drive) {
-                    // No thread to be had: this caller drives the pull itself.
-                    warn!(node = self.id, %id, "no worker for a pull ({e}); driving it here");
-                    self.clone()
-                        .drive(id.clone(), copy.clone(), (node, token), exclude.to_vec());
-                }
-            }
+        let job_sent = sent.clone();
+        hop!(self.id, "pull driver handed to a worker", source = first.0);
+        let job = move || {
+            let sent = job_sent.lock().unwrap().take();
+            me.drive(id2, driver_copy, first, exclude_owned, sent)
+        };
+        if let Err(e) = self.workers.spawn(job) {
+            // No thread to be had: this caller drives the pull itself.
+            warn!(node = self.id, %id, "no worker for a pull ({e}); driving it here");
+            let sent = sent.lock().unwrap().take();
+            self.clone()
+                .drive(id.clone(), copy, first, exclude.to_vec(), sent);
         }
-        Ok(Fetched::Copy(copy))
     }
 
     /// Pulls the copy to completion, replacing failed sources.
@@ -132,13 +201,18 @@ impl Transfers {
         copy: CopyRef,
         first: (NodeId, u64),
         mut exclude: Vec<NodeId>,
+        mut sent: Option<SentPull>,
     ) {
         let (mut source, mut token) = first;
         hop!(self.id, "pull driver running", source = source);
         loop {
-            let from = copy.watermark();
+            // The first request may have gone out before this driver ran.
+            let from = sent.as_ref().map_or_else(|| copy.watermark(), |s| s.from);
             let start = Instant::now();
-            let outcome = self.pull_once(&id, &copy, source, from);
+            let outcome = match sent.take() {
+                Some(s) => self.await_pull(&copy, source, s),
+                None => self.pull_once(&id, &copy, source, from),
+            };
             let bytes = copy.watermark() - from;
             let ok = matches!(outcome, Ok(()));
             if ok {
@@ -203,9 +277,23 @@ impl Transfers {
         source: NodeId,
         from: u64,
     ) -> Result<(), String> {
+        match self.send_pull(id, copy, source, from)? {
+            None => Ok(()),
+            Some(sent) => self.await_pull(copy, source, sent),
+        }
+    }
+
+    /// Registers the inbound stream and sends the pull request (`None`: nothing to pull).
+    fn send_pull(
+        &self,
+        id: &ObjectId,
+        copy: &CopyRef,
+        source: NodeId,
+        from: u64,
+    ) -> Result<Option<SentPull>, String> {
         let size = copy.size();
         if from >= size {
-            return Ok(());
+            return Ok(None);
         }
         let dst: RemoteRegion = self
             .transport
@@ -240,6 +328,20 @@ impl Transfers {
             stream = stream,
             from = from
         );
+        Ok(Some(SentPull {
+            stream,
+            from,
+            done: rx,
+        }))
+    }
+
+    /// Follows a sent pull to its end; Ok once the copy is complete.
+    fn await_pull(&self, copy: &CopyRef, source: NodeId, sent: SentPull) -> Result<(), String> {
+        let SentPull {
+            stream,
+            from,
+            done: rx,
+        } = sent;
         // Progress is watched through the watermark; a stall as long as the op timeout
         // cancels the pull.
         let mut last = from;
