@@ -32,7 +32,9 @@
 #    sizes largest first), CONFIG = cluster/examples/netns-8.toml (for N != 8 a copy with N nodes).
 # 4. Prints a table per collective and size: Phalanx median (and p99 when the bench prints
 #    p99_s), Open MPI's default median, the best median over its default and tuned
-#    configurations and which one (with its p99), and the ratio Phalanx / best. The table goes to FILE as JSON
+#    configurations and which one (with its p99), the ratio Phalanx / best, and for reference
+#    the best Open MPI median by the OSU rule ("mpi span": the largest own t1 - t0 of a rank,
+#    barrier skew left out). The table goes to FILE as JSON
 #    lines (default cluster/results/compare-mpi-N-RATE.jsonl, replaced); every record of every
 #    configuration goes to FILE's sibling *-raw.jsonl ("mpi_best": true marks the best), with "#"
 #    notes (commands, machine load, link bytes).
@@ -445,6 +447,8 @@ function jn(v) { return v == "" ? "null" : v }
         k = c SUBSEP sz
         if (!(k in best) || med + 0 < bmed[k] + 0) { best[k] = NR; bmed[k] = med }
         if (a == "mpi-default") dmed[k] = med
+        own = num("median_own_span_s")
+        if (own != "" && (!(k in bown) || own + 0 < bown[k] + 0)) bown[k] = own
     } else if (a == "phalanx") {
         pl[c SUBSEP sz] = NR
     }
@@ -459,8 +463,8 @@ END {
         print line
     }
     nc = split(COLLS, cs, ","); nsz = split(SIZES, ss, ",")
-    printf "\n%-10s %8s %11s %9s %11s %11s %9s  %-32s %7s\n", "collective", "size", "phalanx ms", "p99 ms", "mpi dflt ms", "mpi best ms", "p99 ms", "best Open MPI configuration", "ratio" > TABLE
-    printf "%s\n", "---------- -------- ----------- --------- ----------- ----------- ---------  -------------------------------- -------" > TABLE
+    printf "\n%-10s %8s %11s %9s %11s %11s %9s  %-32s %7s %12s\n", "collective", "size", "phalanx ms", "p99 ms", "mpi dflt ms", "mpi best ms", "p99 ms", "best Open MPI configuration", "ratio", "mpi span ms" > TABLE
+    printf "%s\n", "---------- -------- ----------- --------- ----------- ----------- ---------  -------------------------------- ------- ------------" > TABLE
     printf "" > OUT
     for (ci = 1; ci <= nc; ci++) for (si = 1; si <= nsz; si++) {
         c = cs[ci]; sz = ss[si]; k = c SUBSEP sz
@@ -468,8 +472,8 @@ END {
         if (k in pl) { line = lines[pl[k]]; pmed = num("median_s"); pp99 = num("p99_s"); pmin = num("min_s"); pmax = num("max_s") }
         if (k in best) { line = lines[best[k]]; balgo = str("algo"); bm = num("median_s"); bp99 = num("p99_s") }
         if (pmed != "" && bm != "" && bm + 0 > 0) ratio = sprintf("%.2f", pmed / bm)
-        printf "%-10s %8s %11s %9s %11s %11s %9s  %-32s %7s\n", c, human(sz), ms(pmed), ms(pp99), ms(dmed[k]), ms(bm), ms(bp99), (balgo == "" ? "-" : balgo), (ratio == "" ? "-" : ratio "x") > TABLE
-        printf "{\"collective\":\"%s\",\"size_bytes\":%d,\"nodes\":%d,\"transport\":\"tcp\",\"rate\":\"%s\",\"phalanx_median_s\":%s,\"phalanx_p99_s\":%s,\"phalanx_min_s\":%s,\"phalanx_max_s\":%s,\"mpi_default_median_s\":%s,\"mpi_best_algo\":%s,\"mpi_best_median_s\":%s,\"mpi_best_p99_s\":%s,\"ratio_phalanx_mpi\":%s}\n", c, sz, N, RATE, jn(pmed), jn(pp99), jn(pmin), jn(pmax), jn(dmed[k]), (balgo == "" ? "null" : "\"" balgo "\""), jn(bm), jn(bp99), jn(ratio) > OUT
+        printf "%-10s %8s %11s %9s %11s %11s %9s  %-32s %7s %12s\n", c, human(sz), ms(pmed), ms(pp99), ms(dmed[k]), ms(bm), ms(bp99), (balgo == "" ? "-" : balgo), (ratio == "" ? "-" : ratio "x"), ms(bown[k]) > TABLE
+        printf "{\"collective\":\"%s\",\"size_bytes\":%d,\"nodes\":%d,\"transport\":\"tcp\",\"rate\":\"%s\",\"phalanx_median_s\":%s,\"phalanx_p99_s\":%s,\"phalanx_min_s\":%s,\"phalanx_max_s\":%s,\"mpi_default_median_s\":%s,\"mpi_best_algo\":%s,\"mpi_best_median_s\":%s,\"mpi_best_p99_s\":%s,\"ratio_phalanx_mpi\":%s,\"mpi_best_own_span_median_s\":%s}\n", c, sz, N, RATE, jn(pmed), jn(pp99), jn(pmin), jn(pmax), jn(dmed[k]), (balgo == "" ? "null" : "\"" balgo "\""), jn(bm), jn(bp99), jn(ratio), jn(bown[k]) > OUT
     }
 }' "$raw" >"$tmp"
 mv "$tmp" "$raw"

@@ -65,9 +65,11 @@ struct BenchArgs {
     /// run in the same cluster, so they can serve as each other's baselines).
     #[arg(value_enum, value_delimiter = ',', required = true)]
     collective: Vec<Collective>,
-    /// phalanx, or star: every transfer to or from rank 0, one after another.
-    #[arg(long, value_enum, default_value = "phalanx")]
-    algo: Algo,
+    /// phalanx, star (every transfer to or from rank 0, one after another) or socket (p2p
+    /// with --local: a plain TCP request answered with the bytes); several, comma-separated,
+    /// run one after another in the same cluster (e.g. phalanx,socket).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "phalanx")]
+    algo: Vec<Algo>,
     /// Reduce tree degree: auto, n, or a number.
     #[arg(long, default_value = "auto")]
     degree: Degree,
@@ -94,6 +96,10 @@ struct BenchArgs {
     iters: usize,
     #[arg(long, default_value_t = 2)]
     warmup: usize,
+    /// With --local: how long a caller spins for a reply before it sleeps, in microseconds
+    /// (default: the node's default). Across processes, `spin_wait_us` in the config.
+    #[arg(long)]
+    spin_wait_us: Option<u64>,
     /// One JSON object per line and size instead of a table.
     #[arg(long)]
     json: bool,
@@ -252,9 +258,10 @@ fn bench_cmd(a: BenchArgs) -> Result<()> {
     let specs: Vec<BenchSpec> = a
         .collective
         .iter()
-        .map(|&c| BenchSpec {
+        .flat_map(|&c| a.algo.iter().map(move |&algo| (c, algo)))
+        .map(|(c, algo)| BenchSpec {
             collective: c,
-            algo: a.algo,
+            algo,
             sizes: sizes.clone(),
             iters: a.iters,
             warmup: a.warmup,
@@ -276,9 +283,11 @@ fn bench_cmd(a: BenchArgs) -> Result<()> {
                 bail!("--local needs at least 2 nodes");
             }
             let arena = sizes.iter().max().copied().unwrap_or(0) * (n as u64 + 4) + (64 << 20);
+            let d = NodeConfig::default();
             let cfg = NodeConfig {
                 arena_size: arena,
-                ..NodeConfig::default()
+                spin_wait: a.spin_wait_us.map_or(d.spin_wait, Duration::from_micros),
+                ..d
             };
             let c = LocalCluster::start_with(n, cfg, a.transport.settings()?)?;
             let sync = LocalSync::new(n);

@@ -165,6 +165,9 @@ impl RankSync for LocalSync {
     }
 }
 
+/// How long a rank polls for the release of a barrier before it sleeps.
+const GO_POLL: Duration = Duration::from_millis(2);
+
 const ARRIVE: u8 = 1;
 const GO: u8 = 2;
 const STAMP: u8 = 3;
@@ -182,6 +185,41 @@ fn send(s: &mut TcpStream, tag: u8, a: u64, b: u64) -> std::io::Result<()> {
 fn recv(s: &mut TcpStream, want: u8) -> std::io::Result<(u64, u64)> {
     let mut f = [0u8; 17];
     s.read_exact(&mut f)?;
+    if f[0] != want {
+        return Err(std::io::Error::other(format!(
+            "bench sync: expected message {want}, got {}",
+            f[0]
+        )));
+    }
+    let a = u64::from_le_bytes(f[1..9].try_into().expect("8 bytes"));
+    let b = u64::from_le_bytes(f[9..].try_into().expect("8 bytes"));
+    Ok((a, b))
+}
+
+/// Like [`recv`], but first polling with `sched_yield` between attempts for up to `poll`,
+/// as an MPI rank waits in a barrier: ranks that share cores leave a short barrier as soon as
+/// they are scheduled, without a wake-up each. A longer wait (the other ranks still move a
+/// large object) sleeps in the kernel, so it takes no CPU from them.
+fn recv_polling(s: &mut TcpStream, want: u8, poll: Duration) -> std::io::Result<(u64, u64)> {
+    use nix::sys::socket::{recv as recv_flags, MsgFlags};
+    use std::os::fd::AsRawFd;
+    let until = Instant::now() + poll;
+    let mut f = [0u8; 17];
+    let mut got = 0;
+    while got < f.len() {
+        match recv_flags(s.as_raw_fd(), &mut f[got..], MsgFlags::MSG_DONTWAIT) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(nix::errno::Errno::EAGAIN) | Err(nix::errno::Errno::EINTR) => {
+                if Instant::now() >= until {
+                    s.read_exact(&mut f[got..])?;
+                    break;
+                }
+                std::thread::yield_now();
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
     if f[0] != want {
         return Err(std::io::Error::other(format!(
             "bench sync: expected message {want}, got {}",
@@ -273,7 +311,7 @@ impl RankSync for TcpSync {
         if rank != 0 {
             let mut s = self.links[0].lock().unwrap();
             send(&mut s, ARRIVE, rank as u64, 0)?;
-            recv(&mut s, GO)?;
+            recv_polling(&mut s, GO, GO_POLL)?;
             return Ok(now_ns());
         }
         for l in &self.links {
