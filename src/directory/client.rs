@@ -186,6 +186,13 @@ impl DirClient {
             .call_async(self.shard_of(id), |rid| subscribe_msg(rid, id))
     }
 
+    /// Like [`DirClient::subscribe`], the answer handed to `on_reply` where it lands (a
+    /// transport thread, or this thread when the shard is here).
+    pub fn subscribe_then(&self, id: &ObjectId, on_reply: crate::rpc::OnReply) -> Result<()> {
+        self.rpc
+            .call_then(self.shard_of(id), |rid| subscribe_msg(rid, id), on_reply)
+    }
+
     /// Like [`DirClient::subscribe`], the entry (`None`: deleted first) or the error delivered
     /// into `out`, with no thread waiting for it.
     pub fn subscribe_into(

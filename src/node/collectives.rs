@@ -7,6 +7,8 @@ use crate::protocol::Reply;
 use crate::reduce::{Hooks, ReduceHandle, ReduceOptions, ReduceOutcome};
 use crate::store::CopyStatus;
 use crate::{Error, ObjectId, Result};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 
 impl Node {
     /// Reduces the first `num_objects` of `sources` to become ready into `target`.
@@ -121,25 +123,41 @@ impl Node {
     pub fn gather(&self, ids: &[ObjectId]) -> Result<Vec<Vec<u8>>> {
         let inner = &self.inner;
         let mut out: Vec<Option<Vec<u8>>> = vec![None; ids.len()];
-        let mut subs = Vec::new();
+        // Every answer lands in `answers`; the caller is woken once, by the last one.
+        let answers = Arc::new(Answers {
+            slots: Mutex::new((0..ids.len()).map(|_| None).collect()),
+            missing: AtomicUsize::new(0),
+            all_in: Mutex::new(false),
+            woken: Condvar::new(),
+        });
+        let mut asked = Vec::new();
         for (k, id) in ids.iter().enumerate() {
-            match inner.store.lookup(id) {
-                Some(_) => {} // a local copy: read below
-                None => subs.push((k, inner.dir.subscribe(id)?)),
+            if inner.store.lookup(id).is_none() {
+                asked.push(k); // a local copy is read below
+            }
+        }
+        answers.missing.store(asked.len(), Ordering::Release);
+        for &k in &asked {
+            let a = answers.clone();
+            let on_reply = Box::new(move |r: Result<Reply>| a.answer(k, r));
+            if let Err(e) = inner.dir.subscribe_then(&ids[k], on_reply) {
+                answers.answer(k, Err(e));
             }
         }
         let deadline = std::time::Instant::now() + inner.cfg.op_timeout;
-        for (k, rx) in subs {
-            match rx.recv_deadline(deadline) {
-                Ok(Ok(Reply::InfoInline(_, data))) => out[k] = Some(data),
-                Ok(Ok(Reply::Info(None))) => return Err(Error::NotFound(ids[k].clone())),
-                Ok(Ok(Reply::Info(Some(_))) | Err(Error::PeerDown(_))) => {}
-                Ok(Ok(r)) => return Err(inner.rpc.unexpected(r)),
-                Ok(Err(e)) => return Err(e),
-                Err(_) => {
-                    let what = format!("{} to appear", ids[k]);
-                    return Err(Error::Timeout(inner.cfg.op_timeout, what));
-                }
+        if !answers.wait_until(deadline) {
+            let what = format!("{} objects to appear", ids.len());
+            return Err(Error::Timeout(inner.cfg.op_timeout, what));
+        }
+        let slots = std::mem::take(&mut *answers.slots.lock().unwrap());
+        for (k, r) in slots.into_iter().enumerate() {
+            match r {
+                None => {}
+                Some(Ok(Reply::InfoInline(_, data))) => out[k] = Some(data),
+                Some(Ok(Reply::Info(None))) => return Err(Error::NotFound(ids[k].clone())),
+                Some(Ok(Reply::Info(Some(_))) | Err(Error::PeerDown(_))) => {}
+                Some(Ok(r)) => return Err(inner.rpc.unexpected(r)),
+                Some(Err(e)) => return Err(e),
             }
         }
         std::thread::scope(|s| {
@@ -153,5 +171,43 @@ impl Node {
                 .try_for_each(|h| h.join().expect("gather thread"))
         })?;
         Ok(out.into_iter().map(|o| o.expect("every object")).collect())
+    }
+}
+
+/// The subscription answers of one gather, and the wake-up of its caller once all are in.
+struct Answers {
+    slots: Mutex<Vec<Option<Result<Reply>>>>,
+    missing: AtomicUsize,
+    all_in: Mutex<bool>,
+    woken: Condvar,
+}
+
+impl Answers {
+    /// Runs where the answer lands (a transport thread): never blocks for long.
+    fn answer(&self, k: usize, r: Result<Reply>) {
+        {
+            let mut slots = self.slots.lock().unwrap();
+            if slots[k].is_some() {
+                return;
+            }
+            slots[k] = Some(r);
+        }
+        if self.missing.fetch_sub(1, Ordering::AcqRel) == 1 {
+            *self.all_in.lock().unwrap() = true;
+            self.woken.notify_all();
+        }
+    }
+
+    /// Whether every answer came in before `deadline`.
+    fn wait_until(&self, deadline: std::time::Instant) -> bool {
+        let mut all_in = self.all_in.lock().unwrap();
+        while !*all_in && self.missing.load(Ordering::Acquire) > 0 {
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            all_in = self.woken.wait_timeout(all_in, deadline - now).unwrap().0;
+        }
+        true
     }
 }
