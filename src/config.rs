@@ -86,6 +86,12 @@ pub struct ClusterConfig {
     pub device: Option<String>,
     /// RoCE GID index (transport = "rdma"); default: the IPv4-mapped GID.
     pub gid_index: Option<u8>,
+    /// Spin on the completion queue instead of sleeping (transport = "rdma"); the progress
+    /// thread is then pinned to a core near the NIC. Default false.
+    pub busy_poll: Option<bool>,
+    /// NIC-local placement of registered memory and of the busy-polling thread (transport =
+    /// "rdma"). Default true; off anyway where sysfs does not tell the NIC's NUMA node.
+    pub numa_placement: Option<bool>,
     pub nodes: Vec<NodeEntry>,
 }
 

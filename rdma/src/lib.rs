@@ -4,6 +4,8 @@
 //! [`phalanx_transport::Transport`]. See `README.md` for the design and the ring layout.
 
 pub mod block;
+pub mod info;
+pub mod topology;
 mod transport;
 pub mod verbs;
 

@@ -582,9 +582,10 @@ pub enum LoadError {
 impl std::fmt::Display for LoadError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            LoadError::NotFound { name, detail } => write!(
+            // Always the soname (what the user installs); dlerror names what was tried.
+            LoadError::NotFound { detail, .. } => write!(
                 f,
-                "{name} not found: install rdma-core / libibverbs1 (dlopen: {detail})"
+                "{LIBIBVERBS} not found: install rdma-core / libibverbs1 (dlopen: {detail})"
             ),
             LoadError::Symbol {
                 name,
@@ -611,6 +612,17 @@ fn dlerror_text() -> String {
     // SAFETY: non-null, NUL-terminated (see above).
     let s = unsafe { CStr::from_ptr(p) }.to_string_lossy();
     s.replace('\n', " ")
+}
+
+/// Reinterprets a non-null symbol address as the function pointer type `F`.
+///
+/// # Safety
+/// `p` is the address of a function whose C signature is `F`'s.
+unsafe fn fn_from_sym<F: Copy>(p: *mut c_void) -> F {
+    // A data pointer and a function pointer have the same size and representation on Linux.
+    assert_eq!(std::mem::size_of::<F>(), std::mem::size_of::<*mut c_void>());
+    // SAFETY: same size (checked); the caller guarantees the signature.
+    unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) }
 }
 
 impl Lib {
@@ -646,9 +658,8 @@ impl Lib {
             ($sym:literal, $ver:literal) => {{
                 let p = sym($sym, $ver)?;
                 // SAFETY: the symbol at this version has exactly the C signature of the field
-                // it is assigned to (verbs.h of rdma-core); a data pointer and a function
-                // pointer have the same size and representation on Linux.
-                unsafe { std::mem::transmute::<*mut c_void, _>(p) }
+                // it is assigned to (verbs.h of rdma-core); fn_from_sym checks the size.
+                unsafe { fn_from_sym(p) }
             }};
         }
         Ok(Lib {
@@ -774,12 +785,13 @@ mod tests {
             .expect("no such library");
         let s = e.to_string();
         assert!(
-            s.starts_with(
-                "libibverbs-phalanx-test-missing.so.1 not found: install rdma-core / libibverbs1"
-            ),
+            s.starts_with("libibverbs.so.1 not found: install rdma-core / libibverbs1 (dlopen: "),
             "{s}"
         );
-        assert!(s.contains("dlopen: "), "{s}");
+        assert!(
+            s.contains("libibverbs-phalanx-test-missing.so.1"),
+            "dlerror: {s}"
+        );
         assert!(!s.contains('\n'), "{s}");
     }
 
