@@ -25,11 +25,11 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cmd="set -e
 echo '== phalanx-rdma unit tests'; $unit --test-threads=1
-echo '== verbs transport tests'; timeout 900 $integ --test-threads=1
+echo '== verbs transport tests'; timeout 900 $integ --test-threads=1 --nocapture
 echo '== transport contract on verbs'; timeout 900 $contract --test-threads=1
 echo '== store and collectives on verbs'; timeout 900 $cluster --test-threads=1
 echo '== phalanx info'; $phalanx info --transport rdma
-echo '== demo, 4 nodes, verbs'; RUST_LOG=phalanx_rdma=info timeout 600 $phalanx demo --nodes 4 --size 16M --transport rdma"
+echo '== demo, 4 nodes, verbs'; NO_COLOR=1 RUST_LOG=phalanx_rdma=info timeout 600 $phalanx demo --nodes 4 --size 16M --transport rdma"
 status=0
 bash soft-roce-setup.sh vm --timeout 2400 --mem 4096 -- sh -c "$cmd" 2>&1 | tee "$log" || status=$?
 
@@ -45,7 +45,7 @@ grep -q 'port 1: ACTIVE, link layer Ethernet' "$log" || info_ok=0
 grep -qE 'GID\[ *[0-9]+\] .*RoCE v2' "$log" || info_ok=0
 grep -q 'verbs: device rxe0 port 1, GID\[' "$log" || info_ok=0
 if (( info_ok )); then
-    echo "phalanx info in the VM: rxe0 ACTIVE, $(grep -cE 'GID\[ *[0-9]+\] ' "$log") GIDs listed, rxe0 chosen"
+    echo "phalanx info in the VM: rxe0 ACTIVE, $(grep -cE '^ +GID\[ *[0-9]+\] ' "$log") GIDs listed, rxe0 chosen"
 else
     echo "phalanx info did not show rxe0 ACTIVE with its GIDs"
     status=1

@@ -157,7 +157,12 @@ pub fn survey() -> Survey {
 fn numa_text(t: &DeviceTopology) -> String {
     match t.numa_node {
         Some(n) => format!(
-            "NUMA node {n}, cores near it: {}",
+            "NUMA node {n} ({}), cores near it: {}",
+            if t.source == "the only NUMA node" {
+                "the only one"
+            } else {
+                "from sysfs"
+            },
             if t.local_cpus.is_empty() {
                 "unknown".into()
             } else {

@@ -5,8 +5,10 @@
 //! sysfs rather than hwloc: the kernel publishes exactly the two facts needed
 //! (`/sys/class/infiniband/<dev>/device/numa_node` and `local_cpulist`, or
 //! `/sys/devices/system/node/node<N>/cpulist`), so the default build needs no C library and
-//! runs on every Linux machine. Where they cannot be read (a software device such as rxe on
-//! a netdev without a NUMA node, a kernel without NUMA), placement is simply off.
+//! runs on every Linux machine. On a machine with one NUMA node that node is the answer
+//! whatever the device says; where the facts cannot be read otherwise (a software device
+//! such as rxe on a netdev without a NUMA node on a multi-node machine, a kernel without
+//! NUMA), placement is simply off.
 
 use std::path::Path;
 
@@ -75,13 +77,6 @@ pub fn node_cpus(node: u32) -> Vec<usize> {
         .unwrap_or_default()
 }
 
-/// Number of online NUMA nodes (1 when unknown).
-pub fn numa_nodes() -> usize {
-    read_trim(Path::new("/sys/devices/system/node/online"))
-        .map(|s| parse_cpulist(&s).len().max(1))
-        .unwrap_or(1)
-}
-
 /// Reads a device directory (`.../device` of an RDMA device or of a netdev): numa_node and
 /// local_cpulist.
 fn from_device_dir(dir: &Path) -> Option<DeviceTopology> {
@@ -115,6 +110,18 @@ pub fn device_topology(dev: &str) -> DeviceTopology {
     if let Some(n) = ndev {
         if let Some(t) = from_device_dir(&Path::new("/sys/class/net").join(n).join("device")) {
             return t;
+        }
+    }
+    // One NUMA node: every device is on it, whatever the device says (-1 is common there).
+    let online = read_trim(Path::new("/sys/devices/system/node/online"));
+    if online.as_deref() == Some("0") {
+        let cpus = node_cpus(0);
+        if !cpus.is_empty() {
+            return DeviceTopology {
+                numa_node: Some(0),
+                local_cpus: cpus,
+                source: "the only NUMA node".into(),
+            };
         }
     }
     DeviceTopology {

@@ -82,6 +82,8 @@ struct Inner {
     rc: RcParams,
     /// NIC-local placement of registered memory and of the busy-polling progress thread.
     placement: Placement,
+    /// The cores the progress thread may run on, as it found them once started.
+    progress_cpus: std::sync::OnceLock<Vec<usize>>,
     arena: Mutex<Option<Arc<MemoryRegion>>>,
     arena_registered: AtomicBool,
     /// Installed connections by peer, with the event sink and the counters.
@@ -193,6 +195,7 @@ impl RdmaTransport {
             gid,
             rc,
             placement,
+            progress_cpus: std::sync::OnceLock::new(),
             arena: Mutex::new(None),
             arena_registered: AtomicBool::new(false),
             links: Arc::new(LinkTable::new(id, listen_addr, "verbs link")),
@@ -212,6 +215,7 @@ impl RdmaTransport {
                         Err(e) => tracing::warn!(node = p.id, core, "cannot pin: {e}"),
                     }
                 }
+                let _ = p.progress_cpus.set(topology::allowed_cpus());
                 p.progress_loop()
             })?;
         let h = inner.clone();
@@ -258,6 +262,12 @@ impl RdmaTransport {
     /// Where registered memory and the progress thread are placed.
     pub fn placement(&self) -> &Placement {
         &self.inner.placement
+    }
+
+    /// The cores the progress thread may run on (its affinity once it started and pinned
+    /// itself, if it does); `None` until it has started.
+    pub fn progress_thread_cpus(&self) -> Option<Vec<usize>> {
+        self.inner.progress_cpus.get().cloned()
     }
 
     phalanx_transport::connect_methods!(inner);

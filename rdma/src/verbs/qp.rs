@@ -78,8 +78,8 @@ impl QueuePair {
         a.cap.max_send_sge = 1;
         a.cap.max_recv_sge = 1;
         a.cap.max_inline_data = 0;
-        // SAFETY: the PD and the CQ are alive (we keep Arcs); `a` is fully initialised.
         let lib = pd.context().lib;
+        // SAFETY: the PD and the CQ are alive (we keep Arcs); `a` is fully initialised.
         let qp = unsafe { (lib.create_qp)(pd.pd, &mut a) };
         if qp.is_null() {
             return Err(VerbsError::errno("ibv_create_qp"));
