@@ -796,6 +796,23 @@ mod tests {
     }
 
     #[test]
+    fn a_library_without_the_verbs_symbols_is_named() {
+        // libc is on every machine and has no verbs: the first symbol is reported missing.
+        match Lib::open("libc.so.6") {
+            Err(e @ LoadError::Symbol { .. }) => {
+                let s = e.to_string();
+                assert!(
+                    s.starts_with("libc.so.6 has no ibv_get_device_list@IBVERBS_1.1"),
+                    "{s}"
+                );
+                assert!(s.contains("dlvsym: "), "{s}");
+            }
+            Err(e) => panic!("expected a missing symbol, got {e}"),
+            Ok(_) => panic!("libc is not libibverbs"),
+        }
+    }
+
+    #[test]
     fn the_installed_library_resolves_every_symbol() {
         match Lib::open(LIBIBVERBS) {
             Ok(l) => assert_eq!(l.name, LIBIBVERBS),
