@@ -14,8 +14,8 @@
 #                   (read-only 9p + tmpfs overlay) with the current directory
 #                   shared read-write at the same path, set up rxe0 on rxenet0
 #                   (10.181.0.1), run CMD there and exit with CMD's status.
-#   deps            apt-get install everything the two modes and the Rust
-#                   build need (Debian/Ubuntu).
+#   deps            apt-get install everything the two modes and the verbs
+#                   layout check need (Debian/Ubuntu).
 #   packages        Print that package list.
 #
 # Internal mode (run by the VM itself, not by people): __guest CTLDIR.
@@ -45,7 +45,9 @@ readonly GUEST_CTL=/run/phalanx-vm
 readonly INITRAMFS_FORMAT=1
 
 # Debian packages: qemu + a kernel whose module tree has rdma_rxe.ko + the
-# initramfs tools + the RDMA user space and test tools + the Rust build deps.
+# initramfs tools + the RDMA user space and test tools + what the verbs layout
+# check builds against (verbs.h, libclang for rdma-sys's bindgen; the default
+# Rust build needs none of these: libibverbs is loaded at run time).
 readonly DEB_PACKAGES=(
     qemu-system-x86 linux-image-amd64 busybox-static cpio kmod iproute2
     rdma-core ibverbs-providers ibverbs-utils rdmacm-utils perftest

@@ -45,6 +45,28 @@ impl TransportSettings {
     }
 }
 
+impl TransportSettings {
+    /// The transport settings of a configured cluster (what [`start_node`] binds).
+    pub fn from_cluster_config(cfg: &ClusterConfig) -> Result<Self> {
+        #[allow(unused_mut)]
+        let mut settings = match cfg.transport {
+            TransportKind::Tcp => TransportSettings::Tcp(cfg.tcp_config()),
+            kind => TransportSettings::new(
+                kind,
+                cfg.tcp_config().heartbeat_timeout,
+                cfg.device.clone(),
+                cfg.gid_index,
+            )?,
+        };
+        #[cfg(feature = "rdma")]
+        if let TransportSettings::Rdma(r) = &mut settings {
+            r.busy_poll = cfg.busy_poll.unwrap_or(r.busy_poll);
+            r.numa_placement = cfg.numa_placement.unwrap_or(r.numa_placement);
+        }
+        Ok(settings)
+    }
+}
+
 /// A transport that is bound but not yet connected.
 enum Bound {
     Tcp(TcpTransport),
@@ -181,15 +203,7 @@ pub fn start_node(cfg: &ClusterConfig, id: NodeId, rejoin: bool) -> Result<Node>
     let addr = cfg
         .addr_of(id)
         .ok_or_else(|| Error::Config(format!("node {id} is not in the cluster config")))?;
-    let settings = match cfg.transport {
-        TransportKind::Tcp => TransportSettings::Tcp(cfg.tcp_config()),
-        kind => TransportSettings::new(
-            kind,
-            cfg.tcp_config().heartbeat_timeout,
-            cfg.device.clone(),
-            cfg.gid_index,
-        )?,
-    };
+    let settings = TransportSettings::from_cluster_config(cfg)?;
     let b = Bound::bind(id, addr, &settings)?;
     b.connect(&cfg.peers(), rejoin)?;
     Node::start(

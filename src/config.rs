@@ -92,6 +92,12 @@ pub struct ClusterConfig {
     pub spin_wait_us: Option<u64>,
     /// How long a blocking operation waits, in seconds (default 300).
     pub op_timeout_s: Option<u64>,
+    /// Spin on the completion queue instead of sleeping (transport = "rdma"); the progress
+    /// thread is then pinned to a core near the NIC. Default false.
+    pub busy_poll: Option<bool>,
+    /// NIC-local placement of registered memory and of the busy-polling thread (transport =
+    /// "rdma"). Default true; off anyway where sysfs does not tell the NIC's NUMA node.
+    pub numa_placement: Option<bool>,
     pub nodes: Vec<NodeEntry>,
 }
 

@@ -30,6 +30,9 @@ pub use fault::{FaultAction, FaultPlan};
 pub use id::ObjectId;
 pub use node::{Node, ServeRecord, TransferRecord};
 pub use ops::{DType, ReduceOp};
+/// The verbs transport, its run-time loaded libibverbs binding and `phalanx info`'s survey.
+#[cfg(feature = "rdma")]
+pub use phalanx_rdma as rdma;
 pub use phalanx_transport as transport;
 pub use reduce::{ReduceHandle, ReduceOptions, ReduceOutcome, SourceClaims, Tree};
 pub use view::{ObjectReader, ObjectView};

@@ -1,6 +1,7 @@
 //! The `phalanx` command: the local demo, a node of a configured cluster, and benchmarks.
 
 mod bench;
+mod info;
 mod plot;
 mod trace;
 
@@ -48,6 +49,10 @@ enum Cmd {
     Node(NodeArgs),
     /// SPMD benchmark: start once per node (or use --local N).
     Bench(BenchArgs),
+    /// What a user checks first on an RDMA node: the verbs library, devices, ports, GIDs,
+    /// NUMA placement, and what Phalanx would pick with the current config. Exits 0 even
+    /// where there is no verbs library or device (it says so).
+    Info(info::InfoArgs),
     /// Render `--json` bench records (JSON lines) as SVG plots: latency against size and
     /// against arrival interval, one line per algorithm.
     Plot {
@@ -160,7 +165,7 @@ struct TransportOpts {
 }
 
 /// The values of `--transport`: the library's [`TransportKind`] (which does not depend on clap).
-#[derive(Clone, Copy, clap::ValueEnum)]
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Transport {
     Tcp,
     Rdma,
@@ -201,9 +206,26 @@ fn main() {
     let cli = Cli::parse();
     init_logging(matches!(&cli.cmd, Cmd::Bench(b) if b.trace));
     if let Err(e) = run(cli) {
-        eprintln!("phalanx: error: {e:#}");
+        eprintln!("phalanx: error: {}", error_line(&e));
         std::process::exit(1);
     }
+}
+
+/// The error and its causes on one line, like `{:#}`, but without repeating a cause that a
+/// wrapper already printed as the end of its own message ("transport: X" caused by "X").
+fn error_line(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let s = cause.to_string();
+        if !out.is_empty() && out.ends_with(&s) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&s);
+    }
+    out.replace('\n', " ")
 }
 
 /// Logs to stderr as `RUST_LOG` says (default: warnings); with `hops`, the hop events are
@@ -241,6 +263,7 @@ fn run(cli: Cli) -> Result<()> {
         ),
         Cmd::Node(args) => node_cmd(args),
         Cmd::Bench(args) => bench_cmd(args),
+        Cmd::Info(args) => info::run(args),
         Cmd::Plot { results, out } => {
             for f in plot::plot(&results, &out)? {
                 println!("{}", f.display());

@@ -1,8 +1,11 @@
-//! Phalanx verbs transport: a small safe layer over `rdma-sys` ([`verbs`]), the eager block
+//! Phalanx verbs transport: a small safe layer over libibverbs, loaded at run time
+//! ([`verbs`], [`verbs::sys`]), the eager block
 //! codec ([`block`]) and [`RdmaTransport`], the InfiniBand/RoCE implementation of
 //! [`phalanx_transport::Transport`]. See `README.md` for the design and the ring layout.
 
 pub mod block;
+pub mod info;
+pub mod topology;
 mod transport;
 pub mod verbs;
 

@@ -459,7 +459,37 @@ fn busy_poll_mode_and_concurrent_senders() {
         block_size: 512,
         ..cfg()
     };
-    let (a, b) = pair(c, 4 << 20);
+    let (a, b) = pair(c.clone(), 4 << 20);
+    // NIC-local placement: the plan is the one `phalanx info` shows, and a busy-polling
+    // progress thread with a core near the NIC runs pinned to it.
+    for (id, x) in [(0u32, &a), (1, &b)] {
+        let plan = phalanx_rdma::topology::Placement::plan(x.t.device_name(), id, &c);
+        assert_eq!(x.t.placement(), &plan);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let cpus = loop {
+            if let Some(v) = x.t.progress_thread_cpus() {
+                break v;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "progress thread not started"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        println!(
+            "node {id}: {} (progress thread on {cpus:?})",
+            plan.describe(true)
+        );
+        if let Some(core) = plan.progress_core {
+            assert_eq!(cpus, vec![core]);
+        }
+        // The registered arena (faulted in by the registration) is on the NIC's node.
+        if let Some(want) = plan.memory_node {
+            if let Some(got) = phalanx_rdma::topology::node_of_page(x.arena.as_ptr()) {
+                assert_eq!(got, want, "arena page on node {got}, NIC on {want}");
+            }
+        }
+    }
     // Four threads share one link; each thread's messages stay in order.
     let threads: Vec<_> = (0..4u8)
         .map(|t| {

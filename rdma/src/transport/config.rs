@@ -29,6 +29,10 @@ pub struct RdmaConfig {
     pub connect_timeout: Duration,
     /// Spin on the CQ and the rings instead of sleeping on the completion channel.
     pub busy_poll: bool,
+    /// NIC-local placement: bind registered memory to the device's NUMA node and (with
+    /// `busy_poll`) pin the progress thread to a core near the device. Off where sysfs does
+    /// not tell the device's node.
+    pub numa_placement: bool,
     /// Completion queue entries (shared by all connections).
     pub cq_entries: usize,
     /// Local ACK timeout exponent of the QPs (4.096 µs × 2^x).
@@ -51,6 +55,7 @@ impl Default for RdmaConfig {
             heartbeat_timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(30),
             busy_poll: false,
+            numa_placement: true,
             cq_entries: 16384,
             qp_timeout: 14,
             retry_cnt: 7,

@@ -43,6 +43,7 @@ mod setup;
 pub use config::{RdmaConfig, DEFAULT_RENDEZVOUS_THRESHOLD};
 
 use crate::block::{self, Header, Kind};
+use crate::topology::{self, Placement};
 use crate::verbs::{
     CompletionQueue, Context, GidInfo, MemoryRegion, PortInfo, ProtectionDomain, RcParams,
     LINK_LAYER_ETHERNET,
@@ -79,6 +80,10 @@ struct Inner {
     port: PortInfo,
     gid: GidInfo,
     rc: RcParams,
+    /// NIC-local placement of registered memory and of the busy-polling progress thread.
+    placement: Placement,
+    /// The cores the progress thread may run on, as it found them once started.
+    progress_cpus: std::sync::OnceLock<Vec<usize>>,
     arena: Mutex<Option<Arc<MemoryRegion>>>,
     arena_registered: AtomicBool,
     /// Installed connections by peer, with the event sink and the counters.
@@ -164,6 +169,15 @@ impl RdmaTransport {
             lid = port.lid,
             "verbs transport up"
         );
+        let placement = Placement::plan(ctx.name(), id, &cfg);
+        info!(
+            node = id,
+            device = ctx.name(),
+            numa_node = ?placement.topology.numa_node,
+            cores_near = %topology::format_cpulist(&placement.topology.local_cpus),
+            "NIC-local placement: {}",
+            placement.describe(cfg.busy_poll)
+        );
         let cfg_threshold = cfg.rendezvous_threshold;
         let seed = (std::process::id() as u64) << 32
             ^ std::time::SystemTime::now()
@@ -180,6 +194,8 @@ impl RdmaTransport {
             port,
             gid,
             rc,
+            placement,
+            progress_cpus: std::sync::OnceLock::new(),
             arena: Mutex::new(None),
             arena_registered: AtomicBool::new(false),
             links: Arc::new(LinkTable::new(id, listen_addr, "verbs link")),
@@ -192,7 +208,16 @@ impl RdmaTransport {
         let p = inner.clone();
         let progress = std::thread::Builder::new()
             .name(format!("phx-verbs-{id}"))
-            .spawn(move || p.progress_loop())?;
+            .spawn(move || {
+                if let Some(core) = p.placement.progress_core {
+                    match topology::pin_current_thread(core) {
+                        Ok(()) => info!(node = p.id, core, "verbs progress thread pinned"),
+                        Err(e) => tracing::warn!(node = p.id, core, "cannot pin: {e}"),
+                    }
+                }
+                let _ = p.progress_cpus.set(topology::allowed_cpus());
+                p.progress_loop()
+            })?;
         let h = inner.clone();
         let hb = std::thread::Builder::new()
             .name(format!("phx-vheartbeat-{id}"))
@@ -234,10 +259,39 @@ impl RdmaTransport {
         self.inner.gid.index
     }
 
+    /// Where registered memory and the progress thread are placed.
+    pub fn placement(&self) -> &Placement {
+        &self.inner.placement
+    }
+
+    /// The cores the progress thread may run on (its affinity once it started and pinned
+    /// itself, if it does); `None` until it has started.
+    pub fn progress_thread_cpus(&self) -> Option<Vec<usize>> {
+        self.inner.progress_cpus.get().cloned()
+    }
+
     phalanx_transport::connect_methods!(inner);
 }
 
 impl Inner {
+    /// Binds memory about to be registered to the device's NUMA node (if known). Failure
+    /// only costs locality, so it is logged, not returned.
+    fn place(&self, arena: &Arena, what: &str) {
+        let Some(node) = self.placement.memory_node else {
+            return;
+        };
+        match topology::bind_memory(arena.as_ptr(), arena.len(), node) {
+            Ok(()) if what == "arena" => info!(
+                node = self.id,
+                numa_node = node,
+                bytes = arena.len(),
+                "{what} bound to the NIC's NUMA node"
+            ),
+            Ok(()) => tracing::debug!(node = self.id, numa_node = node, "{what} bound"),
+            Err(e) => tracing::warn!(node = self.id, numa_node = node, "{what}: mbind: {e}"),
+        }
+    }
+
     /// The registered arena. Errors: [`TransportError::NoArena`] before registration and
     /// after shutdown.
     fn arena_mr(&self) -> Result<Arc<MemoryRegion>, TransportError> {
@@ -307,6 +361,7 @@ impl Transport for RdmaTransport {
         if self.inner.arena_registered.swap(true, Ordering::AcqRel) {
             return Err(TransportError::ArenaAlreadyRegistered);
         }
+        self.inner.place(&arena, "arena");
         match MemoryRegion::register(&self.inner.pd, arena) {
             Ok(mr) => {
                 let counters = &self.inner.links.counters;

@@ -46,6 +46,7 @@ impl Inner {
     fn new_conn(&self, peer: NodeId) -> Result<Conn, TransportError> {
         let lay = Layout::new(self.cfg.ring_blocks, self.cfg.block_size);
         let mem = Arc::new(Arena::new(lay.total, false)?);
+        self.place(&mem, "connection buffers");
         let bufs = Arc::new(MemoryRegion::register(&self.pd, mem)?);
         let counters = &self.links.counters;
         counters.registrations.fetch_add(1, Ordering::Relaxed);

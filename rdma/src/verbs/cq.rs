@@ -1,7 +1,7 @@
 //! Completion channel and completion queue (event mode with `poll(2)` on the channel's fd).
 
+use super::sys::{self, ibv_comp_channel, ibv_cq, ibv_wc, Lib};
 use super::{Context, VerbsError};
-use rdma_sys::*;
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,6 +10,7 @@ use std::time::Duration;
 /// completion. Its fd is non-blocking so waits are bounded by `poll(2)` timeouts.
 pub struct CompletionChannel {
     ch: *mut ibv_comp_channel,
+    lib: &'static Lib,
     _ctx: Arc<Context>,
 }
 
@@ -21,12 +22,13 @@ unsafe impl Sync for CompletionChannel {}
 impl CompletionChannel {
     pub fn new(ctx: &Arc<Context>) -> Result<Arc<CompletionChannel>, VerbsError> {
         // SAFETY: the context is open.
-        let ch = unsafe { ibv_create_comp_channel(ctx.ctx) };
+        let ch = unsafe { (ctx.lib.create_comp_channel)(ctx.ctx) };
         if ch.is_null() {
             return Err(VerbsError::errno("ibv_create_comp_channel"));
         }
         let c = CompletionChannel {
             ch,
+            lib: ctx.lib,
             _ctx: ctx.clone(),
         };
         // SAFETY: ch is valid; fd is a field of the channel struct.
@@ -51,7 +53,7 @@ impl CompletionChannel {
 impl Drop for CompletionChannel {
     fn drop(&mut self) {
         // SAFETY: every CQ using the channel holds an Arc to it, so none is alive.
-        unsafe { ibv_destroy_comp_channel(self.ch) };
+        unsafe { (self.lib.destroy_comp_channel)(self.ch) };
     }
 }
 
@@ -69,17 +71,20 @@ pub struct WorkCompletion {
 
 impl WorkCompletion {
     pub fn is_ok(&self) -> bool {
-        self.status == ibv_wc_status::IBV_WC_SUCCESS
+        self.status == sys::IBV_WC_SUCCESS
     }
 
     pub fn is_recv(&self) -> bool {
-        self.opcode & ibv_wc_opcode::IBV_WC_RECV != 0
+        self.opcode & sys::IBV_WC_RECV != 0
     }
 
     /// The verbs name of the status, e.g. "transport retry counter exceeded".
     pub fn status_str(&self) -> String {
+        let Ok(lib) = sys::lib() else {
+            return format!("status {}", self.status);
+        };
         // SAFETY: ibv_wc_status_str returns a static C string for any value.
-        unsafe { std::ffi::CStr::from_ptr(ibv_wc_status_str(self.status)) }
+        unsafe { std::ffi::CStr::from_ptr((lib.wc_status_str)(self.status)) }
             .to_string_lossy()
             .into_owned()
     }
@@ -103,7 +108,8 @@ impl CompletionQueue {
         let channel = CompletionChannel::new(ctx)?;
         let entries = entries.min(ctx.max_cqe().max(1) as usize) as i32;
         // SAFETY: the context and the channel are alive; cq_context is unused (null).
-        let cq = unsafe { ibv_create_cq(ctx.ctx, entries, std::ptr::null_mut(), channel.ch, 0) };
+        let cq =
+            unsafe { (ctx.lib.create_cq)(ctx.ctx, entries, std::ptr::null_mut(), channel.ch, 0) };
         if cq.is_null() {
             return Err(VerbsError::errno("ibv_create_cq"));
         }
@@ -125,7 +131,7 @@ impl CompletionQueue {
     /// Requests an event on the channel for the next completion.
     pub fn arm(&self) -> Result<(), VerbsError> {
         // SAFETY: the CQ is alive.
-        let rc = unsafe { ibv_req_notify_cq(self.cq, 0) };
+        let rc = unsafe { sys::req_notify_cq(self.cq, 0) };
         if rc != 0 {
             return Err(VerbsError::code("ibv_req_notify_cq", rc));
         }
@@ -141,16 +147,14 @@ impl CompletionQueue {
             let mut wc: [ibv_wc; BATCH] = unsafe { std::mem::zeroed() };
             let want = BATCH.min(max - total) as i32;
             // SAFETY: the CQ is alive and `wc` has room for `want` entries.
-            let n = unsafe { ibv_poll_cq(self.cq, want, wc.as_mut_ptr()) };
+            let n = unsafe { sys::poll_cq(self.cq, want, wc.as_mut_ptr()) };
             if n < 0 {
                 return Err(VerbsError::code("ibv_poll_cq", n));
             }
             for w in &wc[..n as usize] {
-                let imm = if w.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0 {
+                let imm = if w.wc_flags & sys::IBV_WC_WITH_IMM != 0 {
                     // SAFETY: IBV_WC_WITH_IMM says the union holds imm_data (big endian).
-                    Some(u32::from_be(unsafe {
-                        w.imm_data_invalidated_rkey_union.imm_data
-                    }))
+                    Some(u32::from_be(unsafe { w.imm.imm_data }))
                 } else {
                     None
                 };
@@ -210,13 +214,13 @@ impl CompletionQueue {
         let mut ctx: *mut std::ffi::c_void = std::ptr::null_mut();
         // SAFETY: the channel is alive; out-pointers are valid. The fd is non-blocking, so
         // this returns -1/EAGAIN if another reader took the event.
-        let rc = unsafe { ibv_get_cq_event(self.channel.ch, &mut cq, &mut ctx) };
+        let rc = unsafe { (self.channel.lib.get_cq_event)(self.channel.ch, &mut cq, &mut ctx) };
         if rc != 0 {
             return Ok((false, extra_ready));
         }
         // SAFETY: the only CQ on this channel is ours; acknowledging right away keeps the
         // unacked count at zero so ibv_destroy_cq never blocks.
-        unsafe { ibv_ack_cq_events(cq, 1) };
+        unsafe { (self.channel.lib.ack_cq_events)(cq, 1) };
         self.arm()?;
         Ok((true, extra_ready))
     }
@@ -226,6 +230,6 @@ impl Drop for CompletionQueue {
     fn drop(&mut self) {
         // SAFETY: QPs using this CQ hold an Arc to it, so none is alive; all events were
         // acknowledged in `wait`. The channel (an Arc field) is dropped after this.
-        unsafe { ibv_destroy_cq(self.cq) };
+        unsafe { (self.channel.lib.destroy_cq)(self.cq) };
     }
 }

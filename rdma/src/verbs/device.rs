@@ -1,30 +1,33 @@
 //! Device list, device context, port and GID queries.
 
+use super::sys::{self, ibv_context, ibv_device, ibv_device_attr, ibv_gid, ibv_port_attr, Lib};
 use super::VerbsError;
-use rdma_sys::*;
 use std::ffi::CStr;
 use std::sync::Arc;
 
-/// `port_attr.link_layer` values (macros in verbs.h, absent from the bindings).
-pub const LINK_LAYER_INFINIBAND: u8 = 1;
-pub const LINK_LAYER_ETHERNET: u8 = 2;
+/// `port_attr.link_layer` values.
+pub const LINK_LAYER_INFINIBAND: u8 = sys::IBV_LINK_LAYER_INFINIBAND;
+pub const LINK_LAYER_ETHERNET: u8 = sys::IBV_LINK_LAYER_ETHERNET;
 
 /// RAII owner of the array returned by `ibv_get_device_list`.
 struct DeviceList {
+    lib: &'static Lib,
     list: *mut *mut ibv_device,
     len: usize,
 }
 
 impl DeviceList {
     fn get() -> Result<DeviceList, VerbsError> {
+        let lib = sys::lib()?;
         let mut n: i32 = 0;
         // SAFETY: `n` is a valid out-pointer; the returned array is owned by us until freed.
-        let list = unsafe { ibv_get_device_list(&mut n) };
+        let list = unsafe { (lib.get_device_list)(&mut n) };
         if list.is_null() {
             // No verbs devices or no kernel support at all (ENOSYS): both mean "none".
-            return Ok(DeviceList { list, len: 0 });
+            return Ok(DeviceList { lib, list, len: 0 });
         }
         Ok(DeviceList {
+            lib,
             list,
             len: n.max(0) as usize,
         })
@@ -35,7 +38,7 @@ impl DeviceList {
             // SAFETY: i < len entries, all non-null while the list is alive.
             let dev = unsafe { *self.list.add(i) };
             // SAFETY: the device pointer is valid; the name is a NUL-terminated C string.
-            let name = unsafe { CStr::from_ptr(ibv_get_device_name(dev)) }
+            let name = unsafe { CStr::from_ptr((self.lib.get_device_name)(dev)) }
                 .to_string_lossy()
                 .into_owned();
             (dev, name)
@@ -48,25 +51,30 @@ impl Drop for DeviceList {
         if !self.list.is_null() {
             // SAFETY: the list came from ibv_get_device_list and is freed once; opened
             // contexts stay valid after the list is freed (documented by libibverbs).
-            unsafe { ibv_free_device_list(self.list) };
+            unsafe { (self.lib.free_device_list)(self.list) };
         }
     }
 }
 
-/// Names of the RDMA devices on this host (empty when there are none).
+/// Names of the RDMA devices on this host (empty when there are none, or when libibverbs
+/// is not installed).
 pub fn device_names() -> Vec<String> {
-    match DeviceList::get() {
-        Ok(l) => l.devices().map(|(_, n)| n).collect(),
-        Err(_) => Vec::new(),
-    }
+    list_devices().unwrap_or_default()
+}
+
+/// Names of the RDMA devices on this host; an error when libibverbs cannot be loaded.
+pub fn list_devices() -> Result<Vec<String>, VerbsError> {
+    Ok(DeviceList::get()?.devices().map(|(_, n)| n).collect())
 }
 
 /// An open device (`ibv_context`).
 pub struct Context {
     pub(crate) ctx: *mut ibv_context,
+    pub(crate) lib: &'static Lib,
     name: String,
     max_cqe: i32,
     max_qp_wr: i32,
+    phys_port_cnt: u8,
 }
 
 // SAFETY: an ibv_context may be used from any thread; libibverbs serialises internally.
@@ -78,6 +86,8 @@ unsafe impl Sync for Context {}
 #[derive(Debug, Clone, Copy)]
 pub struct PortInfo {
     pub active: bool,
+    /// `ibv_port_state` (4 = ACTIVE).
+    pub state: u32,
     pub lid: u16,
     pub active_mtu: u32,
     pub link_layer: u8,
@@ -103,19 +113,21 @@ impl Context {
             None => list.devices().next().ok_or(VerbsError::NoDevice)?,
         };
         // SAFETY: `dev` is an entry of the live device list.
-        let ctx = unsafe { ibv_open_device(dev) };
+        let ctx = unsafe { (list.lib.open_device)(dev) };
         if ctx.is_null() {
             return Err(VerbsError::errno("ibv_open_device"));
         }
         // SAFETY: ibv_device_attr is plain old data; zero is a valid bit pattern.
         let mut attr: ibv_device_attr = unsafe { std::mem::zeroed() };
         // SAFETY: ctx is open; attr is a valid out-pointer.
-        let rc = unsafe { ibv_query_device(ctx, &mut attr) };
+        let rc = unsafe { (list.lib.query_device)(ctx, &mut attr) };
         let c = Context {
             ctx,
+            lib: list.lib,
             name: dev_name,
             max_cqe: attr.max_cqe,
             max_qp_wr: attr.max_qp_wr,
+            phys_port_cnt: attr.phys_port_cnt,
         };
         if rc != 0 {
             return Err(VerbsError::code("ibv_query_device", rc));
@@ -135,16 +147,24 @@ impl Context {
         self.max_qp_wr
     }
 
+    /// Number of ports (numbered 1..=n).
+    pub fn port_count(&self) -> u8 {
+        self.phys_port_cnt
+    }
+
     pub fn query_port(&self, port: u8) -> Result<PortInfo, VerbsError> {
         // SAFETY: ibv_port_attr is plain old data; zero is a valid bit pattern.
         let mut a: ibv_port_attr = unsafe { std::mem::zeroed() };
         // SAFETY: the context is open and `a` is a valid, correctly sized out-pointer.
-        let rc = unsafe { ___ibv_query_port(self.ctx, port, &mut a) };
+        // Like verbs.h's inline ibv_query_port, the exported function gets a full, zeroed
+        // ibv_port_attr (the provider fills in at most that much).
+        let rc = unsafe { (self.lib.query_port)(self.ctx, port, &mut a) };
         if rc != 0 {
             return Err(VerbsError::code("ibv_query_port", rc));
         }
         Ok(PortInfo {
-            active: a.state == ibv_port_state::IBV_PORT_ACTIVE,
+            active: a.state == sys::IBV_PORT_ACTIVE,
+            state: a.state,
             lid: a.lid,
             active_mtu: a.active_mtu,
             link_layer: a.link_layer,
@@ -156,7 +176,7 @@ impl Context {
         // SAFETY: ibv_gid is a 16-byte union of plain data.
         let mut g: ibv_gid = unsafe { std::mem::zeroed() };
         // SAFETY: the context is open and `g` is a valid out-pointer.
-        let rc = unsafe { ibv_query_gid(self.ctx, port, index, &mut g) };
+        let rc = unsafe { (self.lib.query_gid)(self.ctx, port, index, &mut g) };
         if rc != 0 {
             return Err(VerbsError::code("ibv_query_gid", rc));
         }
@@ -165,7 +185,7 @@ impl Context {
     }
 
     /// The GID type string the kernel publishes ("RoCE v2", "IB/RoCE v1"), if readable.
-    fn gid_type(&self, port: u8, index: i32) -> Option<String> {
+    pub fn gid_type(&self, port: u8, index: i32) -> Option<String> {
         let p = format!(
             "/sys/class/infiniband/{}/ports/{}/gid_attrs/types/{}",
             self.name, port, index
@@ -222,6 +242,6 @@ impl Context {
 impl Drop for Context {
     fn drop(&mut self) {
         // SAFETY: every child object holds an Arc<Context>, so none is alive any more.
-        unsafe { ibv_close_device(self.ctx) };
+        unsafe { (self.lib.close_device)(self.ctx) };
     }
 }

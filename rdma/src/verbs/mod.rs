@@ -1,4 +1,5 @@
-//! A small safe layer over `rdma-sys`: one module per verbs object.
+//! A small safe layer over libibverbs, loaded at run time ([`sys`]): one module per verbs
+//! object.
 //!
 //! Ownership encodes the teardown order the verbs API requires. Every child object holds an
 //! `Arc` of its parent, so a parent outlives its children whatever order the user drops them
@@ -14,10 +15,12 @@ mod device;
 mod mr;
 mod pd;
 mod qp;
+pub mod sys;
 
 pub use cq::{CompletionChannel, CompletionQueue, WorkCompletion};
 pub use device::{
-    device_names, Context, GidInfo, PortInfo, LINK_LAYER_ETHERNET, LINK_LAYER_INFINIBAND,
+    device_names, list_devices, Context, GidInfo, PortInfo, LINK_LAYER_ETHERNET,
+    LINK_LAYER_INFINIBAND,
 };
 pub use mr::MemoryRegion;
 pub use pd::ProtectionDomain;
@@ -28,6 +31,9 @@ use std::io;
 /// Errors of the verbs layer.
 #[derive(Debug, thiserror::Error)]
 pub enum VerbsError {
+    /// libibverbs could not be loaded (not installed, or too old).
+    #[error("{0}")]
+    Library(#[from] sys::LoadError),
     #[error("no RDMA device found")]
     NoDevice,
     #[error("RDMA device {0:?} not found")]

@@ -1,8 +1,8 @@
 //! Memory regions over an [`Arena`] (the node's arena or a transport's private buffers).
 
+use super::sys::{self, ibv_mr};
 use super::{ProtectionDomain, VerbsError};
 use phalanx_transport::Arena;
-use rdma_sys::*;
 use std::sync::Arc;
 
 /// A registration of a whole [`Arena`]. It keeps the arena mapped and the protection domain
@@ -28,19 +28,14 @@ impl MemoryRegion {
         pd: &Arc<ProtectionDomain>,
         mem: Arc<Arena>,
     ) -> Result<MemoryRegion, VerbsError> {
-        let access = ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
-            | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
-            | ibv_access_flags::IBV_ACCESS_REMOTE_READ;
+        let access = sys::IBV_ACCESS_LOCAL_WRITE
+            | sys::IBV_ACCESS_REMOTE_WRITE
+            | sys::IBV_ACCESS_REMOTE_READ;
+        let lib = pd.context().lib;
         // SAFETY: the arena is a live mapping of mem.len() bytes that we keep alive (Arc) for
         // as long as the registration exists.
-        let mr = unsafe {
-            ibv_reg_mr(
-                pd.pd,
-                mem.as_ptr().cast(),
-                mem.len().max(1),
-                access.0 as i32,
-            )
-        };
+        let mr =
+            unsafe { (lib.reg_mr)(pd.pd, mem.as_ptr().cast(), mem.len().max(1), access as i32) };
         if mr.is_null() {
             return Err(VerbsError::errno("ibv_reg_mr"));
         }
@@ -85,6 +80,6 @@ impl Drop for MemoryRegion {
     fn drop(&mut self) {
         // SAFETY: users keep an Arc<MemoryRegion> in every connection whose QP may access it
         // and the QP is destroyed first, so the NIC no longer touches this memory.
-        unsafe { ibv_dereg_mr(self.mr) };
+        unsafe { (self._pd.context().lib.dereg_mr)(self.mr) };
     }
 }

@@ -1,7 +1,7 @@
 //! Protection domain.
 
+use super::sys::ibv_pd;
 use super::{Context, VerbsError};
-use rdma_sys::*;
 use std::sync::Arc;
 
 pub struct ProtectionDomain {
@@ -17,7 +17,7 @@ unsafe impl Sync for ProtectionDomain {}
 impl ProtectionDomain {
     pub fn new(ctx: &Arc<Context>) -> Result<Arc<ProtectionDomain>, VerbsError> {
         // SAFETY: the context is open (we hold an Arc to it).
-        let pd = unsafe { ibv_alloc_pd(ctx.ctx) };
+        let pd = unsafe { (ctx.lib.alloc_pd)(ctx.ctx) };
         if pd.is_null() {
             return Err(VerbsError::errno("ibv_alloc_pd"));
         }
@@ -35,6 +35,6 @@ impl ProtectionDomain {
 impl Drop for ProtectionDomain {
     fn drop(&mut self) {
         // SAFETY: MRs and QPs hold an Arc<ProtectionDomain>, so none of them is alive.
-        unsafe { ibv_dealloc_pd(self.pd) };
+        unsafe { (self.ctx.lib.dealloc_pd)(self.pd) };
     }
 }

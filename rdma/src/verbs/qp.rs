@@ -1,7 +1,9 @@
 //! Reliable-connected queue pair: creation, RESET→INIT→RTR→RTS, posting writes and receives.
 
+use super::sys::{
+    self, ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_recv_wr, ibv_send_wr, ibv_sge, Lib,
+};
 use super::{CompletionQueue, MemoryRegion, ProtectionDomain, VerbsError};
-use rdma_sys::*;
 use std::sync::{Arc, Mutex};
 
 /// What one side tells the other to connect an RC queue pair.
@@ -43,6 +45,7 @@ pub enum QpState {
 /// alive until it is destroyed, so the NIC never touches freed or deregistered memory.
 pub struct QueuePair {
     qp: *mut ibv_qp,
+    lib: &'static Lib,
     qpn: u32,
     state: Mutex<QpState>,
     // Dropped after the QP is destroyed in Drop::drop.
@@ -68,15 +71,16 @@ impl QueuePair {
         let mut a: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
         a.send_cq = cq.cq;
         a.recv_cq = cq.cq;
-        a.qp_type = ibv_qp_type::IBV_QPT_RC;
+        a.qp_type = sys::IBV_QPT_RC;
         a.sq_sig_all = 0;
         a.cap.max_send_wr = max_send_wr;
         a.cap.max_recv_wr = max_recv_wr;
         a.cap.max_send_sge = 1;
         a.cap.max_recv_sge = 1;
         a.cap.max_inline_data = 0;
+        let lib = pd.context().lib;
         // SAFETY: the PD and the CQ are alive (we keep Arcs); `a` is fully initialised.
-        let qp = unsafe { ibv_create_qp(pd.pd, &mut a) };
+        let qp = unsafe { (lib.create_qp)(pd.pd, &mut a) };
         if qp.is_null() {
             return Err(VerbsError::errno("ibv_create_qp"));
         }
@@ -84,6 +88,7 @@ impl QueuePair {
         let qpn = unsafe { (*qp).qp_num };
         Ok(QueuePair {
             qp,
+            lib,
             qpn,
             state: Mutex::new(QpState::Reset),
             in_use: Mutex::new(Vec::new()),
@@ -100,14 +105,9 @@ impl QueuePair {
         *self.state.lock().unwrap()
     }
 
-    fn modify(
-        &self,
-        attr: &mut ibv_qp_attr,
-        mask: ibv_qp_attr_mask,
-        to: QpState,
-    ) -> Result<(), VerbsError> {
+    fn modify(&self, attr: &mut ibv_qp_attr, mask: u32, to: QpState) -> Result<(), VerbsError> {
         // SAFETY: the QP is alive and `attr` is initialised for every bit in `mask`.
-        let rc = unsafe { ibv_modify_qp(self.qp, attr, mask.0 as i32) };
+        let rc = unsafe { (self.lib.modify_qp)(self.qp, attr, mask as i32) };
         if rc != 0 {
             return Err(VerbsError::code("ibv_modify_qp", rc));
         }
@@ -118,17 +118,16 @@ impl QueuePair {
     pub fn to_init(&self, p: &RcParams) -> Result<(), VerbsError> {
         // SAFETY: ibv_qp_attr is plain old data; zero is valid.
         let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
-        a.qp_state = ibv_qp_state::IBV_QPS_INIT;
+        a.qp_state = sys::IBV_QPS_INIT;
         a.pkey_index = 0;
         a.port_num = p.port;
-        a.qp_access_flags = (ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
-            | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
-            | ibv_access_flags::IBV_ACCESS_REMOTE_READ)
-            .0;
-        let m = ibv_qp_attr_mask::IBV_QP_STATE
-            | ibv_qp_attr_mask::IBV_QP_PKEY_INDEX
-            | ibv_qp_attr_mask::IBV_QP_PORT
-            | ibv_qp_attr_mask::IBV_QP_ACCESS_FLAGS;
+        a.qp_access_flags = sys::IBV_ACCESS_LOCAL_WRITE
+            | sys::IBV_ACCESS_REMOTE_WRITE
+            | sys::IBV_ACCESS_REMOTE_READ;
+        let m = sys::IBV_QP_STATE
+            | sys::IBV_QP_PKEY_INDEX
+            | sys::IBV_QP_PORT
+            | sys::IBV_QP_ACCESS_FLAGS;
         self.modify(&mut a, m, QpState::Init)
     }
 
@@ -140,7 +139,7 @@ impl QueuePair {
     ) -> Result<(), VerbsError> {
         // SAFETY: ibv_qp_attr is plain old data; zero is valid.
         let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
-        a.qp_state = ibv_qp_state::IBV_QPS_RTR;
+        a.qp_state = sys::IBV_QPS_RTR;
         a.path_mtu = local_mtu.min(remote.mtu).max(1);
         a.dest_qp_num = remote.qpn;
         a.rq_psn = remote.psn;
@@ -158,31 +157,31 @@ impl QueuePair {
             a.ah_attr.grh.flow_label = 0;
             a.ah_attr.grh.traffic_class = 0;
         }
-        let m = ibv_qp_attr_mask::IBV_QP_STATE
-            | ibv_qp_attr_mask::IBV_QP_AV
-            | ibv_qp_attr_mask::IBV_QP_PATH_MTU
-            | ibv_qp_attr_mask::IBV_QP_DEST_QPN
-            | ibv_qp_attr_mask::IBV_QP_RQ_PSN
-            | ibv_qp_attr_mask::IBV_QP_MAX_DEST_RD_ATOMIC
-            | ibv_qp_attr_mask::IBV_QP_MIN_RNR_TIMER;
+        let m = sys::IBV_QP_STATE
+            | sys::IBV_QP_AV
+            | sys::IBV_QP_PATH_MTU
+            | sys::IBV_QP_DEST_QPN
+            | sys::IBV_QP_RQ_PSN
+            | sys::IBV_QP_MAX_DEST_RD_ATOMIC
+            | sys::IBV_QP_MIN_RNR_TIMER;
         self.modify(&mut a, m, QpState::Rtr)
     }
 
     pub fn to_rts(&self, p: &RcParams, psn: u32) -> Result<(), VerbsError> {
         // SAFETY: ibv_qp_attr is plain old data; zero is valid.
         let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
-        a.qp_state = ibv_qp_state::IBV_QPS_RTS;
+        a.qp_state = sys::IBV_QPS_RTS;
         a.timeout = p.timeout;
         a.retry_cnt = p.retry_cnt;
         a.rnr_retry = p.rnr_retry;
         a.sq_psn = psn;
         a.max_rd_atomic = 1;
-        let m = ibv_qp_attr_mask::IBV_QP_STATE
-            | ibv_qp_attr_mask::IBV_QP_TIMEOUT
-            | ibv_qp_attr_mask::IBV_QP_RETRY_CNT
-            | ibv_qp_attr_mask::IBV_QP_RNR_RETRY
-            | ibv_qp_attr_mask::IBV_QP_SQ_PSN
-            | ibv_qp_attr_mask::IBV_QP_MAX_QP_RD_ATOMIC;
+        let m = sys::IBV_QP_STATE
+            | sys::IBV_QP_TIMEOUT
+            | sys::IBV_QP_RETRY_CNT
+            | sys::IBV_QP_RNR_RETRY
+            | sys::IBV_QP_SQ_PSN
+            | sys::IBV_QP_MAX_QP_RD_ATOMIC;
         self.modify(&mut a, m, QpState::Rts)
     }
 
@@ -191,8 +190,8 @@ impl QueuePair {
     pub fn to_error(&self) -> Result<(), VerbsError> {
         // SAFETY: ibv_qp_attr is plain old data; zero is valid.
         let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
-        a.qp_state = ibv_qp_state::IBV_QPS_ERR;
-        self.modify(&mut a, ibv_qp_attr_mask::IBV_QP_STATE, QpState::Error)
+        a.qp_state = sys::IBV_QPS_ERR;
+        self.modify(&mut a, sys::IBV_QP_STATE, QpState::Error)
     }
 
     fn keep(&self, mr: &Arc<MemoryRegion>) {
@@ -237,19 +236,19 @@ impl QueuePair {
         wr.wr_id = wr_id;
         wr.sg_list = &mut sge;
         wr.num_sge = if len == 0 { 0 } else { 1 };
-        wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+        wr.send_flags = sys::IBV_SEND_SIGNALED;
         match imm {
             Some(v) => {
-                wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
-                wr.imm_data_invalidated_rkey_union.imm_data = v.to_be();
+                wr.opcode = sys::IBV_WR_RDMA_WRITE_WITH_IMM;
+                wr.imm.imm_data = v.to_be();
             }
-            None => wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+            None => wr.opcode = sys::IBV_WR_RDMA_WRITE,
         }
-        wr.wr.rdma = rdma_t { remote_addr, rkey };
+        wr.wr.rdma = sys::ibv_wr_rdma { remote_addr, rkey };
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
         // SAFETY: the QP is alive; `wr` and `sge` live across the call (the provider copies
         // them into the send queue); the source range is inside `mr`, kept alive above.
-        let rc = unsafe { ibv_post_send(self.qp, &mut wr, &mut bad) };
+        let rc = unsafe { sys::post_send(self.qp, &mut wr, &mut bad) };
         if rc != 0 {
             return Err(VerbsError::code("ibv_post_send", rc));
         }
@@ -265,7 +264,7 @@ impl QueuePair {
         wr.sg_list = std::ptr::null_mut();
         let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
         // SAFETY: the QP is alive; `wr` lives across the call and names no memory.
-        let rc = unsafe { ibv_post_recv(self.qp, &mut wr, &mut bad) };
+        let rc = unsafe { sys::post_recv(self.qp, &mut wr, &mut bad) };
         if rc != 0 {
             return Err(VerbsError::code("ibv_post_recv", rc));
         }
@@ -278,6 +277,6 @@ impl Drop for QueuePair {
         // SAFETY: nobody else holds the QP (we are in drop). After destroy returns the NIC
         // no longer accesses any buffer of this QP; `in_use`, the CQ and the PD are released
         // only after this, by field drops.
-        unsafe { ibv_destroy_qp(self.qp) };
+        unsafe { (self.lib.destroy_qp)(self.qp) };
     }
 }
