@@ -41,9 +41,14 @@ impl Node {
         opts: &ReduceOptions,
     ) -> Result<ReduceOutcome> {
         let kind = (op, dtype);
-        self.inner
-            .reducer
-            .reduce(target.into(), sources, num_objects, kind, opts)
+        self.inner.reducer.reduce(
+            target.into(),
+            sources,
+            num_objects,
+            kind,
+            opts,
+            Hooks::default(),
+        )
     }
 
     /// Starts a reduce and returns at once: [`ReduceHandle::inputs`] tells which sources were
@@ -95,14 +100,10 @@ impl Node {
             on_tree: Some(on_tree),
         };
         let kind = (op, dtype);
-        let outcome = self.inner.reducer.reduce_with_hooks(
-            target.clone(),
-            sources,
-            sources.len(),
-            kind,
-            opts,
-            hooks,
-        )?;
+        let outcome =
+            self.inner
+                .reducer
+                .reduce(target.clone(), sources, sources.len(), kind, opts, hooks)?;
         if let Some(c) = self.inner.store.lookup(&target) {
             if c.status() == CopyStatus::Complete {
                 return Ok((c.filled(0, c.size()).to_vec(), outcome));

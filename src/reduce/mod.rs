@@ -180,20 +180,8 @@ impl Reducer {
         }
     }
 
-    /// Runs one reduce, coordinated from this node, to the end.
-    pub fn reduce(
-        &self,
-        target: ObjectId,
-        sources: &[ObjectId],
-        num: usize,
-        kind: (ReduceOp, DType),
-        opts: &ReduceOptions,
-    ) -> Result<ReduceOutcome> {
-        self.coordinate_reduce(target, sources, num, kind, opts, Hooks::default())
-    }
-
-    /// [`Reducer::reduce`] with hooks.
-    pub(crate) fn reduce_with_hooks(
+    /// Runs one reduce, coordinated from this node, to the end; `hooks` hear of its progress.
+    pub(crate) fn reduce(
         &self,
         target: ObjectId,
         sources: &[ObjectId],

@@ -185,6 +185,11 @@ fn send(s: &mut TcpStream, tag: u8, a: u64, b: u64) -> std::io::Result<()> {
 fn recv(s: &mut TcpStream, want: u8) -> std::io::Result<(u64, u64)> {
     let mut f = [0u8; 17];
     s.read_exact(&mut f)?;
+    parse(&f, want)
+}
+
+/// A message of the side channel: its tag must be `want`; its two numbers.
+fn parse(f: &[u8; 17], want: u8) -> std::io::Result<(u64, u64)> {
     if f[0] != want {
         return Err(std::io::Error::other(format!(
             "bench sync: expected message {want}, got {}",
@@ -220,15 +225,7 @@ fn recv_polling(s: &mut TcpStream, want: u8, poll: Duration) -> std::io::Result<
             Err(e) => return Err(e.into()),
         }
     }
-    if f[0] != want {
-        return Err(std::io::Error::other(format!(
-            "bench sync: expected message {want}, got {}",
-            f[0]
-        )));
-    }
-    let a = u64::from_le_bytes(f[1..9].try_into().expect("8 bytes"));
-    let b = u64::from_le_bytes(f[9..].try_into().expect("8 bytes"));
-    Ok((a, b))
+    parse(&f, want)
 }
 
 /// Ranks in separate processes: rank 0 listens, every other rank connects to it.
