@@ -5,6 +5,7 @@
 use super::{ServeRecord, Transfers};
 use crate::hop::hop;
 use crate::protocol::PullMsg;
+use crate::store::CopyStatus;
 use crate::{Error, ObjectId, Result};
 use phalanx_transport::{NodeId, RemoteRegion, StreamId};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,6 +24,9 @@ impl Transfers {
         dst: RemoteRegion,
         from: u64,
     ) {
+        if self.serve_here(receiver, &id, stream, &dst, from) {
+            return;
+        }
         let me = self.clone();
         let spawned = self
             .workers
@@ -32,6 +36,60 @@ impl Transfers {
             self.rpc
                 .send_from_transport_thread(receiver, refused.into());
         }
+    }
+
+    /// Serves a small rest of a complete copy at once, on the transport thread the request
+    /// came in on, if the transport can take it without blocking: one hand-off less for the
+    /// smallest objects that are pulled. False: nothing was written, a worker serves it.
+    fn serve_here(
+        &self,
+        receiver: NodeId,
+        id: &ObjectId,
+        stream: StreamId,
+        dst: &RemoteRegion,
+        from: u64,
+    ) -> bool {
+        let Some(copy) = self.store.lookup(id) else {
+            return false;
+        };
+        let size = copy.size();
+        let small = from < size && size - from <= SERVE_HERE_MAX;
+        if !small
+            || copy.status() != CopyStatus::Complete
+            || dst.len != size
+            || self.fault.budget(id, from).is_some()
+        {
+            return false;
+        }
+        let start = Instant::now();
+        let written = self.transport.write_nonblocking(
+            receiver,
+            stream,
+            copy.offset() + from,
+            dst,
+            from,
+            size - from,
+        );
+        if !matches!(written, Ok(true)) {
+            return false;
+        }
+        hop!(
+            self.id,
+            "served on the transport thread",
+            to = receiver,
+            len = size - from
+        );
+        self.serve_log.lock().unwrap().push(ServeRecord {
+            id: id.clone(),
+            source: self.id,
+            receiver,
+            bytes: size - from,
+            start,
+            end: Instant::now(),
+        });
+        let done = PullMsg::PullEnd { stream, ok: true };
+        self.rpc.send_from_transport_thread(receiver, done.into());
+        true
     }
 
     /// The receiver gives up on `stream`.
@@ -132,6 +190,9 @@ impl Transfers {
         }
     }
 }
+
+/// The largest rest of a complete copy served on the transport thread (one frame).
+const SERVE_HERE_MAX: u64 = 64 << 10;
 
 /// The smallest piece a source writes at once (per-frame costs).
 const MIN_SERVE_CHUNK: u64 = 16 << 10;

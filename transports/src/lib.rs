@@ -133,6 +133,23 @@ pub trait Transport: Send + Sync + 'static {
         len: u64,
     ) -> Result<(), TransportError>;
 
+    /// [`Transport::write`] for handlers running on the transport's own threads: the whole
+    /// range is written (or queued, copied, behind the frames already queued) without ever
+    /// blocking, or nothing is and Ok(false) says so (write it from another thread). Meant for
+    /// small ranges: whatever the socket does not take at once is copied.
+    fn write_nonblocking(
+        &self,
+        peer: NodeId,
+        stream: StreamId,
+        src_offset: u64,
+        dst: &RemoteRegion,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<bool, TransportError> {
+        let _ = (peer, stream, src_offset, dst, dst_offset, len);
+        Ok(false)
+    }
+
     /// The event stream. Every call returns a handle to the same channel.
     fn events(&self) -> Receiver<Event>;
 

@@ -296,6 +296,47 @@ pub fn small_writes_land_exactly<H: Harness>() {
     b.nothing_queued("one set of events per write");
 }
 
+/// `write_nonblocking` either writes the whole range, in order with the writes and control
+/// messages before and after it, or declines (Ok(false)) and nothing of it lands; a range
+/// larger than the transport's frame may always be declined.
+pub fn nonblocking_writes_land_in_order_or_not_at_all<H: Harness>() {
+    const SENTINEL: u8 = 0x3C;
+    let mesh = Mesh::<H>::new(2, 1 << 20, CALM_HEARTBEAT);
+    let (a, b) = (mesh.node(0), mesh.node(1));
+    let region = b.t.remote_region(4096, 512 << 10).expect("region");
+    paint(&b.arena, 0, 1 << 20, SENTINEL);
+    let mut at = 3;
+    for (i, &len) in [1u64, 100, 4096, 16 << 10, 64 << 10].iter().enumerate() {
+        let src = (96 << 10) * i as u64 + 5;
+        fill(&a.arena, src, len, i as u64 + 31);
+        // A blocking write, the non-blocking one, then a control message: in this order.
+        a.t.write(1, 100 + i as u64, src, &region, at, 1)
+            .expect("blocking write");
+        let what = format!("non-blocking write of {len} bytes");
+        let took =
+            a.t.write_nonblocking(1, 200 + i as u64, src + 1, &region, at + 1, len)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+        a.t.send(1, &[i as u8]).expect("control message");
+        b.expect_data(0, 100 + i as u64, at, 1, WAIT);
+        if took {
+            b.expect_data(0, 200 + i as u64, at + 1, len, WAIT);
+            assert_same(
+                &a.arena,
+                src + 1,
+                &b.arena,
+                region.offset + at + 1,
+                len,
+                &what,
+            );
+        } else {
+            assert_untouched(&b.arena, region.offset + at + 1, len, SENTINEL, &what);
+        }
+        b.expect_ctrl(0, &[i as u8]);
+        b.nothing_queued(&what);
+        at += len + 8;
+    }
+}
+
 /// One large write (`PHALANX_CONTRACT_MAX_BYTES`, 64 MiB by default; many chunks) from an
 /// unaligned source to an unaligned destination lands exactly, its data events in order and
 /// contiguous, and the counters count its bytes once.

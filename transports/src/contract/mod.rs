@@ -155,6 +155,7 @@ macro_rules! transport_contract_tests {
         __phalanx_contract_case!(ctrl_after_write_follows_its_data);
         __phalanx_contract_case!(data_events_cover_each_stream_exactly);
         __phalanx_contract_case!(small_writes_land_exactly);
+        __phalanx_contract_case!(nonblocking_writes_land_in_order_or_not_at_all);
         __phalanx_contract_case!(large_write_lands_exactly);
         __phalanx_contract_case!(max_ctrl_len_is_the_limit);
         __phalanx_contract_case!(invalid_operations_fail_with_typed_errors);

@@ -99,13 +99,24 @@ impl Inner {
         conn: &Arc<Conn>,
         msg: &[u8],
     ) -> Result<bool, TransportError> {
+        let head = FrameHeader::control(FrameKind::Ctrl, msg.len() as u64);
+        self.frame_nonblocking(conn, &head, msg)
+    }
+
+    /// Queues one frame (control or data) without ever blocking; see `send_nonblocking`.
+    pub(super) fn frame_nonblocking(
+        &self,
+        conn: &Arc<Conn>,
+        h: &FrameHeader,
+        msg: &[u8],
+    ) -> Result<bool, TransportError> {
         let Ok(mut w) = conn.writer.try_lock() else {
             return Ok(false);
         };
         if conn.is_failed() {
             return Err(TransportError::PeerUnavailable(conn.peer()));
         }
-        let head = FrameHeader::control(FrameKind::Ctrl, msg.len() as u64).encode();
+        let head = h.encode();
         if w.tail.is_empty() {
             use nix::sys::socket::{sendmsg, MsgFlags};
             let iov = [IoSlice::new(&head), IoSlice::new(msg)];

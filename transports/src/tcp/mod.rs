@@ -191,4 +191,38 @@ impl Transport for TcpTransport {
         }
         Ok(())
     }
+
+    fn write_nonblocking(
+        &self,
+        peer: NodeId,
+        stream: StreamId,
+        src_offset: u64,
+        dst: &RemoteRegion,
+        dst_offset: u64,
+        len: u64,
+    ) -> Result<bool, TransportError> {
+        let arena = self.inner.arena.get().ok_or(TransportError::NoArena)?;
+        arena.check(src_offset, len)?;
+        dst.check(dst_offset, len)?;
+        if len > self.inner.cfg.max_frame as u64 {
+            return Ok(false); // one frame or nothing
+        }
+        let conn = self.inner.links.get(peer)?;
+        let h = FrameHeader {
+            kind: FrameKind::Data,
+            len,
+            stream,
+            dst: dst.offset + dst_offset,
+            rel: dst_offset,
+        };
+        // SAFETY: bounds checked above; the caller keeps the source range allocated and
+        // unchanged until this call returns, and what the socket does not take is copied.
+        let src = unsafe { arena.slice(src_offset, len) };
+        let sent = self.inner.frame_nonblocking(&conn, &h, src)?;
+        if sent {
+            let counters = &self.inner.links.counters;
+            counters.data_bytes_sent.fetch_add(len, Ordering::Relaxed);
+        }
+        Ok(sent)
+    }
 }
