@@ -35,13 +35,14 @@ impl RangeAllocator {
         self.free_bytes
     }
 
-    fn rounded(len: u64) -> u64 {
-        len.max(1).div_ceil(ALIGN) * ALIGN
+    /// `len` rounded up to the granularity (a length too close to `u64::MAX` has none).
+    fn rounded(len: u64) -> Option<u64> {
+        len.max(1).checked_next_multiple_of(ALIGN)
     }
 
     /// Returns the offset of a range of at least `len` bytes, or None when no hole fits.
     pub fn alloc(&mut self, len: u64) -> Option<u64> {
-        let need = Self::rounded(len);
+        let need = Self::rounded(len)?;
         let (&off, &hole) = self.free.iter().find(|(_, &l)| l >= need)?;
         self.free.remove(&off);
         if hole > need {
@@ -53,8 +54,9 @@ impl RangeAllocator {
 
     /// Returns a range obtained from `alloc(len)`.
     pub fn free(&mut self, off: u64, len: u64) {
+        let rounded = Self::rounded(len).expect("a length alloc accepted");
         let mut start = off;
-        let mut size = Self::rounded(len);
+        let mut size = rounded;
         self.free_bytes += size;
         if let Some((&p, &pl)) = self.free.range(..off).next_back() {
             debug_assert!(p + pl <= off, "double free");
@@ -64,8 +66,8 @@ impl RangeAllocator {
                 size += pl;
             }
         }
-        if let Some(&nl) = self.free.get(&(off + Self::rounded(len))) {
-            self.free.remove(&(off + Self::rounded(len)));
+        if let Some(&nl) = self.free.get(&(off + rounded)) {
+            self.free.remove(&(off + rounded));
             size += nl;
         }
         self.free.insert(start, size);
@@ -92,6 +94,16 @@ mod tests {
         a.free(z, 1);
         assert_eq!(a.free_bytes(), 1024);
         assert_eq!(a.alloc(1024), Some(0));
+    }
+
+    #[test]
+    fn lengths_near_the_top_of_u64_are_refused() {
+        let mut a = RangeAllocator::new(1 << 20);
+        for len in [u64::MAX, u64::MAX - 1, u64::MAX - 63, 1 << 40] {
+            assert_eq!(a.alloc(len), None, "{len}");
+        }
+        assert_eq!(a.free_bytes(), 1 << 20, "nothing taken");
+        assert_eq!(a.alloc(64), Some(0));
     }
 
     #[test]

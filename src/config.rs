@@ -115,6 +115,12 @@ impl ClusterConfig {
         if ids.is_empty() || ids.iter().enumerate().any(|(i, &id)| id != i as NodeId) {
             return Err(format!("node ids must be 0..n-1 without gaps, got {ids:?}"));
         }
+        if c.heartbeat_ms == Some(0) {
+            return Err("heartbeat_ms must be at least 1".into());
+        }
+        if c.arena_size == Some(0) {
+            return Err("arena_size must not be 0".into());
+        }
         if c.op_timeout_s == Some(0) {
             return Err("op_timeout_s must be at least 1".into());
         }
@@ -190,5 +196,7 @@ mod tests {
         assert_eq!(c.node_config().spin_wait, Duration::ZERO);
         assert_eq!(c.node_config().op_timeout, Duration::from_secs(5));
         assert!(ClusterConfig::parse(&format!("op_timeout_s = 0\n{one}")).is_err());
+        assert!(ClusterConfig::parse(&format!("heartbeat_ms = 0\n{one}")).is_err());
+        assert!(ClusterConfig::parse(&format!("arena_size = 0\n{one}")).is_err());
     }
 }

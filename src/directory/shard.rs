@@ -3,10 +3,12 @@
 //! source and withholds that source until the receiver reports back, so broadcast receivers
 //! arrange themselves into a tree. It is a plain state machine: messages in, messages out.
 
+use crate::config::INLINE_LIMIT;
 use crate::protocol::{DirMsg, Located, LocationInfo, Msg, ObjectInfo, Reply, Rid};
 use crate::ObjectId;
 use phalanx_transport::NodeId;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use tracing::warn;
 
 /// The request id of a message whose sender waits for no answer (request ids start at 1).
 pub const NO_REPLY: Rid = 0;
@@ -197,6 +199,19 @@ impl Shard {
                 node,
                 data,
             } => {
+                if data.len() as u64 >= INLINE_LIMIT {
+                    // Only small objects live in the directory; a larger one is a forgery or a
+                    // bug of the sender, never stored.
+                    warn!(from, %id, len = data.len(), "inline object over the limit refused");
+                    if rid != NO_REPLY {
+                        let e = format!(
+                            "inline object of {} bytes (limit {INLINE_LIMIT})",
+                            data.len()
+                        );
+                        reply(out, from, rid, Reply::Error(e));
+                    }
+                    return;
+                }
                 self.forget_tombstone(&id);
                 let size = data.len() as u64;
                 // Other copies of the same object stay listed (their holders must still be
@@ -618,6 +633,30 @@ mod tests {
             .locations
             .into_iter()
             .find(|l| l.node == node)
+    }
+
+    #[test]
+    fn an_inline_object_over_the_limit_is_refused() {
+        let mut s = Shard::new();
+        let mut out = Vec::new();
+        let msg = DirMsg::PutInline {
+            rid: 4,
+            id: "x".into(),
+            node: 2,
+            data: vec![0; INLINE_LIMIT as usize],
+        };
+        s.handle(2, msg, &mut out);
+        assert!(s.info(&"x".into()).is_none(), "nothing stored");
+        assert!(matches!(
+            &out[..],
+            [(
+                2,
+                Msg::Reply {
+                    rid: 4,
+                    reply: Reply::Error(_)
+                }
+            )]
+        ));
     }
 
     #[test]

@@ -135,6 +135,20 @@ impl Reducer {
     /// Runs one tree position; called on the node that holds `task.own`.
     fn run_task(&self, t: &ReduceTask, cancel: &AtomicBool) -> Result<()> {
         let cancelled = || Error::InvalidArgument(format!("reduce task for {} cancelled", t.out));
+        // The coordinator checks these; a task from elsewhere is checked again (a size that is
+        // not a whole number of elements would never finish combining).
+        let esz = t.dtype.size() as u64;
+        if !t.size.is_multiple_of(esz) || t.chunk == 0 || t.children_at.len() > t.children.len() {
+            return Err(Error::InvalidArgument(format!(
+                "reduce task for {}: {} bytes of {}-byte elements, chunk {}, {} children at {} nodes",
+                t.out,
+                t.size,
+                esz,
+                t.chunk,
+                t.children.len(),
+                t.children_at.len()
+            )));
+        }
         let own = self.input(&t.own)?;
         let children = self.inputs(t)?;
         for (id, i) in std::iter::once(&t.own)

@@ -16,6 +16,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::{debug, error, warn};
 
+/// The pause before the second attempt of a pull that keeps failing; it doubles with every
+/// further failure up to `RETRY_PAUSE_MAX`.
+const RETRY_PAUSE_MIN: Duration = Duration::from_millis(5);
+const RETRY_PAUSE_MAX: Duration = Duration::from_millis(500);
+
 /// Who drives a pull that a fetch starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Driver {
@@ -205,6 +210,9 @@ impl Transfers {
     ) {
         let (mut source, mut token) = first;
         hop!(self.id, "pull driver running", source = source);
+        // Failures since the last attempt that moved bytes, and when that was.
+        let mut failures: u32 = 0;
+        let mut progressed = Instant::now();
         loop {
             // The first request may have gone out before this driver ran.
             let from = sent.as_ref().map_or_else(|| copy.watermark(), |s| s.from);
@@ -239,7 +247,25 @@ impl Transfers {
                 self.abandon_pull(shard, &id, &copy);
                 return;
             }
-            warn!(node = self.id, %id, source, at = copy.watermark(), "pull failed ({reason}); finding another source");
+            if bytes > 0 {
+                failures = 0;
+                progressed = Instant::now();
+            }
+            failures += 1;
+            if progressed.elapsed() >= self.cfg.op_timeout {
+                warn!(node = self.id, %id, failures, "pull given up after {failures} failed attempts ({reason})");
+                self.abandon_pull(shard, &id, &copy);
+                return;
+            }
+            // Logged on the 1st, 2nd, 4th, 8th, ... failure; retried after a growing pause
+            // (a source that cannot be reached may be handed back until its death is known).
+            if failures.is_power_of_two() {
+                warn!(node = self.id, %id, source, at = copy.watermark(), failures, "pull failed ({reason}); finding another source");
+            }
+            if failures > 1 {
+                let pause = RETRY_PAUSE_MIN * (1 << (failures - 2).min(6));
+                std::thread::sleep(pause.min(RETRY_PAUSE_MAX));
+            }
             if self.transport.is_connected(source) {
                 // It refused (no copy any more); a dead source leaves the directory by itself.
                 exclude.push(source);
