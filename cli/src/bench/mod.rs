@@ -111,6 +111,10 @@ pub struct BenchRecord {
     /// Reduce: the degree used (of the median run).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub degree: Option<usize>,
+    /// Median spread of the instants the ranks left the barrier (part of every time; ranks
+    /// on rank 0's clock, multi-process runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub barrier_skew_s: Option<f64>,
     /// Reduce/allreduce: median time from the last input ready to the end.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub after_last_ready_s: Option<f64>,
@@ -145,6 +149,9 @@ impl BenchRecord {
         if let Some(d) = self.degree {
             row += &format!(" {d:>6}");
         }
+        if let Some(k) = self.barrier_skew_s {
+            row += &format!(" {:>17.2}", k * 1e6);
+        }
         row
     }
 
@@ -169,6 +176,9 @@ impl BenchRecord {
         }
         if self.degree.is_some() {
             h += &format!(" {:>6}", "degree");
+        }
+        if self.barrier_skew_s.is_some() {
+            h += &format!(" {:>17}", "barrier skew (us)");
         }
         h
     }
@@ -212,6 +222,7 @@ pub fn run_rank(
             );
         }
         let (mut times, mut after, mut degree) = (Vec::new(), Vec::new(), None);
+        let mut skews = Vec::new();
         let round = rounds::Round::new(node, spec, size, sync)?;
         let last = spec.iters + spec.warmup - 1;
         for it in 0..=last {
@@ -230,6 +241,7 @@ pub fn run_rank(
                 crate::trace::print(&title, round.last_release(), &crate::trace::take());
             }
             if let (Some(m), true) = (m, it >= spec.warmup) {
+                skews.extend(sync.last_skew());
                 times.push(m.total);
                 after.extend(m.after_last_ready);
                 degree = m.degree.or(degree);
@@ -257,6 +269,7 @@ pub fn run_rank(
                 placement: spec.placement,
                 degree,
                 after_last_ready_s: (!after.is_empty()).then(|| median(&mut after)),
+                barrier_skew_s: (!skews.is_empty()).then(|| median(&mut skews)),
             });
         }
     }

@@ -51,6 +51,24 @@ pub trait RankSync: Send + Sync {
     /// Every rank hands in its stamp; rank 0 gets the time of the iteration: the latest
     /// completion minus the start (see the module doc for the clock), in seconds.
     fn finish(&self, rank: u32, stamp: Stamp) -> std::io::Result<Option<f64>>;
+
+    /// Rank 0, after `finish`: how far apart the ranks on its clock left the last barrier
+    /// (the barrier's exit skew, part of the time), if known.
+    fn last_skew(&self) -> Option<f64> {
+        None
+    }
+}
+
+/// The spread of the instants the ranks on rank 0's clock left the barrier, in seconds.
+fn exit_skew(stamps: &[Stamp], shared: &[bool]) -> Option<f64> {
+    let rel = || {
+        stamps
+            .iter()
+            .zip(shared)
+            .filter(|(_, &sh)| sh)
+            .map(|(s, _)| s.released_ns)
+    };
+    Some((rel().max()? - rel().min()?) as f64 / 1e9)
 }
 
 /// The iteration's time from every rank's stamp; `shared[k]`: rank k's clock is rank 0's.
@@ -234,6 +252,8 @@ pub struct TcpSync {
     links: Vec<Mutex<TcpStream>>,
     /// Rank 0: per rank, whether its clock is rank 0's.
     shared: Vec<bool>,
+    /// Rank 0: the exit skew of the last finished iteration's barrier.
+    skew: Mutex<Option<f64>>,
 }
 
 impl TcpSync {
@@ -283,7 +303,11 @@ impl TcpSync {
                 .into_iter()
                 .map(|l| Mutex::new(l.expect("all")))
                 .collect();
-            return Ok(TcpSync { links, shared });
+            return Ok(TcpSync {
+                links,
+                shared,
+                skew: Mutex::new(None),
+            });
         }
         let mut s = loop {
             match TcpStream::connect_timeout(&addr, Duration::from_millis(500)) {
@@ -299,6 +323,7 @@ impl TcpSync {
         Ok(TcpSync {
             links: vec![Mutex::new(s)],
             shared: Vec::new(),
+            skew: Mutex::new(None),
         })
     }
 }
@@ -340,7 +365,12 @@ impl RankSync for TcpSync {
                 done_ns: (done != NONE).then_some(done),
             });
         }
+        *self.skew.lock().unwrap() = exit_skew(&stamps, &self.shared);
         Ok(Some(iteration_time(&stamps, &self.shared)))
+    }
+
+    fn last_skew(&self) -> Option<f64> {
+        *self.skew.lock().unwrap()
     }
 }
 
@@ -359,6 +389,8 @@ mod tests {
         assert_eq!(iteration_time(&st, &[true; 3]), 810e-9);
         // Rank 1 on another host: from its own release.
         assert_eq!(iteration_time(&st, &[true, false, true]), 750e-9);
+        assert_eq!(exit_skew(&st, &[true; 3]), Some(60e-9));
+        assert_eq!(exit_skew(&st, &[true, false, true]), Some(10e-9));
         // Rank 0 alone on its clock.
         assert_eq!(iteration_time(&st, &[true, false, false]), 750e-9);
     }
