@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
+use tracing::debug;
 
 /// Work for the node's dispatcher thread.
 pub(crate) enum Work {
@@ -22,6 +23,9 @@ pub(crate) enum Work {
     Send(NodeId, Msg),
     Stop,
 }
+
+/// No request has this number (`NO_REPLY` of the directory).
+const NO_RID: Rid = 0;
 
 /// What becomes of a reply (or of the failure that replaces it). Runs where the reply lands,
 /// a transport thread: it must not block.
@@ -101,7 +105,7 @@ impl Rpc {
             queue,
             pending: Mutex::new(HashMap::new()),
             loopback: OnceLock::new(),
-            next_rid: AtomicU64::new(1),
+            next_rid: AtomicU64::new(unpredictable_start()),
             closed: AtomicBool::new(false),
             spin_wait,
             op_timeout,
@@ -248,8 +252,23 @@ impl Rpc {
 
     /// A request/reply exchange, bounded by the operation timeout.
     pub fn call(&self, to: NodeId, make: impl FnOnce(Rid) -> Msg) -> Result<Reply> {
+        self.call_or_cancel(to, make, |_| None)
+    }
+
+    /// [`Rpc::call`]; if it times out, the request is forgotten here and `cancel(rid)`'s
+    /// message (if any) goes to the peer, so nothing there waits on a caller that left.
+    pub fn call_or_cancel(
+        &self,
+        to: NodeId,
+        make: impl FnOnce(Rid) -> Msg,
+        cancel: impl FnOnce(Rid) -> Option<Msg>,
+    ) -> Result<Reply> {
         let start = Instant::now();
-        let rx = self.call_async(to, make)?;
+        let mut sent_rid = NO_RID;
+        let rx = self.call_async(to, |rid| {
+            sent_rid = rid;
+            make(rid)
+        })?;
         // Replies to directory lookups take tens of microseconds: spin briefly before parking,
         // which saves the wake-up latency of a sleeping thread.
         let spin_until = Instant::now() + self.spin_wait;
@@ -272,10 +291,16 @@ impl Rpc {
         match got {
             Ok(Ok(Reply::Error(e))) => Err(Error::Protocol { peer: to, what: e }),
             Ok(r) => r,
-            Err(_) => Err(Error::Timeout(
-                self.op_timeout,
-                format!("a reply from node {to}"),
-            )),
+            Err(_) => {
+                self.pending.lock().unwrap().remove(&sent_rid);
+                if let Some(m) = cancel(sent_rid) {
+                    let _ = self.send(to, m);
+                }
+                Err(Error::Timeout(
+                    self.op_timeout,
+                    format!("a reply from node {to}"),
+                ))
+            }
         }
     }
 
@@ -285,10 +310,29 @@ impl Rpc {
         self.rtt.lock().unwrap().estimate()
     }
 
-    /// A reply arrived: hands it to its caller.
+    /// A reply from ourselves arrived: hands it to its caller.
     pub fn complete(&self, rid: Rid, reply: Reply) {
+        self.complete_from(self.id, rid, reply);
+    }
+
+    /// A reply from `from` arrived: hands it to its caller, if `from` is the node the request
+    /// went to (any other peer's reply for that number is ignored).
+    pub fn complete_from(&self, from: NodeId, rid: Rid, reply: Reply) {
         hop!(self.id, "reply in", rid = rid);
-        let pending = self.pending.lock().unwrap().remove(&rid);
+        let pending = {
+            let mut p = self.pending.lock().unwrap();
+            match p.get(&rid) {
+                Some((to, _)) if *to == from => p.remove(&rid),
+                Some(_) => {
+                    debug!(
+                        node = self.id,
+                        from, rid, "reply from a node not asked: ignored"
+                    );
+                    None
+                }
+                None => None,
+            }
+        };
         if let Some((_, on_reply)) = pending {
             on_reply(Ok(reply));
         }
@@ -316,6 +360,15 @@ impl Rpc {
     }
 }
 
+/// A first number for a sequence of request or stream ids that a peer cannot guess: random per
+/// process, never 0 (`NO_REPLY`), far from wrapping.
+pub(crate) fn unpredictable_start() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(std::process::id() as u64);
+    (h.finish() >> 2) | 1
+}
+
 /// The error for a reply of the wrong kind, seen by `node`.
 pub(crate) fn unexpected_reply(node: NodeId, r: Reply) -> Error {
     Error::Protocol {
@@ -337,6 +390,14 @@ fn peer_error(e: TransportError) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_start_where_a_peer_cannot_guess() {
+        let a = unpredictable_start();
+        let b = unpredictable_start();
+        assert!(a != 0 && b != 0 && a < u64::MAX / 2);
+        assert_ne!(a, b, "two sequences, two starts");
+    }
 
     #[test]
     fn the_rtt_window_keeps_the_recent_minimum() {

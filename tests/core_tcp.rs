@@ -225,3 +225,30 @@ fn malformed_frame_drops_only_that_connection() {
 fn phalanx_test_addr(c: &LocalCluster, k: usize) -> std::net::SocketAddr {
     c.node(k).listen_addr().expect("tcp node")
 }
+
+/// A get that gives up (its timeout) leaves nothing behind at the shard: the object put later
+/// is not assigned to the caller that left, and the next reader gets it from its producer.
+#[test]
+fn an_abandoned_get_leaves_no_waiter_behind() {
+    let cfg = NodeConfig {
+        op_timeout: Duration::from_secs(2),
+        ..cfg(64 << 20)
+    };
+    let c = LocalCluster::start(3, cfg, tcp()).unwrap();
+    let id = "abandoned";
+    let t0 = std::time::Instant::now();
+    match c.node(1).get(id) {
+        Err(Error::Timeout(..)) => {}
+        other => panic!("expected a timeout, got {:?}", other.map(|v| v.len())),
+    }
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    let data = pattern(4 << 20, 5);
+    c.node(0).put(id, &data).unwrap();
+    // Node 1 left: node 2 is served (by node 0) within its own timeout.
+    assert!(c.node(2).get(id).unwrap() == data);
+    let info = c.node(0).locate(id).unwrap().unwrap();
+    assert!(
+        info.locations.iter().all(|l| l.node != 1),
+        "the caller that left is not listed: {info:?}"
+    );
+}

@@ -117,7 +117,7 @@ impl DirClient {
         loop {
             // Recomputed each time: a dead shard's entries move to another node.
             let shard = self.shard_of(id);
-            let r = self.rpc.call(shard, |rid| {
+            let locate = |rid| {
                 Msg::Dir(DirMsg::Locate {
                     rid,
                     id: id.clone(),
@@ -125,7 +125,15 @@ impl DirClient {
                     resume,
                     exclude: exclude.to_vec(),
                 })
-            });
+            };
+            // A locate given up leaves no waiter behind at the shard, nor a source held for it.
+            let cancel = |rid| {
+                Some(Msg::Dir(DirMsg::CancelLocate {
+                    id: id.clone(),
+                    rid,
+                }))
+            };
+            let r = self.rpc.call_or_cancel(shard, locate, cancel);
             match r {
                 Ok(Reply::Located(l)) => return Ok(l),
                 Ok(r) => return Err(self.rpc.unexpected(r)),

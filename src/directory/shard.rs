@@ -174,6 +174,29 @@ impl Shard {
                 self.notify(&id, out);
                 self.serve_waiters(&id, out);
             }
+            DirMsg::CancelLocate { id, rid } => {
+                if let Some(q) = self.waiting.get_mut(&id) {
+                    q.retain(|w| !(w.node == from && w.rid == rid));
+                    if q.is_empty() {
+                        self.waiting.remove(&id);
+                    }
+                }
+                // Answered already: the assignment made under that number is released and the
+                // requester's partial copy (it never pulled) leaves the entry.
+                if let Some(e) = self.entries.get_mut(&id) {
+                    let mut released = false;
+                    for l in e.locs.values_mut() {
+                        if l.serving == Some(from) && l.token == rid {
+                            l.serving = None;
+                            released = true;
+                        }
+                    }
+                    if released && e.locs.get(&from).is_some_and(|l| !l.complete) {
+                        e.locs.remove(&from);
+                    }
+                }
+                self.serve_waiters(&id, out);
+            }
             DirMsg::Claim {
                 id,
                 source,
@@ -633,6 +656,34 @@ mod tests {
             .locations
             .into_iter()
             .find(|l| l.node == node)
+    }
+
+    #[test]
+    fn a_cancelled_locate_leaves_no_waiter_and_holds_no_source() {
+        let mut s = Shard::new();
+        let cancel = |s: &mut Shard, node: NodeId| {
+            let msg = DirMsg::CancelLocate {
+                id: "x".into(),
+                rid: node as u64,
+            };
+            let mut out = Vec::new();
+            s.handle(node, msg, &mut out);
+            out
+        };
+        // 1 waits, then gives up: the copy that appears goes to 2, who asked later.
+        assert!(locate(&mut s, 1, vec![]).is_empty());
+        assert!(cancel(&mut s, 1).is_empty());
+        assert!(locate(&mut s, 2, vec![]).is_empty());
+        let out = publish(&mut s, 0, true);
+        assert_eq!(out.len(), 1, "only 2 is answered: {out:?}");
+        assert_eq!(located(&out, 2), src(0));
+        // 3 is sent to 2's partial copy and gives up after the answer: 2 is free again and
+        // 3 is not listed.
+        assert_eq!(located(&locate(&mut s, 3, vec![]), 3), src(2));
+        cancel(&mut s, 3);
+        assert!(loc(&s, 3).is_none());
+        assert_eq!(loc(&s, 2).unwrap().serving, None);
+        assert_eq!(located(&locate(&mut s, 4, vec![]), 4), src(2));
     }
 
     #[test]

@@ -133,7 +133,7 @@ impl Inner {
     /// A message, to the subsystem of its family.
     fn on_msg(&self, from: NodeId, msg: Msg, thread: Thread) {
         match msg {
-            Msg::Reply { rid, reply } => self.rpc.complete(rid, reply),
+            Msg::Reply { rid, reply } => self.rpc.complete_from(from, rid, reply),
             Msg::Dir(m) => {
                 let mut out = Vec::new();
                 self.shard.lock().unwrap().handle(from, m, &mut out);

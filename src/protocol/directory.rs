@@ -77,6 +77,9 @@ pub enum DirMsg {
         receiver: NodeId,
         token: u64,
     },
+    /// The requester gave up waiting on its `Locate` number `rid` (its call timed out): the
+    /// shard forgets the waiter, or releases the source it was already assigned.
+    CancelLocate { id: ObjectId, rid: Rid },
     /// The receiver finished (or abandoned) its pull from `source`; the source is free again.
     TransferDone {
         id: ObjectId,

@@ -74,6 +74,7 @@ impl Msg {
                 DirMsg::PutInline { .. } => "PutInline",
                 DirMsg::Locate { .. } => "Locate",
                 DirMsg::Claim { .. } => "Claim",
+                DirMsg::CancelLocate { .. } => "CancelLocate",
                 DirMsg::TransferDone { .. } => "TransferDone",
                 DirMsg::Withdraw { .. } => "Withdraw",
                 DirMsg::Query { .. } => "Query",

@@ -98,7 +98,7 @@ impl Transfers {
             fault: d.fault,
             workers: d.workers,
             inbound: Mutex::new(HashMap::new()),
-            next_stream: AtomicU64::new(1),
+            next_stream: AtomicU64::new(crate::rpc::unpredictable_start()),
             recv_log: Mutex::new(Vec::new()),
             bandwidth_bits: AtomicU64::new(0),
             serving: Mutex::new(HashMap::new()),
@@ -116,7 +116,7 @@ impl Transfers {
                 from: offset,
             } => self.on_pull(from, id, stream, dst, offset),
             PullMsg::CancelPull { stream } => self.on_cancel(from, stream),
-            PullMsg::PullEnd { stream, ok } => self.on_pull_end(stream, ok),
+            PullMsg::PullEnd { stream, ok } => self.on_pull_end(from, stream, ok),
         }
     }
 

@@ -422,8 +422,17 @@ impl Transfers {
     }
 
     /// The source will write no more for `stream`.
-    pub(super) fn on_pull_end(&self, stream: StreamId, ok: bool) {
-        if let Some(ib) = self.inbound.lock().unwrap().remove(&stream) {
+    pub(super) fn on_pull_end(&self, peer: NodeId, stream: StreamId, ok: bool) {
+        let mut inbound = self.inbound.lock().unwrap();
+        // Only the stream's own source may end it.
+        if inbound.get(&stream).is_none_or(|ib| ib.source != peer) {
+            debug!(
+                node = self.id,
+                peer, stream, "end of a stream that is not the peer's: ignored"
+            );
+            return;
+        }
+        if let Some(ib) = inbound.remove(&stream) {
             let why = if ok {
                 "source ended early"
             } else {
