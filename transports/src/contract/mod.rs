@@ -8,7 +8,8 @@
 //! per case, so `cargo test` counts them. Each case is a public function generic over the
 //! harness and asserts what the [`Transport`] documentation promises: control messages in
 //! order, data events in order and contiguous with the bytes in place, a control message
-//! after a write seen after that write's data, the `MAX_CTRL_LEN` boundary, typed errors for
+//! after a write seen after that write's data, non-blocking writes in order or not at all,
+//! the `MAX_CTRL_LEN` boundary, typed errors for
 //! invalid operations, exact counters, a killed peer reported down exactly once within the
 //! heartbeat bound (and operations towards it failing), rejoin after a restart, and a
 //! shutdown that peers see as a leave (`PEER_LEFT`), not a failure.
