@@ -41,11 +41,26 @@ fn verbs_put_get_sizes() {
     {
         let data = pattern(len, i as u8);
         let id = format!("v-{len}");
+        let before = c.node(1).transport_stats();
         c.node(0).put(id.as_str(), &data).unwrap();
         assert!(
             c.node(1).get(id.as_str()).unwrap() == data,
             "{len} bytes differ"
         );
+        let after = c.node(1).transport_stats();
+        if len < 65536 {
+            // A small object travels inline, in control messages (the eager blocks): no
+            // data write, no registration.
+            assert_eq!(
+                after.data_bytes_received, before.data_bytes_received,
+                "{len} bytes came by a data write"
+            );
+            assert!(
+                after.ctrl_received > before.ctrl_received,
+                "{len}: no message"
+            );
+            assert_eq!(after.registrations, before.registrations);
+        }
     }
     // A 64 MiB pull went by rendezvous: no payload copy, no registration beyond setup.
     let s = c.node(1).transport_stats();
