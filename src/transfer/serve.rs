@@ -79,17 +79,22 @@ impl Transfers {
             to = receiver,
             len = size - from
         );
+        self.record_serve(id, receiver, size - from, start);
+        let done = PullMsg::PullEnd { stream, ok: true };
+        self.rpc.send_from_transport_thread(receiver, done.into());
+        true
+    }
+
+    /// Logs a finished serve.
+    fn record_serve(&self, id: &ObjectId, receiver: NodeId, bytes: u64, start: Instant) {
         self.serve_log.lock().unwrap().push(ServeRecord {
             id: id.clone(),
             source: self.id,
             receiver,
-            bytes: size - from,
+            bytes,
             start,
             end: Instant::now(),
         });
-        let done = PullMsg::PullEnd { stream, ok: true };
-        self.rpc.send_from_transport_thread(receiver, done.into());
-        true
     }
 
     /// The receiver gives up on `stream`.
@@ -128,14 +133,7 @@ impl Transfers {
         self.serving.lock().unwrap().remove(&(receiver, stream));
         let ok = result.is_ok();
         match &result {
-            Ok(bytes) => self.serve_log.lock().unwrap().push(ServeRecord {
-                id: id.clone(),
-                source: self.id,
-                receiver,
-                bytes: *bytes,
-                start,
-                end: Instant::now(),
-            }),
+            Ok(bytes) => self.record_serve(&id, receiver, *bytes, start),
             Err(e) => debug!(node = self.id, receiver, %id, "serve ended: {e}"),
         }
         let _ = self.rpc.send(receiver, PullMsg::PullEnd { stream, ok });
