@@ -218,8 +218,7 @@ impl DirClient {
             };
             let _ = out.try_send(r);
         });
-        self.rpc
-            .call_then(self.shard_of(id), |rid| subscribe_msg(rid, id), on_reply)
+        self.subscribe_then(id, on_reply)
     }
 
     /// Removes every copy of `id` and its entry.

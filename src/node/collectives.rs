@@ -7,7 +7,6 @@ use crate::protocol::Reply;
 use crate::reduce::{Hooks, ReduceHandle, ReduceOptions, ReduceOutcome};
 use crate::store::CopyStatus;
 use crate::{Error, ObjectId, Result};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 impl Node {
@@ -125,19 +124,10 @@ impl Node {
         let inner = &self.inner;
         let mut out: Vec<Option<Vec<u8>>> = vec![None; ids.len()];
         // Every answer lands in `answers`; the caller is woken once, by the last one.
-        let answers = Arc::new(Answers {
-            slots: Mutex::new((0..ids.len()).map(|_| None).collect()),
-            missing: AtomicUsize::new(0),
-            all_in: Mutex::new(false),
-            woken: Condvar::new(),
-        });
-        let mut asked = Vec::new();
-        for (k, id) in ids.iter().enumerate() {
-            if inner.store.lookup(id).is_none() {
-                asked.push(k); // a local copy is read below
-            }
-        }
-        answers.missing.store(asked.len(), Ordering::Release);
+        let asked: Vec<usize> = (0..ids.len())
+            .filter(|&k| inner.store.lookup(&ids[k]).is_none()) // a local copy is read below
+            .collect();
+        let answers = Arc::new(Answers::new(ids.len(), asked.len()));
         for &k in &asked {
             let a = answers.clone();
             let on_reply = Box::new(move |r: Result<Reply>| a.answer(k, r));
@@ -146,11 +136,10 @@ impl Node {
             }
         }
         let deadline = std::time::Instant::now() + inner.cfg.op_timeout;
-        if !answers.wait_until(deadline) {
+        let Some(slots) = answers.wait_until(deadline) else {
             let what = format!("{} objects to appear", ids.len());
             return Err(Error::Timeout(inner.cfg.op_timeout, what));
-        }
-        let slots = std::mem::take(&mut *answers.slots.lock().unwrap());
+        };
         for (k, r) in slots.into_iter().enumerate() {
             match r {
                 None => {}
@@ -177,38 +166,42 @@ impl Node {
 
 /// The subscription answers of one gather, and the wake-up of its caller once all are in.
 struct Answers {
-    slots: Mutex<Vec<Option<Result<Reply>>>>,
-    missing: AtomicUsize,
-    all_in: Mutex<bool>,
-    woken: Condvar,
+    /// The answers by position, and how many are still to come.
+    state: Mutex<(Vec<Option<Result<Reply>>>, usize)>,
+    all_in: Condvar,
 }
 
 impl Answers {
-    /// Runs where the answer lands (a transport thread): never blocks for long.
-    fn answer(&self, k: usize, r: Result<Reply>) {
-        {
-            let mut slots = self.slots.lock().unwrap();
-            if slots[k].is_some() {
-                return;
-            }
-            slots[k] = Some(r);
-        }
-        if self.missing.fetch_sub(1, Ordering::AcqRel) == 1 {
-            *self.all_in.lock().unwrap() = true;
-            self.woken.notify_all();
+    fn new(len: usize, missing: usize) -> Answers {
+        Answers {
+            state: Mutex::new(((0..len).map(|_| None).collect(), missing)),
+            all_in: Condvar::new(),
         }
     }
 
-    /// Whether every answer came in before `deadline`.
-    fn wait_until(&self, deadline: std::time::Instant) -> bool {
-        let mut all_in = self.all_in.lock().unwrap();
-        while !*all_in && self.missing.load(Ordering::Acquire) > 0 {
+    /// Runs where the answer lands (a transport thread): never blocks for long.
+    fn answer(&self, k: usize, r: Result<Reply>) {
+        let mut st = self.state.lock().unwrap();
+        if st.0[k].is_some() {
+            return;
+        }
+        st.0[k] = Some(r);
+        st.1 -= 1;
+        if st.1 == 0 {
+            self.all_in.notify_all();
+        }
+    }
+
+    /// The answers, once every one came in before `deadline`.
+    fn wait_until(&self, deadline: std::time::Instant) -> Option<Vec<Option<Result<Reply>>>> {
+        let mut st = self.state.lock().unwrap();
+        while st.1 > 0 {
             let now = std::time::Instant::now();
             if now >= deadline {
-                return false;
+                return None;
             }
-            all_in = self.woken.wait_timeout(all_in, deadline - now).unwrap().0;
+            st = self.all_in.wait_timeout(st, deadline - now).unwrap().0;
         }
-        true
+        Some(std::mem::take(&mut st.0))
     }
 }

@@ -104,32 +104,13 @@ impl Reducer {
     }
 
     /// The children's outputs, each pulled at once from the node that produces it (no
-    /// directory round trip; see `Transfers::fetch_from`); a child without a known node is
-    /// looked up, on a worker so that the lookups overlap.
+    /// directory round trip; see `Transfers::fetch_from`): the pulls overlap.
     fn inputs(&self, t: &ReduceTask) -> Result<Vec<Input>> {
-        let mut got: Vec<Option<Input>> = (0..t.children.len()).map(|_| None).collect();
-        let (tx, rx) = crossbeam_channel::bounded(t.children.len().max(1));
-        let mut asked = 0;
-        for (k, id) in t.children.iter().enumerate() {
-            if let Some(&at) = t.children_at.get(k) {
-                got[k] = Some(self.transfers.fetch_from(id, at, t.size)?.into());
-                continue;
-            }
-            let (job_tx, transfers, job_id) = (tx.clone(), self.transfers.clone(), id.clone());
-            let job = move || {
-                let _ = job_tx.send((k, transfers.fetch(&job_id)));
-            };
-            if self.workers.spawn(job).is_err() {
-                let _ = tx.send((k, self.transfers.fetch(id)));
-            }
-            asked += 1;
-        }
-        drop(tx); // a job that dies without an answer then ends the wait
-        for _ in 0..asked {
-            let (k, r) = rx.recv().map_err(|_| Error::Shutdown)?;
-            got[k] = Some(r?.into());
-        }
-        Ok(got.into_iter().map(|i| i.expect("every input")).collect())
+        t.children
+            .iter()
+            .zip(&t.children_at)
+            .map(|(id, &at)| Ok(self.transfers.fetch_from(id, at, t.size)?.into()))
+            .collect()
     }
 
     /// Runs one tree position; called on the node that holds `task.own`.
@@ -138,7 +119,7 @@ impl Reducer {
         // The coordinator checks these; a task from elsewhere is checked again (a size that is
         // not a whole number of elements would never finish combining).
         let esz = t.dtype.size() as u64;
-        if !t.size.is_multiple_of(esz) || t.chunk == 0 || t.children_at.len() > t.children.len() {
+        if !t.size.is_multiple_of(esz) || t.chunk == 0 || t.children_at.len() != t.children.len() {
             return Err(Error::InvalidArgument(format!(
                 "reduce task for {}: {} bytes of {}-byte elements, chunk {}, {} children at {} nodes",
                 t.out,

@@ -99,17 +99,13 @@ impl Transfers {
                 Located::Source { node, size, token } => break (node, size, token),
             }
         };
-        let (copy, evicted) = match self.store.create(id, size, false) {
-            Ok(c) => c,
-            Err(Error::AlreadyExists(_)) => {
+        let copy = match self.new_copy(id, size) {
+            Ok(Some(c)) => c,
+            Ok(None) => {
                 debug!(node = self.id, %id, "a local copy appeared first; waiting for it");
-                // A concurrent local get or a local producer got there first.
                 self.dir
                     .transfer_done(self.dir.shard_of(id), id, node, token, false);
-                return self
-                    .store
-                    .wait_lookup(id, self.cfg.op_timeout)
-                    .map(Fetched::Copy);
+                return self.wait_for_local(id);
             }
             Err(e) => {
                 self.dir
@@ -118,9 +114,28 @@ impl Transfers {
                 return Err(e);
             }
         };
-        self.dir.withdraw(&evicted);
         self.start_driver(id, copy.clone(), (node, token), exclude, driver);
         Ok(Fetched::Copy(copy))
+    }
+
+    /// A new local copy of `id` to pull into (the copies evicted for it withdrawn), or `None`
+    /// when a concurrent local get or a local producer created one first.
+    fn new_copy(&self, id: &ObjectId, size: u64) -> Result<Option<CopyRef>> {
+        match self.store.create(id, size, false) {
+            Ok((copy, evicted)) => {
+                self.dir.withdraw(&evicted);
+                Ok(Some(copy))
+            }
+            Err(Error::AlreadyExists(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The local copy someone else created, once it is there.
+    fn wait_for_local(&self, id: &ObjectId) -> Result<Fetched> {
+        self.store
+            .wait_lookup(id, self.cfg.op_timeout)
+            .map(Fetched::Copy)
     }
 
     /// Fetches `id` (of `size` bytes) from `source`, which the caller already knows holds
@@ -140,17 +155,9 @@ impl Transfers {
         if let Some(c) = self.store.lookup(id) {
             return Ok(Fetched::Copy(c));
         }
-        let (copy, evicted) = match self.store.create(id, size, false) {
-            Ok(c) => c,
-            Err(Error::AlreadyExists(_)) => {
-                return self
-                    .store
-                    .wait_lookup(id, self.cfg.op_timeout)
-                    .map(Fetched::Copy)
-            }
-            Err(e) => return Err(e),
+        let Some(copy) = self.new_copy(id, size)? else {
+            return self.wait_for_local(id);
         };
-        self.dir.withdraw(&evicted);
         let token = self.rpc.fresh_token();
         self.dir.claim(id, source, token);
         hop!(self.id, "pull without a lookup", source = source);
