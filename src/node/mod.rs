@@ -260,6 +260,13 @@ impl Node {
         self.inner.shard.lock().unwrap().assignments()
     }
 
+    /// Where the node's registered arena lives: its base address and length. A view from
+    /// [`Node::get_view`] of a copy in the arena points inside this range (no copy was made).
+    pub fn arena_range(&self) -> (usize, usize) {
+        let a = self.inner.store.arena();
+        (a.as_ptr() as usize, a.len())
+    }
+
     /// Free bytes of the arena.
     pub fn arena_free(&self) -> u64 {
         self.inner.store.free_bytes()

@@ -32,7 +32,6 @@ use crate::{Error, ObjectId, Result};
 use crossbeam_channel::{Receiver, Sender};
 use phalanx_transport::NodeId;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// How to run a reduce.
@@ -68,7 +67,10 @@ impl Default for ReduceOptions {
 /// A reduce running in the background ([`Node::reduce_start`]).
 pub struct ReduceHandle {
     placed: Receiver<Vec<ObjectId>>,
-    thread: JoinHandle<Result<ReduceOutcome>>,
+    /// The coordinator's result, sent once as it returns.
+    done: Receiver<Result<ReduceOutcome>>,
+    /// Set by the coordinator's thread once its result is sent.
+    finished: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl ReduceHandle {
@@ -84,15 +86,30 @@ impl ReduceHandle {
         self.placed.recv_timeout(timeout).ok()
     }
 
+    /// Whether the result is ready (or was already taken by [`ReduceHandle::wait_timeout`]).
     pub fn is_finished(&self) -> bool {
-        self.thread.is_finished()
+        self.finished.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Waits for the reduce to finish.
     pub fn wait(self) -> Result<ReduceOutcome> {
-        self.thread
-            .join()
-            .unwrap_or_else(|_| Err(Error::InvalidArgument("reduce thread panicked".into())))
+        self.done.recv().unwrap_or_else(|_| Err(Self::gone()))
+    }
+
+    /// Waits up to `timeout` for the reduce to finish: `None` if it is still running. The
+    /// result is handed out once; a later call returns an error saying so.
+    pub fn wait_timeout(&self, timeout: Duration) -> Option<Result<ReduceOutcome>> {
+        match self.done.recv_timeout(timeout) {
+            Ok(r) => Some(r),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => None,
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Some(Err(Self::gone())),
+        }
+    }
+
+    fn gone() -> Error {
+        Error::InvalidArgument(
+            "the reduce's result was already taken, or its thread panicked".into(),
+        )
     }
 }
 
@@ -204,16 +221,26 @@ impl Reducer {
     ) -> Result<ReduceHandle> {
         let me = self.clone();
         let (tx, rx): (Sender<Vec<ObjectId>>, _) = crossbeam_channel::bounded(1);
-        let thread = std::thread::Builder::new()
+        let (done_tx, done) = crossbeam_channel::bounded(1);
+        let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = finished.clone();
+        std::thread::Builder::new()
             .name(format!("reduce {target}"))
             .spawn(move || {
                 let hooks = Hooks {
                     placed: Some(tx),
                     on_tree: None,
                 };
-                me.coordinate_reduce(target, &sources, num, kind, &opts, hooks)
+                let r = me.coordinate_reduce(target, &sources, num, kind, &opts, hooks);
+                // The handle may be gone: nobody waits for the result then.
+                let _ = done_tx.send(r);
+                flag.store(true, std::sync::atomic::Ordering::Release);
             })
             .map_err(|e| Error::Config(format!("spawn a reduce coordinator: {e}")))?;
-        Ok(ReduceHandle { placed: rx, thread })
+        Ok(ReduceHandle {
+            placed: rx,
+            done,
+            finished,
+        })
     }
 }

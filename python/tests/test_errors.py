@@ -1,0 +1,111 @@
+"""Every kind of failure is a Python exception of its own class."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import phalanx
+
+
+def test_classes_form_one_hierarchy():
+    for cls in (phalanx.NotFound, phalanx.Timeout, phalanx.PeerDown, phalanx.OutOfMemory,
+                phalanx.AlreadyExists, phalanx.InvalidArgument, phalanx.NodeShutdown,
+                phalanx.ConfigError, phalanx.ProtocolError, phalanx.TransportError):
+        assert issubclass(cls, phalanx.PhalanxError)
+    assert issubclass(phalanx.PhalanxError, Exception)
+
+
+def test_timeout(cluster):
+    t = time.monotonic()
+    with pytest.raises(phalanx.Timeout):
+        cluster[1].get("errors/never", timeout=0.3)
+    assert time.monotonic() - t < 5
+
+
+def test_not_found_after_delete(cluster):
+    cluster[0].put("errors/deleted", np.zeros(200_000, np.uint8))
+    cluster[0].delete("errors/deleted")
+    with pytest.raises(phalanx.NotFound):
+        cluster[0].get_into("errors/deleted", bytearray(200_000), timeout=5)
+
+
+def test_already_exists(cluster):
+    cluster[2].put("errors/twice", b"1")
+    with pytest.raises(phalanx.AlreadyExists):
+        cluster[2].put("errors/twice", b"2")
+
+
+def test_invalid_arguments(cluster):
+    cluster[0].put("errors/in", np.ones(4, np.float32))
+    with pytest.raises(phalanx.InvalidArgument):
+        cluster[0].reduce("errors/out", ["errors/in"], op="median")
+    with pytest.raises(phalanx.InvalidArgument):
+        cluster[0].reduce("errors/out", ["errors/in"], dtype="complex64")
+    with pytest.raises(phalanx.InvalidArgument):
+        cluster[0].reduce("errors/out", ["errors/in"], dtype=np.float16)
+    with pytest.raises(phalanx.InvalidArgument):
+        cluster[0].get("errors/in", timeout=-1)
+    with pytest.raises(phalanx.InvalidArgument):
+        cluster[0].allreduce("errors/out", ["errors/in"], coordinator=99)
+
+
+def test_out_of_memory():
+    with phalanx.local_cluster(1, arena_size=1 << 20) as c:
+        with pytest.raises(phalanx.OutOfMemory):
+            c[0].put("big", np.zeros(2 << 20, np.uint8))
+
+
+def test_peer_down_and_shutdown():
+    with phalanx.local_cluster(3, op_timeout=10.0) as c:
+        # The reduce needs an input held only by node 2, which dies first.
+        c[1].put("pd/a", np.ones(1 << 18, np.float32))
+        c[2].put("pd/b", np.ones(1 << 18, np.float32))
+        c[2].kill()
+        with pytest.raises((phalanx.PeerDown, phalanx.NotFound, phalanx.Timeout)) as e:
+            c[0].reduce("pd/sum", ["pd/a", "pd/b"], n=2, timeout=3)
+        assert not isinstance(e.value, phalanx.NodeShutdown)
+        c[1].shutdown()
+        assert c[1].closed
+        with pytest.raises(phalanx.NodeShutdown):
+            c[1].put("pd/after", b"x")
+
+
+def test_config_error(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("transport = \"carrier-pigeon\"\n")
+    with pytest.raises(phalanx.ConfigError):
+        phalanx.Node(str(bad), 0)
+    with pytest.raises(phalanx.ConfigError):
+        phalanx.Node(str(tmp_path / "missing.toml"), 0)
+
+
+def test_ctrl_c_interrupts_a_blocking_get():
+    code = textwrap.dedent("""
+        import sys, time, phalanx
+        c = phalanx.local_cluster(2)
+        print("ready", flush=True)
+        t = time.monotonic()
+        try:
+            c[1].get("never-put")
+        except KeyboardInterrupt:
+            print(f"interrupted {time.monotonic() - t:.3f}", flush=True)
+            sys.exit(0)
+        sys.exit(3)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        time.sleep(0.5)
+        p.send_signal(signal.SIGINT)
+        out, _ = p.communicate(timeout=10)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, out
+    assert out.startswith("interrupted")
