@@ -50,7 +50,7 @@ def main() -> None:
         print(f"# {'size':>8} {'rust med us':>12} {'python med us':>14} {'ratio':>7} {'rust min':>9} {'py min':>9}")
         for s in a.sizes.split(","):
             size = parse_size(s)
-            iters = max(5, min(a.iters, (256 << 20) // max(size, 1)))
+            iters = max(5, min(a.iters, (1 << 30) // max(size, 1)))
             rust, py = [], []
             for r in range(a.rounds):
                 rust += _native.bench_rust_get(c[0], c[1], size, iters, f"rs/{s}/{r}")

@@ -18,8 +18,25 @@ use std::time::{Duration, Instant};
 
 /// How often a waiting caller looks at signals and at its timeout.
 const SLICE: Duration = Duration::from_millis(50);
-/// How long a caller polls for a result before it sleeps.
-const EARLY: Duration = Duration::from_micros(200);
+/// How long a caller polls for a result, and a pooled thread for its next job, before
+/// sleeping: `PHALANX_PY_SPIN_US` (caller) and `PHALANX_PY_WORKER_SPIN_US` (pooled thread),
+/// default 200 us each; 0 sleeps at once (the right choice when every core is busy).
+fn spin(var: &str) -> Duration {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(Duration::from_micros(200), Duration::from_micros)
+}
+
+fn caller_spin() -> Duration {
+    static S: OnceLock<Duration> = OnceLock::new();
+    *S.get_or_init(|| spin("PHALANX_PY_SPIN_US"))
+}
+
+fn worker_spin() -> Duration {
+    static S: OnceLock<Duration> = OnceLock::new();
+    *S.get_or_init(|| spin("PHALANX_PY_WORKER_SPIN_US"))
+}
 /// Upper bound of pooled threads per process.
 const MAX_THREADS: usize = 256;
 
@@ -73,11 +90,11 @@ impl Pool {
     }
 }
 
-/// The next job: looked for while yielding for `EARLY` (calls tend to come in runs: a
+/// The next job: looked for while yielding for `worker_spin()` (calls tend to come in runs: a
 /// thread that just finished one is usually handed the next within that time, without a
 /// wake-up), then waited for.
 fn next_job(rx: &Receiver<Job>) -> Option<Job> {
-    let until = Instant::now() + EARLY;
+    let until = Instant::now() + worker_spin();
     while Instant::now() < until {
         if let Ok(job) = rx.try_recv() {
             return Some(job);
@@ -103,7 +120,7 @@ where
     // A short call's result usually comes within tens of microseconds: look for it while
     // yielding the core (the node's threads need it) before sleeping in slices.
     let early = py.detach(|| {
-        let until = Instant::now() + EARLY;
+        let until = Instant::now() + caller_spin();
         loop {
             if let Ok(r) = rx.try_recv() {
                 return Some(r);

@@ -36,7 +36,13 @@ fn memoryview<'py>(
 
 impl Node {
     /// The complete object, waiting for it (interruptibly) unless a complete copy is here.
-    fn view(&self, py: Python<'_>, name: &str, timeout: Option<f64>) -> PyResult<ObjectView> {
+    fn view(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        timeout: Option<f64>,
+        source: Option<u32>,
+    ) -> PyResult<ObjectView> {
         blocking::deadline(timeout)?; // a bad timeout is refused even when it is not needed
         let id = ObjectId::new(name);
         let here = self
@@ -50,10 +56,24 @@ impl Node {
                 return Ok(v);
             }
         }
+        if let Some(src) = source {
+            if src >= self.node.num_nodes() {
+                return Err(errors::InvalidArgument::new_err(format!(
+                    "source {src} is not a node of this {}-node cluster",
+                    self.node.num_nodes()
+                )));
+            }
+        }
         let node = self.node.clone();
-        blocking::run(py, timeout, &format!("object {name}"), move || {
-            node.get_view(id)
-        })
+        blocking::run(
+            py,
+            timeout,
+            &format!("object {name}"),
+            move || match source {
+                Some(src) => node.get_view_from(id, src),
+                None => node.get_view(id),
+            },
+        )
     }
 }
 
@@ -105,27 +125,30 @@ impl Node {
     /// The object's bytes as a read-only memoryview, waiting for the object to be put. A
     /// copy in the arena is shared, not copied (`np.frombuffer(view, dtype)` makes a NumPy
     /// array of it, also without a copy); it stays valid while referenced, even after
-    /// `delete`. Raises `phalanx.Timeout` after `timeout` seconds.
-    #[pyo3(signature = (name, timeout=None))]
+    /// `delete`. Raises `phalanx.Timeout` after `timeout` seconds. `source` pulls only from
+    /// that node (no broadcast tree: the star baseline of a task system without collectives).
+    #[pyo3(signature = (name, timeout=None, source=None))]
     fn get<'py>(
         &self,
         py: Python<'py>,
         name: &str,
         timeout: Option<f64>,
+        source: Option<u32>,
     ) -> PyResult<Bound<'py, PyMemoryView>> {
-        let v = self.view(py, name, timeout)?;
+        let v = self.view(py, name, timeout, source)?;
         memoryview(py, name, v)
     }
 
     /// Like `get`, returning the `ObjectBuffer` itself (its `address`, `in_arena`).
-    #[pyo3(signature = (name, timeout=None))]
+    #[pyo3(signature = (name, timeout=None, source=None))]
     fn get_buffer(
         &self,
         py: Python<'_>,
         name: &str,
         timeout: Option<f64>,
+        source: Option<u32>,
     ) -> PyResult<Py<ObjectBuffer>> {
-        let v = self.view(py, name, timeout)?;
+        let v = self.view(py, name, timeout, source)?;
         Py::new(py, ObjectBuffer::new(name.to_owned(), v)?)
     }
 
@@ -140,7 +163,7 @@ impl Node {
         timeout: Option<f64>,
     ) -> PyResult<usize> {
         let mut dst = Borrowed::new(out, true)?;
-        let v = self.view(py, name, timeout)?;
+        let v = self.view(py, name, timeout, None)?;
         let src: &[u8] = &v;
         if src.len() > dst.len() {
             return Err(errors::InvalidArgument::new_err(format!(
@@ -263,7 +286,7 @@ impl Node {
             )));
         }
         if self.node.id() != coordinator {
-            return self.get(py, target, timeout);
+            return self.get(py, target, timeout, None);
         }
         let opts = reduce::options(degree, None, None, None)?;
         let (node, id, srcs) = (
