@@ -73,6 +73,7 @@ create_exception!(
 
 /// The Python exception for a Phalanx error, carrying its message.
 pub fn to_py(e: phalanx::Error) -> PyErr {
+    use phalanx::transport::TransportError as T;
     use phalanx::Error as E;
     let msg = e.to_string();
     match e {
@@ -85,11 +86,49 @@ pub fn to_py(e: phalanx::Error) -> PyErr {
         E::InvalidArgument(_) => InvalidArgument::new_err(msg),
         E::Shutdown => NodeShutdown::new_err(msg),
         E::Config(_) => ConfigError::new_err(msg),
+        // A link that is gone is a peer that is down; a closed transport, a closed node.
+        E::Transport(T::PeerUnavailable(_) | T::PeerFailed { .. }) => PeerDown::new_err(msg),
+        E::Transport(T::Shutdown) => NodeShutdown::new_err(msg),
         E::Transport(_) => TransportError::new_err(msg),
     }
 }
 
+/// Raises the exception `to_py` makes of a `phalanx::Error` of the given kind (the test of
+/// the mapping: not every kind can be provoked from Python on one machine).
+#[pyfunction]
+pub fn _raise_error(kind: &str) -> PyResult<()> {
+    use phalanx::Error as E;
+    let id = || phalanx::ObjectId::new("x");
+    let e = match kind {
+        "NotFound" => E::NotFound(id()),
+        "AlreadyExists" => E::AlreadyExists(id()),
+        "OutOfMemory" => E::OutOfMemory {
+            requested: 2,
+            free: 1,
+            capacity: 1,
+        },
+        "Timeout" => E::Timeout(std::time::Duration::from_secs(1), "x".into()),
+        "PeerDown" => E::PeerDown(3),
+        "Protocol" => E::Protocol {
+            peer: 3,
+            what: "x".into(),
+        },
+        "InvalidArgument" => E::InvalidArgument("x".into()),
+        "Shutdown" => E::Shutdown,
+        "Config" => E::Config("x".into()),
+        "Transport" => E::Transport(phalanx::transport::TransportError::NoArena),
+        "TransportPeerFailed" => E::Transport(phalanx::transport::TransportError::PeerFailed {
+            peer: 3,
+            reason: "reset".into(),
+        }),
+        "TransportShutdown" => E::Transport(phalanx::transport::TransportError::Shutdown),
+        _ => return Err(pyo3::exceptions::PyValueError::new_err(kind.to_owned())),
+    };
+    Err(to_py(e))
+}
+
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(_raise_error, m)?)?;
     let py = m.py();
     m.add("PhalanxError", py.get_type::<PhalanxError>())?;
     m.add("NotFound", py.get_type::<NotFound>())?;

@@ -61,19 +61,39 @@ def test_out_of_memory():
             c[0].put("big", np.zeros(2 << 20, np.uint8))
 
 
-def test_peer_down_and_shutdown():
+def test_a_dead_input_holder_makes_a_reduce_wait_for_its_rejoin_then_time_out():
     with phalanx.local_cluster(3, op_timeout=10.0) as c:
-        # The reduce needs an input held only by node 2, which dies first.
+        # The reduce needs an input held only by node 2, which dies first: Phalanx waits for
+        # the node to rejoin and put it again, so the caller sees its own timeout.
         c[1].put("pd/a", np.ones(1 << 18, np.float32))
         c[2].put("pd/b", np.ones(1 << 18, np.float32))
         c[2].kill()
-        with pytest.raises((phalanx.PeerDown, phalanx.NotFound, phalanx.Timeout)) as e:
-            c[0].reduce("pd/sum", ["pd/a", "pd/b"], n=2, timeout=3)
-        assert not isinstance(e.value, phalanx.NodeShutdown)
+        t = time.monotonic()
+        with pytest.raises(phalanx.Timeout):
+            c[0].reduce("pd/sum", ["pd/a", "pd/b"], n=2, timeout=1.5)
+        assert time.monotonic() - t < 8
+        with pytest.raises(phalanx.NodeShutdown):
+            c[2].get("pd/a", timeout=5)
         c[1].shutdown()
         assert c[1].closed
         with pytest.raises(phalanx.NodeShutdown):
             c[1].put("pd/after", b"x")
+
+
+@pytest.mark.parametrize("kind,cls", [
+    ("NotFound", phalanx.NotFound), ("AlreadyExists", phalanx.AlreadyExists),
+    ("OutOfMemory", phalanx.OutOfMemory), ("Timeout", phalanx.Timeout),
+    ("PeerDown", phalanx.PeerDown), ("Protocol", phalanx.ProtocolError),
+    ("InvalidArgument", phalanx.InvalidArgument), ("Shutdown", phalanx.NodeShutdown),
+    ("Config", phalanx.ConfigError), ("Transport", phalanx.TransportError),
+    ("TransportPeerFailed", phalanx.PeerDown), ("TransportShutdown", phalanx.NodeShutdown),
+])
+def test_every_error_kind_has_its_class(kind, cls):
+    from phalanx import _native
+    with pytest.raises(cls) as e:
+        _native._raise_error(kind)
+    assert type(e.value) is cls
+    assert str(e.value)
 
 
 def test_config_error(tmp_path):
