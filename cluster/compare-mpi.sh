@@ -5,6 +5,7 @@
 #                          [--nodes 8] [--rate 1gbit] [--phalanx-bin target/release/phalanx]
 #                          [--out FILE] [--collectives broadcast,reduce,allreduce,gather]
 #                          [--nice N] [--timeout S] [--wait-quiet PCT] [--skip-mpi] [--skip-phalanx]
+#                          [--interval MS]
 #
 # 1. Hosts: reuses the namespaces phx-0..phx-(N-1) of cluster/netns.sh when they exist and
 #    nothing runs on them (else refuses); otherwise makes them (netns.sh up N --rate R) and
@@ -52,6 +53,11 @@
 # (default 600 s each); a run that fails is tried once more, then reported and skipped (the
 # exit status is then 1). --wait-quiet P: before each run wait (at most 60 s, 5 minutes in all)
 # until other work keeps the machine under P % busy (default 0: do not wait).
+# --interval MS: an arrival pattern: after the barrier, rank K enters the collective (puts its
+# input, for Phalanx) K x MS late, on both sides (collbench -i, phalanx bench
+# --arrival-interval-ms); the table then compares the time from the last arrival to the last
+# rank done ("after last": the iteration's time minus (N-1) x MS), and the default output
+# file is compare-mpi-N-RATE-interval-MSms.jsonl.
 # --nice N runs both sides under nice -n N (default 0; negative values put the measurement ahead
 # of other work on a shared machine). Needs root (namespaces). Traffic stays on loopback and on
 # the emulated subnet: the agent refuses any host outside it.
@@ -97,7 +103,7 @@ say() { echo "compare-mpi.sh: $*" >&2; }
 
 sizes=1K,64K,1M,16M,64M iters="" warmup="" nodes=8 rate=1gbit bin=$ROOT/target/release/phalanx
 out="" colls=broadcast,reduce,allreduce,gather nice_n=0 run_timeout=600 skip_mpi=0 skip_phalanx=0
-quiet_pct=0
+quiet_pct=0 interval=0
 while [ $# -gt 0 ]; do
     case $1 in
     --sizes) sizes=${2:?}; shift 2 ;;
@@ -112,6 +118,7 @@ while [ $# -gt 0 ]; do
     --timeout) run_timeout=${2:?}; shift 2 ;;
     --wait-quiet) quiet_pct=${2:?}; shift 2 ;;
     --skip-mpi) skip_mpi=1; shift ;;
+    --interval) interval=${2:?}; shift 2 ;;
     --skip-phalanx) skip_phalanx=1; shift ;;
     -h | --help) sed -n '2,53p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
@@ -121,6 +128,7 @@ done
 if ! [[ $nodes =~ ^[0-9]+$ ]] || [ "$nodes" -lt 2 ] || [ "$nodes" -gt 200 ]; then die "--nodes takes 2..200"; fi
 [[ $nice_n =~ ^-?[0-9]+$ ]] || die "--nice takes a number"
 [[ $quiet_pct =~ ^[0-9]+$ ]] || die "--wait-quiet takes a percentage"
+if ! [[ $interval =~ ^[0-9]+$ ]] || [ "$interval" -gt 10000 ]; then die "--interval takes milliseconds (0..10000)"; fi
 if ! [[ $run_timeout =~ ^[0-9]+$ ]] || [ "$run_timeout" -lt 10 ]; then die "--timeout takes seconds (>= 10)"; fi
 [ "$(id -u)" = 0 ] || die "must run as root (network namespaces)"
 IFS=, read -r -a coll_list <<<"$colls"
@@ -167,7 +175,11 @@ if [ -n "$warmup" ]; then per_size warm_l "$warmup" 0; else
     done
 fi
 
-out=${out:-$HERE/results/compare-mpi-$nodes-$rate.jsonl}
+if [ "$interval" = 0 ]; then
+    out=${out:-$HERE/results/compare-mpi-$nodes-$rate.jsonl}
+else
+    out=${out:-$HERE/results/compare-mpi-$nodes-$rate-interval-${interval}ms.jsonl}
+fi
 raw=${out%.jsonl}-raw.jsonl
 [ "$raw" != "$out" ] || raw=$out.raw.jsonl
 mkdir -p "$(dirname "$out")"
@@ -353,12 +365,13 @@ run_mpi() {
         wait_quiet
         read -r -a before <<<"$(link_bytes)"
         t0=$SECONDS rc=0
-        note "load $(load)$others; mpirun ${mpi_args[*]} ${mca[*]} collbench -c $cl -s $size_arg -n $iters_arg -w $warm_arg -a $label"
+        note "load $(load)$others; mpirun ${mpi_args[*]} ${mca[*]} collbench -c $cl -s $size_arg -n $iters_arg -w $warm_arg -a $label -i $interval"
         # mpirun runs on host 0, named phx-0 like the daemons (see mpi/netns-agent.sh).
         # shellcheck disable=SC2016 # $@ is expanded by the inner shell
         bounded "$log" "${nice_cmd[@]}" ip netns exec "$(host_ns 0)" unshare --uts \
             sh -c 'hostname "$0" && exec "$@"' "$(host_ns 0)" mpirun "${mpi_args[@]}" "${mca[@]}" \
-            "$collbench" -c "$cl" -s "$size_arg" -n "$iters_arg" -w "$warm_arg" -a "$label" -t tcp || rc=$?
+            "$collbench" -c "$cl" -s "$size_arg" -n "$iters_arg" -w "$warm_arg" -a "$label" -t tcp \
+            -i "$interval" || rc=$?
         read -r -a after <<<"$(link_bytes)"
         [ $rc != 0 ] || break
         say "$label ($cl): failed (status $rc$([ $rc = 124 ] && echo ", timeout ${run_timeout}s")); last lines:"
@@ -411,11 +424,12 @@ if [ $skip_phalanx = 0 ]; then
         wait_quiet
         read -r -a before <<<"$(link_bytes)"
         t0=$SECONDS
-        note "load $(load)$others; cluster/run.sh --timeout $run_timeout $config -- phalanx bench $colls --config $config --size $gs --iters $gi --warmup $gw --json"
+        note "load $(load)$others; cluster/run.sh --timeout $run_timeout $config -- phalanx bench $colls --config $config --size $gs --iters $gi --warmup $gw --arrival-interval-ms $interval --json"
         run_nice=()
         [ "$nice_n" = 0 ] || run_nice=(--nice "$nice_n")
         bounded "$log" "$HERE/run.sh" --timeout "$run_timeout" "${run_nice[@]}" "$config" -- \
-            "$bin" bench "$colls" --config "$config" --size "$gs" --iters "$gi" --warmup "$gw" --json || rc=$?
+            "$bin" bench "$colls" --config "$config" --size "$gs" --iters "$gi" --warmup "$gw" \
+            --arrival-interval-ms "$interval" --json || rc=$?
         read -r -a after <<<"$(link_bytes)"
         if [ $rc != 0 ]; then
             say "phalanx bench --size $gs: failed (status $rc); last lines:"
@@ -434,15 +448,17 @@ fi
 # --- table ------------------------------------------------------------------------------
 # Marks the best MPI record per collective and size, writes the comparison, prints the table.
 tmp=$work/raw.jsonl
-awk -v OUT="$out" -v TABLE="$work/table.txt" -v COLLS="$colls" -v SIZES="$(IFS=,; echo "${size_b[*]}")" -v RATE="$rate" -v N="$nodes" '
+awk -v OUT="$out" -v TABLE="$work/table.txt" -v IV="$interval" -v COLLS="$colls" -v SIZES="$(IFS=,; echo "${size_b[*]}")" -v RATE="$rate" -v N="$nodes" '
 function str(k,   m) { if (match(line, "\"" k "\":\"[^\"]*\"")) { m = substr(line, RSTART, RLENGTH); sub(/^"[^"]*":"/, "", m); sub(/"$/, "", m); return m } return "" }
 function num(k,   m) { if (match(line, "\"" k "\":[-0-9.eE+]+")) { m = substr(line, RSTART, RLENGTH); sub(/^"[^"]*":/, "", m); return m } return "" }
 function human(b) { if (b >= 1048576) return (b / 1048576) " MiB"; if (b >= 1024) return (b / 1024) " KiB"; return b " B" }
 function ms(s) { if (s == "") return "-"; s *= 1000; return s >= 100 ? sprintf("%.0f", s) : (s >= 10 ? sprintf("%.1f", s) : (s >= 1 ? sprintf("%.2f", s) : sprintf("%.3f", s))) }
 function jn(v) { return v == "" ? "null" : v }
+# With an arrival pattern the compared time is from the last arrival to the last rank done.
+function metric() { if (IV + 0 == 0) return num("median_s"); return str("algo") ~ /^mpi-/ ? num("after_last_median_s") : num("after_last_ready_s") }
 { lines[NR] = $0; line = $0 }
 /^\{/ {
-    c = str("collective"); a = str("algo"); sz = num("size_bytes"); med = num("median_s")
+    c = str("collective"); a = str("algo"); sz = num("size_bytes"); med = metric()
     if (a ~ /^mpi-/) {
         k = c SUBSEP sz
         if (!(k in best) || med + 0 < bmed[k] + 0) { best[k] = NR; bmed[k] = med }
@@ -463,17 +479,18 @@ END {
         print line
     }
     nc = split(COLLS, cs, ","); nsz = split(SIZES, ss, ",")
+    if (IV + 0 > 0) printf "arrivals %s ms apart: \"phalanx ms\", \"mpi dflt ms\", \"mpi best ms\" and the ratio are from the last arrival to the last rank done (p99 and span: whole iterations)\n", IV > TABLE
     printf "\n%-10s %8s %11s %9s %11s %11s %9s  %-32s %7s %12s\n", "collective", "size", "phalanx ms", "p99 ms", "mpi dflt ms", "mpi best ms", "p99 ms", "best Open MPI configuration", "ratio", "mpi span ms" > TABLE
     printf "%s\n", "---------- -------- ----------- --------- ----------- ----------- ---------  -------------------------------- ------- ------------" > TABLE
     printf "" > OUT
     for (ci = 1; ci <= nc; ci++) for (si = 1; si <= nsz; si++) {
         c = cs[ci]; sz = ss[si]; k = c SUBSEP sz
         pmed = ""; pp99 = ""; pmin = ""; pmax = ""; balgo = ""; bm = ""; bp99 = ""; ratio = ""
-        if (k in pl) { line = lines[pl[k]]; pmed = num("median_s"); pp99 = num("p99_s"); pmin = num("min_s"); pmax = num("max_s") }
-        if (k in best) { line = lines[best[k]]; balgo = str("algo"); bm = num("median_s"); bp99 = num("p99_s") }
+        if (k in pl) { line = lines[pl[k]]; pmed = metric(); pp99 = num("p99_s"); pmin = num("min_s"); pmax = num("max_s") }
+        if (k in best) { line = lines[best[k]]; balgo = str("algo"); bm = metric(); bp99 = num("p99_s") }
         if (pmed != "" && bm != "" && bm + 0 > 0) ratio = sprintf("%.2f", pmed / bm)
         printf "%-10s %8s %11s %9s %11s %11s %9s  %-32s %7s %12s\n", c, human(sz), ms(pmed), ms(pp99), ms(dmed[k]), ms(bm), ms(bp99), (balgo == "" ? "-" : balgo), (ratio == "" ? "-" : ratio "x"), ms(bown[k]) > TABLE
-        printf "{\"collective\":\"%s\",\"size_bytes\":%d,\"nodes\":%d,\"transport\":\"tcp\",\"rate\":\"%s\",\"phalanx_median_s\":%s,\"phalanx_p99_s\":%s,\"phalanx_min_s\":%s,\"phalanx_max_s\":%s,\"mpi_default_median_s\":%s,\"mpi_best_algo\":%s,\"mpi_best_median_s\":%s,\"mpi_best_p99_s\":%s,\"ratio_phalanx_mpi\":%s,\"mpi_best_own_span_median_s\":%s}\n", c, sz, N, RATE, jn(pmed), jn(pp99), jn(pmin), jn(pmax), jn(dmed[k]), (balgo == "" ? "null" : "\"" balgo "\""), jn(bm), jn(bp99), jn(ratio), jn(bown[k]) > OUT
+        printf "{\"collective\":\"%s\",\"size_bytes\":%d,\"nodes\":%d,\"transport\":\"tcp\",\"rate\":\"%s\",\"phalanx_median_s\":%s,\"phalanx_p99_s\":%s,\"phalanx_min_s\":%s,\"phalanx_max_s\":%s,\"mpi_default_median_s\":%s,\"mpi_best_algo\":%s,\"mpi_best_median_s\":%s,\"mpi_best_p99_s\":%s,\"ratio_phalanx_mpi\":%s,\"mpi_best_own_span_median_s\":%s,\"arrival_interval_ms\":%d}\n", c, sz, N, RATE, jn(pmed), jn(pp99), jn(pmin), jn(pmax), jn(dmed[k]), (balgo == "" ? "null" : "\"" balgo "\""), jn(bm), jn(bp99), jn(ratio), jn(bown[k]), IV > OUT
     }
 }' "$raw" >"$tmp"
 mv "$tmp" "$raw"

@@ -14,7 +14,12 @@
  *   -w  warm-up iterations per size (likewise; default 2);
  *   -a  the "algo" label of the records (e.g. mpi-default, mpi-tuned-binomial): the algorithm
  *       itself is chosen by the MCA parameters given to mpirun, not by this program;
- *   -t  the "transport" label (default tcp).
+ *   -t  the "transport" label (default tcp);
+ *   -i  arrival interval in milliseconds (default 0): after the barrier, rank r waits r * this
+ *       long before it enters the collective (its input becomes ready late, as `phalanx bench
+ *       --arrival-interval-ms` does for reduce, allreduce and gather); the record then also
+ *       carries "after_last_median_s": the iteration's time minus (N-1) * interval, i.e. from
+ *       the last rank's arrival to the last rank done (the rule of phalanx bench's "after last").
  *
  * Timing of one iteration, the rule of `phalanx bench` (cli/src/bench/sync.rs): MPI_Barrier;
  * every rank reads t0 = CLOCK_MONOTONIC as it leaves the barrier; the collective; every rank
@@ -292,13 +297,14 @@ int main(int argc, char **argv)
     char sizes_s[256] = "1K,64K,1M,16M,64M";
     char iters_s[256] = "20", warm_s[256] = "2";
     char algo[128] = "mpi-default", transport[64] = "tcp";
+    double interval_s = 0;
     int opt;
 
     check(MPI_Init(&argc, &argv), "MPI_Init");
     check(MPI_Comm_rank(MPI_COMM_WORLD, &rank), "MPI_Comm_rank");
     check(MPI_Comm_size(MPI_COMM_WORLD, &nranks), "MPI_Comm_size");
 
-    while ((opt = getopt(argc, argv, "c:s:n:w:a:t:h")) != -1) {
+    while ((opt = getopt(argc, argv, "c:s:n:w:a:t:i:h")) != -1) {
         switch (opt) {
         case 'c': snprintf(colls_s, sizeof colls_s, "%s", optarg); break;
         case 's': snprintf(sizes_s, sizeof sizes_s, "%s", optarg); break;
@@ -306,10 +312,17 @@ int main(int argc, char **argv)
         case 'w': snprintf(warm_s, sizeof warm_s, "%s", optarg); break;
         case 'a': snprintf(algo, sizeof algo, "%s", optarg); break;
         case 't': snprintf(transport, sizeof transport, "%s", optarg); break;
+        case 'i': {
+            char *end;
+            double ms = strtod(optarg, &end);
+            if (*end != '\0' || !(ms >= 0) || ms > 60000) die("-i wants milliseconds in 0..60000");
+            interval_s = ms / 1e3;
+            break;
+        }
         default:
             if (rank == 0)
                 fprintf(stderr, "usage: collbench [-c broadcast,reduce,allreduce,gather] [-s 1K,64K,1M] "
-                                "[-n ITERS[,..]] [-w WARMUP[,..]] [-a ALGO] [-t TRANSPORT]\n");
+                                "[-n ITERS[,..]] [-w WARMUP[,..]] [-a ALGO] [-t TRANSPORT] [-i INTERVAL_MS]\n");
             MPI_Finalize();
             return opt == 'h' ? 0 : 2;
         }
@@ -382,6 +395,14 @@ int main(int argc, char **argv)
             for (long it = 0; it < w + n; it++) {
                 check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
                 double t0 = mono_now();
+                if (interval_s > 0 && rank > 0) {
+                    double ready = t0 + interval_s * rank;
+                    while (mono_now() < ready) {
+                        double left = ready - mono_now();
+                        struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
+                        nanosleep(&ts, NULL);
+                    }
+                }
                 run_once(c, &b, size);
                 double t1 = mono_now();
                 if (it >= w) {
@@ -422,9 +443,11 @@ int main(int argc, char **argv)
                 if (p99 < 0) p99 = 0;
                 printf("{\"collective\":\"%s\",\"algo\":\"%s\",\"transport\":\"%s\",\"nodes\":%d,"
                        "\"size_bytes\":%zu,\"iters\":%ld,\"warmup\":%ld,\"median_s\":%.9g,\"min_s\":%.9g,"
-                       "\"max_s\":%.9g,\"p99_s\":%.9g,\"throughput_gbit_s\":%.9g,\"median_own_span_s\":%.9g}\n",
+                       "\"max_s\":%.9g,\"p99_s\":%.9g,\"throughput_gbit_s\":%.9g,\"median_own_span_s\":%.9g,"
+                       "\"arrival_interval_ms\":%.9g,\"after_last_median_s\":%.9g}\n",
                        coll_name[c], algo, transport, nranks, size, n, w, med, worst[0], worst[n - 1],
-                       worst[p99], (double)size * 8.0 / med / 1e9, own[n / 2]);
+                       worst[p99], (double)size * 8.0 / med / 1e9, own[n / 2], interval_s * 1e3,
+                       fmax(0.0, med - interval_s * (nranks - 1)));
                 fflush(stdout);
             }
             free(stamp);
