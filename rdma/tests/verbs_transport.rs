@@ -79,6 +79,7 @@ fn delta(after: TransportStats, before: TransportStats) -> TransportStats {
         registrations: after.registrations - before.registrations,
         peers_down: after.peers_down - before.peers_down,
         malformed_frames: after.malformed_frames - before.malformed_frames,
+        hellos_refused: after.hellos_refused - before.hellos_refused,
     }
 }
 
