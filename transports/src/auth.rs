@@ -370,8 +370,9 @@ pub fn dial(
     c[16..].copy_from_slice(&t.dialler_nonce);
     write_by(s, &c, deadline)?;
 
+    // The header first, so a stranger's answer is refused before more is read.
     let mut r = [0u8; RESPONSE_LEN];
-    read_by(s, &mut r, deadline)?;
+    read_by(s, &mut r[..16], deadline)?;
     let (status, from, to) = parse_header(&r, channel)?;
     match Status::from_u8(status)? {
         Status::Accepted => {}
@@ -389,6 +390,7 @@ pub fn dial(
             got: to,
         });
     }
+    read_by(s, &mut r[16..], deadline)?;
     t.acceptor_nonce.copy_from_slice(&r[16..16 + NONCE_LEN]);
     if !t.verify(cfg.key(), Role::Acceptor, &r[16 + NONCE_LEN..]) {
         return Err(AuthError::BadProof);
@@ -441,12 +443,14 @@ pub fn accept(
     me: NodeId,
 ) -> Result<Admitted, AuthError> {
     let deadline = Instant::now() + cfg.handshake_timeout;
+    // The header first: garbage is refused as soon as its first 16 bytes are in.
     let mut c = [0u8; CHALLENGE_LEN];
-    read_by(s, &mut c, deadline)?;
+    read_by(s, &mut c[..16], deadline)?;
     let (version, from, to) = parse_header(&c, channel)?;
     if version != VERSION {
         return Err(AuthError::Malformed(format!("version {version}")));
     }
+    read_by(s, &mut c[16..], deadline)?;
     let refuse = |s: &mut TcpStream, why: AuthError| {
         let mut r = [0u8; RESPONSE_LEN];
         header(&mut r, why.status() as u8, channel, me, from);
