@@ -137,7 +137,10 @@ fn links_work(c: &LocalCluster, tag: &str) {
         let data: Vec<u8> = (0..len).map(|i| (i * 7 + k) as u8).collect();
         c.node(k).put(id.as_str(), &data).unwrap();
         for other in (0..3).filter(|&o| o != k) {
-            assert!(c.node(other).get(id.as_str()).unwrap() == data, "{id} on {other}");
+            assert!(
+                c.node(other).get(id.as_str()).unwrap() == data,
+                "{id} on {other}"
+            );
         }
     }
     for k in 0..3 {
