@@ -272,13 +272,20 @@ fn silent_peers_do_not_stall_link_setup() {
             std::thread::sleep(Duration::from_millis(100));
         }
     });
-    // Meanwhile another dial is answered at once.
+    // Meanwhile another dial is answered, while the silent ones are still held open.
     let t0 = Instant::now();
     let mut s = TcpStream::connect(a0).unwrap();
     s.write_all(&challenge(2, 0, [4; 32])).unwrap();
     let mut r = [0u8; 80];
     assert!(read_or_eof(&mut s, &mut r));
-    assert!(t0.elapsed() < HANDSHAKE / 2, "{:?}", t0.elapsed());
+    assert!(t0.elapsed() < HANDSHAKE, "{:?}", t0.elapsed());
+    silent[0].set_nonblocking(true).unwrap();
+    let still_open = silent[0].peek(&mut [0u8; 1]);
+    assert!(
+        matches!(&still_open, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "answered before the silent connections were dropped: {still_open:?}"
+    );
+    silent[0].set_nonblocking(false).unwrap();
     drop(s);
     // All of them are dropped at the handshake bound and counted.
     for mut s in silent {
