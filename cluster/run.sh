@@ -27,6 +27,11 @@
 #   cluster/run.sh cluster/examples/netns-8.toml -- target/release/phalanx bench broadcast \
 #       --config cluster/examples/netns-8.toml --size 1M,64M --iters 5 --json
 #
+# The cluster secret (README "Trust"): a CONFIG with `secret` or `secret_file` carries its
+# own. Otherwise the ranks get PHALANX_SECRET: the caller's, or (netns mode) one made for this
+# run. Over ssh the caller's PHALANX_SECRET is passed on the remote command line (visible in
+# the remote host's process list: prefer `secret_file` on storage the hosts share).
+#
 # On a Slurm cluster no launcher script is needed: the bench takes its rank from SLURM_PROCID.
 # Write a config whose node K is the K-th host of the allocation (cluster/slurm-config.sh does
 # that) and start one task per node:
@@ -100,6 +105,13 @@ if [ -n "$hosts_opt" ] && [ ${#ssh_hosts[@]} -ne "$n" ]; then
     die "--hosts lists ${#ssh_hosts[@]} hosts for $n nodes"
 fi
 
+if ! grep -Eq '^[[:space:]]*(secret|secret_file)[[:space:]]*=' "$config"; then
+    if [ -z "${PHALANX_SECRET:-}" ] && [ "$mode" = netns ]; then
+        PHALANX_SECRET=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
+    fi
+    if [ -n "${PHALANX_SECRET:-}" ]; then export PHALANX_SECRET; fi
+fi
+
 made_netns=0
 own_logs=0
 if [ -z "$logs" ]; then
@@ -170,9 +182,13 @@ start_rank() {
         q=$(printf '%q ' "$@")
         # The remote side runs CMD in the background and kills it when its stdin (our fd 3,
         # which never delivers data) closes, i.e. when this ssh is killed or loses its link.
+        local env=""
+        if [ -n "${PHALANX_SECRET:-}" ]; then
+            env="PHALANX_SECRET=$(printf '%q' "$PHALANX_SECRET") "
+        fi
         remote="cd $(printf '%q' "$rdir") || exit 1
 exec 3<&0
-PHALANX_RANK=$k $q </dev/null &
+${env}PHALANX_RANK=$k $q </dev/null &
 p=\$!
 (cat <&3 >/dev/null; kill -TERM \$p 2>/dev/null) &
 w=\$!

@@ -1,7 +1,8 @@
 //! Starting nodes: an in-process cluster on loopback, or one node of a configured cluster.
 
 use crate::{ClusterConfig, Error, Node, NodeConfig, Result, TransportKind};
-use phalanx_transport::{NodeId, TcpConfig, TcpTransport, Transport};
+use phalanx_transport::TransportError;
+use phalanx_transport::{AuthConfig, ClusterSecret, NodeId, TcpConfig, TcpTransport, Transport};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,7 +47,17 @@ impl TransportSettings {
 }
 
 impl TransportSettings {
-    /// The transport settings of a configured cluster (what [`start_node`] binds).
+    /// Who may link, and the handshake bound (see `phalanx_transport::auth`).
+    pub fn auth_mut(&mut self) -> &mut AuthConfig {
+        match self {
+            TransportSettings::Tcp(c) => &mut c.auth,
+            #[cfg(feature = "rdma")]
+            TransportSettings::Rdma(c) => &mut c.auth,
+        }
+    }
+
+    /// The transport settings of a configured cluster (what [`start_node`] binds), without
+    /// the cluster secret ([`start_node`] adds [`ClusterConfig::auth_config`]).
     pub fn from_cluster_config(cfg: &ClusterConfig) -> Result<Self> {
         #[allow(unused_mut)]
         let mut settings = match cfg.transport {
@@ -111,9 +122,13 @@ impl Bound {
     }
 }
 
-/// N nodes in one process, linked over TCP on 127.0.0.1.
+/// N nodes in one process, linked over TCP on 127.0.0.1. Unless the settings carry a
+/// cluster secret, the cluster makes its own (random, per cluster), so its links are
+/// authenticated like those of a configured cluster.
 pub struct LocalCluster {
     pub nodes: Vec<Node>,
+    /// The members and secret every node (and a restarted one) links with.
+    auth: AuthConfig,
 }
 
 impl LocalCluster {
@@ -125,6 +140,13 @@ impl LocalCluster {
     /// N nodes on the given transport; out-of-band and TCP links use 127.0.0.1 (verbs traffic
     /// goes through the chosen device).
     pub fn start_with(n: u32, cfg: NodeConfig, t: TransportSettings) -> Result<LocalCluster> {
+        let mut t = t;
+        let auth = t.auth_mut();
+        if auth.secret.is_none() {
+            auth.secret = Some(ClusterSecret::random().map_err(TransportError::from)?);
+        }
+        auth.members = Some(n);
+        let auth = auth.clone();
         let any: SocketAddr = "127.0.0.1:0".parse().expect("valid");
         let bound = (0..n)
             .map(|i| Bound::bind(i, any, &t))
@@ -147,12 +169,18 @@ impl LocalCluster {
             .enumerate()
             .map(|(i, b)| Node::start(i as NodeId, n, b.into_transport(), cfg.clone()))
             .collect::<Result<Vec<_>>>()?;
-        Ok(LocalCluster { nodes })
+        Ok(LocalCluster { nodes, auth })
     }
 
     /// Restarts node `k` (after it was killed) as a new incarnation on the same address; it
-    /// rejoins the cluster with an empty store.
+    /// rejoins the cluster with an empty store (and the cluster's secret unless `tcp` has
+    /// one).
     pub fn restart(&mut self, k: usize, cfg: NodeConfig, tcp: TcpConfig) -> Result<()> {
+        let mut tcp = tcp;
+        if tcp.auth.secret.is_none() {
+            tcp.auth.secret = self.auth.secret.clone();
+        }
+        tcp.auth.members = self.auth.members;
         let addr = self.nodes[k]
             .listen_addr()
             .ok_or_else(|| Error::Config("no address".into()))?;
@@ -180,6 +208,11 @@ impl LocalCluster {
         Ok(())
     }
 
+    /// The cluster's secret, members and handshake bound (for tests that speak the wire).
+    pub fn auth(&self) -> &AuthConfig {
+        &self.auth
+    }
+
     pub fn node(&self, i: usize) -> &Node {
         &self.nodes[i]
     }
@@ -203,7 +236,8 @@ pub fn start_node(cfg: &ClusterConfig, id: NodeId, rejoin: bool) -> Result<Node>
     let addr = cfg
         .addr_of(id)
         .ok_or_else(|| Error::Config(format!("node {id} is not in the cluster config")))?;
-    let settings = TransportSettings::from_cluster_config(cfg)?;
+    let mut settings = TransportSettings::from_cluster_config(cfg)?;
+    *settings.auth_mut() = cfg.auth_config()?;
     let b = Bound::bind(id, addr, &settings)?;
     b.connect(&cfg.peers(), rejoin)?;
     Node::start(

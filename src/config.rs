@@ -1,10 +1,11 @@
 //! Node settings and the TOML cluster description.
 
 use crate::{Error, Result};
-use phalanx_transport::{NodeId, TcpConfig};
+use phalanx_transport::auth::SECRET_ENV;
+use phalanx_transport::{AuthConfig, ClusterSecret, NodeId, TcpConfig};
 use serde::Deserialize;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// Objects smaller than this live inline in the directory.
@@ -61,12 +62,29 @@ pub struct NodeEntry {
     pub addr: SocketAddr,
 }
 
+/// A secret as written in a config file; its `Debug` output does not show it.
+#[derive(Clone, Deserialize)]
+#[serde(transparent)]
+pub struct SecretText(String);
+
+impl std::fmt::Debug for SecretText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<secret>")
+    }
+}
+
+/// What a node of a configured cluster without any secret is told.
+const NO_SECRET: &str = "no cluster secret: set `secret = \"...\"` or `secret_file = \"path\"` \
+    in the cluster config, or the environment variable PHALANX_SECRET (`phalanx secret` prints \
+    a fresh one); `insecure = true` runs without authenticating peers";
+
 /// A cluster described in TOML:
 /// ```toml
 /// transport = "tcp"          # or "rdma"
 /// chunk_size = 4194304
 /// arena_size = 2147483648
 /// heartbeat_ms = 1000
+/// secret_file = "cluster.secret"   # or secret = "...", or PHALANX_SECRET in the environment
 /// [[nodes]]
 /// id = 0
 /// addr = "10.0.0.1:7100"
@@ -98,14 +116,31 @@ pub struct ClusterConfig {
     /// NIC-local placement of registered memory and of the busy-polling thread (transport =
     /// "rdma"). Default true; off anyway where sysfs does not tell the NIC's NUMA node.
     pub numa_placement: Option<bool>,
+    /// The cluster secret: only nodes that know it can set up links (README "Trust").
+    pub secret: Option<SecretText>,
+    /// A file holding the secret (white space around it ignored); a relative path is taken
+    /// from the config file's directory.
+    pub secret_file: Option<PathBuf>,
+    /// Run without a secret, authenticating no peer (default false: without a secret here
+    /// or in `PHALANX_SECRET` a node refuses to start).
+    pub insecure: Option<bool>,
+    /// Bound on one link setup handshake, in milliseconds (default 3000): a peer that says
+    /// nothing, or trickles, is dropped after it.
+    pub handshake_timeout_ms: Option<u64>,
     pub nodes: Vec<NodeEntry>,
+    /// Directory of the file the config was loaded from (for `secret_file`).
+    #[serde(skip)]
+    pub base_dir: Option<PathBuf>,
 }
 
 impl ClusterConfig {
     pub fn load(path: &Path) -> Result<ClusterConfig> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
-        Self::parse(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))
+        let mut c =
+            Self::parse(&text).map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+        c.base_dir = path.parent().map(Path::to_path_buf);
+        Ok(c)
     }
 
     pub fn parse(text: &str) -> std::result::Result<ClusterConfig, String> {
@@ -123,6 +158,15 @@ impl ClusterConfig {
         }
         if c.op_timeout_s == Some(0) {
             return Err("op_timeout_s must be at least 1".into());
+        }
+        if c.handshake_timeout_ms == Some(0) {
+            return Err("handshake_timeout_ms must be at least 1".into());
+        }
+        if c.secret.is_some() && c.secret_file.is_some() {
+            return Err("give `secret` or `secret_file`, not both".into());
+        }
+        if let Some(s) = &c.secret {
+            ClusterSecret::parse(&s.0).map_err(|e| format!("secret: {e}"))?;
         }
         if c.spin_wait_us.is_some_and(|us| us > 1_000_000) {
             return Err("spin_wait_us above one second makes no sense".into());
@@ -154,6 +198,46 @@ impl ClusterConfig {
             socket_buffer: self.socket_buffer.unwrap_or(d.socket_buffer),
             ..d
         }
+    }
+
+    /// Who may link to a node of this cluster: the secret (`secret`, else `secret_file`,
+    /// else `PHALANX_SECRET`), the members (ids 0..n-1) and the handshake bound. Errors: no
+    /// secret anywhere and not `insecure`; an unreadable file; a secret under 16 bytes.
+    pub fn auth_config(&self) -> Result<AuthConfig> {
+        self.auth_config_with(std::env::var(SECRET_ENV).ok())
+    }
+
+    /// [`ClusterConfig::auth_config`] with `env` as the value of `PHALANX_SECRET`.
+    pub fn auth_config_with(&self, env: Option<String>) -> Result<AuthConfig> {
+        let parse = |text: &str, from: &str| {
+            ClusterSecret::parse(text).map_err(|e| Error::Config(format!("{from}: {e}")))
+        };
+        let secret = if let Some(s) = &self.secret {
+            Some(parse(&s.0, "secret")?)
+        } else if let Some(f) = &self.secret_file {
+            let path = match &self.base_dir {
+                Some(dir) if f.is_relative() => dir.join(f),
+                _ => f.clone(),
+            };
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| Error::Config(format!("secret_file {}: {e}", path.display())))?;
+            Some(parse(&text, &format!("secret_file {}", path.display()))?)
+        } else if let Some(text) = env.filter(|t| !t.trim().is_empty()) {
+            Some(parse(&text, SECRET_ENV)?)
+        } else if self.insecure == Some(true) {
+            tracing::warn!("insecure = true: peers are not authenticated");
+            None
+        } else {
+            return Err(Error::Config(NO_SECRET.into()));
+        };
+        let d = AuthConfig::default();
+        Ok(AuthConfig {
+            secret,
+            members: Some(self.nodes.len() as u32),
+            handshake_timeout: self
+                .handshake_timeout_ms
+                .map_or(d.handshake_timeout, Duration::from_millis),
+        })
     }
 
     pub fn addr_of(&self, id: NodeId) -> Option<SocketAddr> {
@@ -198,5 +282,59 @@ mod tests {
         assert!(ClusterConfig::parse(&format!("op_timeout_s = 0\n{one}")).is_err());
         assert!(ClusterConfig::parse(&format!("heartbeat_ms = 0\n{one}")).is_err());
         assert!(ClusterConfig::parse(&format!("arena_size = 0\n{one}")).is_err());
+    }
+
+    #[test]
+    fn secret_from_config_file_or_environment() {
+        let one = "[[nodes]]\nid = 0\naddr = \"127.0.0.1:1\"\n[[nodes]]\nid = 1\naddr = \"127.0.0.1:2\"\n";
+        let secret = "0123456789abcdef0123456789abcdef";
+        let env = || Some(format!("{secret}-from-env"));
+        // In the config: it wins over the environment; members and the bound follow.
+        let c = ClusterConfig::parse(&format!(
+            "secret = \"{secret}\"\nhandshake_timeout_ms = 500\n{one}"
+        ))
+        .unwrap();
+        assert!(!format!("{c:?}").contains(secret), "Debug shows no secret");
+        let a = c.auth_config_with(env()).unwrap();
+        assert_eq!(a.secret, Some(ClusterSecret::parse(secret).unwrap()));
+        assert_eq!(a.members, Some(2));
+        assert_eq!(a.handshake_timeout, Duration::from_millis(500));
+        // From the environment when the config has none.
+        let bare = ClusterConfig::parse(one).unwrap();
+        let a = bare.auth_config_with(env()).unwrap();
+        assert_eq!(
+            a.secret,
+            Some(ClusterSecret::parse(&env().unwrap()).unwrap())
+        );
+        // Neither: refused, unless insecure.
+        let e = bare.auth_config_with(None).unwrap_err().to_string();
+        assert!(
+            e.contains("no cluster secret") && e.contains("phalanx secret"),
+            "{e}"
+        );
+        assert!(bare.auth_config_with(Some("  ".into())).is_err());
+        let insecure = ClusterConfig::parse(&format!("insecure = true\n{one}")).unwrap();
+        assert_eq!(insecure.auth_config_with(None).unwrap().secret, None);
+        // From a file, relative to the config's directory.
+        let dir = std::env::temp_dir().join(format!("phx-secret-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("s"), format!("{secret}\n")).unwrap();
+        std::fs::write(dir.join("c.toml"), format!("secret_file = \"s\"\n{one}")).unwrap();
+        let c = ClusterConfig::load(&dir.join("c.toml")).unwrap();
+        let a = c.auth_config_with(None).unwrap();
+        assert_eq!(a.secret, Some(ClusterSecret::parse(secret).unwrap()));
+        std::fs::remove_file(dir.join("s")).unwrap();
+        assert!(
+            c.auth_config_with(None).is_err(),
+            "a missing file is an error"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+        // Bad values.
+        assert!(ClusterConfig::parse(&format!("secret = \"short\"\n{one}")).is_err());
+        assert!(ClusterConfig::parse(&format!(
+            "secret = \"{secret}\"\nsecret_file = \"x\"\n{one}"
+        ))
+        .is_err());
+        assert!(ClusterConfig::parse(&format!("handshake_timeout_ms = 0\n{one}")).is_err());
     }
 }

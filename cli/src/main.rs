@@ -53,6 +53,10 @@ enum Cmd {
     /// NUMA placement, and what Phalanx would pick with the current config. Exits 0 even
     /// where there is no verbs library or device (it says so).
     Info(info::InfoArgs),
+    /// Print a fresh cluster secret (32 bytes from the OS random number generator, in hex):
+    /// put it in the cluster config (`secret = "..."`), in a file it names (`secret_file`), or
+    /// in PHALANX_SECRET for every node.
+    Secret,
     /// Render `--json` bench records (JSON lines) as SVG plots: latency against size and
     /// against arrival interval, one line per algorithm.
     Plot {
@@ -264,6 +268,10 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Node(args) => node_cmd(args),
         Cmd::Bench(args) => bench_cmd(args),
         Cmd::Info(args) => info::run(args),
+        Cmd::Secret => {
+            println!("{}", phalanx::transport::auth::generate_secret_text()?);
+            Ok(())
+        }
         Cmd::Plot { results, out } => {
             for f in plot::plot(&results, &out)? {
                 println!("{}", f.display());

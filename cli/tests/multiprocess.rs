@@ -77,8 +77,15 @@ fn free_ports(n: u32) -> Vec<u16> {
 }
 
 fn write_config(dir: &std::path::Path) -> std::path::PathBuf {
-    let mut toml =
-        String::from("transport = \"tcp\"\narena_size = 536870912\nheartbeat_ms = 1000\n");
+    // The secret in a file next to the config (a relative `secret_file`).
+    std::fs::write(
+        dir.join("cluster.secret"),
+        "a fresh secret for the multiprocess test\n",
+    )
+    .unwrap();
+    let mut toml = String::from(
+        "transport = \"tcp\"\narena_size = 536870912\nheartbeat_ms = 1000\nsecret_file = \"cluster.secret\"\n",
+    );
     for (id, port) in free_ports(NODES).into_iter().enumerate() {
         toml += &format!("[[nodes]]\nid = {id}\naddr = \"127.0.0.1:{port}\"\n");
     }

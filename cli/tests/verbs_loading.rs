@@ -24,7 +24,7 @@ fn phalanx(args: &[&str], missing_lib: bool) -> (Output, Duration) {
 
 fn rdma_config() -> tempfile_path::Path {
     tempfile_path::Path::new(
-        "transport = \"rdma\"\n[[nodes]]\nid = 0\naddr = \"127.0.0.1:0\"\n[[nodes]]\nid = 1\naddr = \"127.0.0.1:1\"\n",
+        "transport = \"rdma\"\nsecret = \"a secret for the verbs loading tests\"\n[[nodes]]\nid = 0\naddr = \"127.0.0.1:0\"\n[[nodes]]\nid = 1\naddr = \"127.0.0.1:1\"\n",
     )
 }
 

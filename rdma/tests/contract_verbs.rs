@@ -4,7 +4,7 @@
 
 use phalanx_rdma::{verbs, RdmaConfig, RdmaTransport};
 use phalanx_transport::contract::Harness;
-use phalanx_transport::{NodeId, TransportError};
+use phalanx_transport::{AuthConfig, ClusterSecret, NodeId, TransportError};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -32,6 +32,11 @@ impl Harness for Verbs {
         let cfg = RdmaConfig {
             device: std::env::var("PHALANX_RXE_DEV").ok(),
             heartbeat_timeout: heartbeat,
+            // Every node of the suite knows the secret: the authenticated setup path.
+            auth: AuthConfig {
+                secret: Some(ClusterSecret::parse("the verbs contract suite's secret").unwrap()),
+                ..AuthConfig::default()
+            },
             ..RdmaConfig::default()
         };
         RdmaTransport::bind(id, "127.0.0.1:0".parse().expect("address"), cfg)

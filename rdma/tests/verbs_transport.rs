@@ -79,6 +79,7 @@ fn delta(after: TransportStats, before: TransportStats) -> TransportStats {
         registrations: after.registrations - before.registrations,
         peers_down: after.peers_down - before.peers_down,
         malformed_frames: after.malformed_frames - before.malformed_frames,
+        hellos_refused: after.hellos_refused - before.hellos_refused,
     }
 }
 
@@ -635,4 +636,59 @@ fn threshold_sweep() {
     }
     a.t.shutdown();
     b.t.shutdown();
+}
+
+/// The out-of-band setup is authenticated: a node with another secret, or none, is refused
+/// (counted, no link, no queue pair detail sent), a forged claim of a live id leaves the real
+/// link working, and the rightful node links.
+#[test]
+fn setup_needs_the_cluster_secret() {
+    use phalanx_transport::{AuthConfig, ClusterSecret, TransportError};
+    if !have_device("setup_needs_the_cluster_secret") {
+        return;
+    }
+    let with = |secret: Option<&str>| RdmaConfig {
+        auth: AuthConfig {
+            secret: secret.map(|s| ClusterSecret::parse(s).unwrap()),
+            members: Some(3),
+            ..AuthConfig::default()
+        },
+        ..cfg()
+    };
+    let right = "the verbs test cluster's secret";
+    let (a, b) = pair(with(Some(right)), 1 << 20);
+    let a_addr = a.t.listen_addr();
+    // Node 2 with another secret, and with none: refused for good, at once.
+    for secret in [Some("another secret, not this one"), None] {
+        let stranger = node(2, with(secret), 1 << 20);
+        let t0 = Instant::now();
+        let err = stranger.t.dial(0, a_addr, Duration::from_secs(5));
+        assert!(matches!(err, Err(TransportError::Auth(_))), "{err:?}");
+        assert!(t0.elapsed() < Duration::from_secs(4), "{:?}", t0.elapsed());
+        assert!(!stranger.t.is_connected(0));
+        stranger.t.shutdown();
+    }
+    // A node claiming live node 1's id with another secret: refused, the real link stays.
+    let forger = node(1, with(Some("another secret, not this one")), 1 << 20);
+    assert!(forger.t.dial(0, a_addr, Duration::from_secs(5)).is_err());
+    forger.t.shutdown();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a.t.stats().hellos_refused < 3 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(a.t.stats().hellos_refused, 3);
+    assert!(a.t.is_connected(1) && !a.t.is_connected(2));
+    b.t.send(0, b"still here").unwrap();
+    match next_event(&a, Duration::from_secs(10)) {
+        Event::Ctrl { peer, msg } => assert_eq!((peer, msg.as_slice()), (1, &b"still here"[..])),
+        e => panic!("expected the real node's message, got {e:?}"),
+    }
+    assert_eq!(a.t.stats().peers_down, 0);
+    // The rightful node 2 links.
+    let c = node(2, with(Some(right)), 1 << 20);
+    c.t.dial(0, a_addr, Duration::from_secs(10)).unwrap();
+    assert!(c.t.is_connected(0));
+    for n in [&a, &b, &c] {
+        n.t.shutdown();
+    }
 }

@@ -25,6 +25,8 @@ pub enum TransportError {
     Shutdown,
     #[error("connection setup failed: {0}")]
     Setup(String),
+    #[error("link authentication failed: {0}")]
+    Auth(#[from] crate::auth::AuthError),
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),
 }

@@ -3,7 +3,8 @@
 //! ```text
 //! magic u32 | kind u8 | 0 u8 x3 | len u64 | stream u64 | dst u64 | rel u64
 //! ```
-//! `Hello` carries the sender's node id in `stream`; `Data` carries the absolute arena offset
+//! `Hello` is not sent any more (links are set up by the [`crate::auth`] handshake) and is
+//! malformed on a link; `Data` carries the absolute arena offset
 //! of the destination in `dst` and the offset relative to the receiver's region in `rel`.
 
 use crate::TransportError;

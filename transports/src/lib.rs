@@ -13,6 +13,7 @@
 //! the sender moves bytes there with no intermediate copy. Every node registers one arena,
 //! once, before any transfer.
 
+pub mod auth;
 #[cfg(feature = "contract")]
 pub mod contract;
 mod error;
@@ -21,6 +22,7 @@ pub mod link;
 mod memory;
 pub mod tcp;
 
+pub use auth::{AuthConfig, ClusterSecret};
 pub use error::TransportError;
 pub use frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN, MAX_CTRL_LEN};
 pub use link::{Counters, EventSink, Link, LinkState, LinkTable};
@@ -88,6 +90,9 @@ pub struct TransportStats {
     pub registrations: u64,
     pub peers_down: u64,
     pub malformed_frames: u64,
+    /// Link setups refused: wrong or no proof of the cluster secret, not a member, a live
+    /// link for the claimed id, malformed or too slow handshakes.
+    pub hellos_refused: u64,
 }
 
 /// A reliable, connection-oriented link between the nodes of one cluster.

@@ -2,7 +2,9 @@
 //! loopback with OS-assigned ports.
 
 use phalanx_transport::contract::Harness;
-use phalanx_transport::{NodeId, TcpConfig, TcpTransport, TransportError};
+use phalanx_transport::{
+    AuthConfig, ClusterSecret, NodeId, TcpConfig, TcpTransport, TransportError,
+};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -18,6 +20,11 @@ impl Harness for Tcp {
     fn bind(id: NodeId, heartbeat: Duration) -> Result<TcpTransport, TransportError> {
         let cfg = TcpConfig {
             heartbeat_timeout: heartbeat,
+            // Every node of the suite knows the secret: the authenticated setup path.
+            auth: AuthConfig {
+                secret: Some(ClusterSecret::parse("the TCP contract suite's secret").unwrap()),
+                ..AuthConfig::default()
+            },
             ..TcpConfig::default()
         };
         TcpTransport::bind(id, "127.0.0.1:0".parse().expect("address"), cfg)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -50,23 +51,28 @@ def _free_ports(n: int) -> List[int]:
 
 
 def write_local_config(n: int, path: str, base_port: int = 0, extra: str = "") -> str:
-    """Writes a TCP cluster config of ``n`` nodes on 127.0.0.1 to ``path``."""
+    """Writes a TCP cluster config of ``n`` nodes on 127.0.0.1 to ``path``, with a fresh
+    cluster secret (README "Trust"; the file is readable by its owner only)."""
     ports = list(range(base_port, base_port + n)) if base_port else _free_ports(n)
-    lines = ['transport = "tcp"', "heartbeat_ms = 10000", extra]
+    lines = ['transport = "tcp"', "heartbeat_ms = 10000", f'secret = "{secrets.token_hex(32)}"', extra]
     for k, port in enumerate(ports):
         lines += ["", "[[nodes]]", f"id = {k}", f'addr = "127.0.0.1:{port}"']
-    with open(path, "w") as f:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
         f.write("\n".join(lines) + "\n")
     return path
 
 
-def _config_hosts(config: str) -> List[str]:
+def _load_config(config: str) -> dict:
     try:
         import tomllib  # Python 3.11+
     except ModuleNotFoundError:  # pragma: no cover - older Pythons
         import tomli as tomllib  # type: ignore
     with open(config, "rb") as f:
-        cfg = tomllib.load(f)
+        return tomllib.load(f)
+
+
+def _config_hosts(cfg: dict) -> List[str]:
     nodes = sorted(cfg.get("nodes", []), key=lambda e: e["id"])
     return [str(e["addr"]).rsplit(":", 1)[0] for e in nodes]
 
@@ -92,14 +98,19 @@ def launch(program: str, args: List[str], nodes: Optional[int], config: Optional
             raise SystemExit("launch: give -n N or --config")
         tmp = tempfile.TemporaryDirectory(prefix="phalanx-launch-")
         config = write_local_config(nodes, os.path.join(tmp.name, "cluster.toml"), base_port)
-    hosts = _config_hosts(config)
+    cfg = _load_config(config)
+    hosts = _config_hosts(cfg)
+    base_env = dict(os.environ)
+    if "secret" not in cfg and "secret_file" not in cfg and not base_env.get("PHALANX_SECRET"):
+        # A config without a secret: the ranks share one made for this launch.
+        base_env["PHALANX_SECRET"] = secrets.token_hex(32)
     if nodes is not None and nodes != len(hosts):
         raise SystemExit(f"launch: -n {nodes} but {config} has {len(hosts)} nodes")
     logs = tempfile.TemporaryDirectory(prefix="phalanx-logs-")
     procs = []
     try:
         for k, host in enumerate(hosts):
-            env = dict(os.environ, PHALANX_RANK=str(k), PHALANX_CONFIG=os.path.abspath(config))
+            env = dict(base_env, PHALANX_RANK=str(k), PHALANX_CONFIG=os.path.abspath(config))
             cmd = [sys.executable, program, *args]
             ns = _netns_of(host)
             if ns is not None:

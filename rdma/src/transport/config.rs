@@ -1,5 +1,6 @@
 //! Settings of the verbs transport.
 
+use phalanx_transport::AuthConfig;
 use std::time::Duration;
 
 /// Settings of the verbs transport.
@@ -39,6 +40,10 @@ pub struct RdmaConfig {
     pub qp_timeout: u8,
     /// Transport retries before a QP goes to error.
     pub retry_cnt: u8,
+    /// Who may link (cluster secret, members) and the handshake's time bound; see
+    /// `phalanx_transport::auth`. The out-of-band exchange is authenticated before any
+    /// queue pair detail is sent.
+    pub auth: AuthConfig,
 }
 
 impl Default for RdmaConfig {
@@ -59,6 +64,7 @@ impl Default for RdmaConfig {
             cq_entries: 16384,
             qp_timeout: 14,
             retry_cnt: 7,
+            auth: AuthConfig::default(),
         }
     }
 }

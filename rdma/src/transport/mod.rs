@@ -49,6 +49,7 @@ use crate::verbs::{
     LINK_LAYER_ETHERNET,
 };
 use conn::Conn;
+use phalanx_transport::auth::Channel;
 use phalanx_transport::{
     check_ctrl_len, Arena, Link, LinkTable, NodeId, RemoteRegion, StreamId, Transport,
     TransportError,
@@ -185,6 +186,11 @@ impl RdmaTransport {
                 .map(|d| d.as_nanos() as u64)
                 .unwrap_or(0)
             ^ (id as u64) << 16;
+        let links = LinkTable::new(id, listen_addr, "verbs link").with_auth(
+            cfg.auth.clone(),
+            Channel::Verbs,
+            cfg.heartbeat_timeout,
+        );
         let inner = Arc::new(Inner {
             id,
             cfg,
@@ -198,7 +204,7 @@ impl RdmaTransport {
             progress_cpus: std::sync::OnceLock::new(),
             arena: Mutex::new(None),
             arena_registered: AtomicBool::new(false),
-            links: Arc::new(LinkTable::new(id, listen_addr, "verbs link")),
+            links: Arc::new(links),
             by_qpn: Mutex::new(HashMap::new()),
             wake,
             threads: Mutex::new(Vec::new()),
@@ -228,7 +234,9 @@ impl RdmaTransport {
             .spawn(move || {
                 let links = a.links.clone();
                 let failed = "verbs connection setup failed";
-                links.accept_loop(listener, "phx-vhello", failed, move |s| a.handshake(s))
+                links.accept_loop(listener, "phx-vhello", failed, move |s, peer| {
+                    a.handshake(s, peer)
+                })
             })?;
         inner.threads.lock().unwrap().extend([progress, hb, acc]);
         Ok(RdmaTransport { inner })

@@ -115,8 +115,9 @@ impl Inner {
         Ok(conn)
     }
 
-    /// Links `peer` at `addr`: connects (retrying until `deadline`), exchanges hellos, goes
-    /// RTR+RTS, sends the ready byte and installs.
+    /// Links `peer` at `addr`: connects and authenticates (retrying until `deadline`; see
+    /// `phalanx_transport::auth`), exchanges hellos, goes RTR+RTS, sends the ready byte and
+    /// installs.
     pub(super) fn dial(
         self: &Arc<Self>,
         peer: NodeId,
@@ -126,6 +127,7 @@ impl Inner {
         let mut s = self.links.dial_stream(peer, addr, deadline)?;
         s.set_nodelay(true)?;
         s.set_read_timeout(Some(self.cfg.connect_timeout))?;
+        s.set_write_timeout(Some(self.cfg.connect_timeout))?;
         let psn = self.next_psn();
         let conn = self.new_conn(peer)?;
         s.write_all(&self.local_hello(&conn, psn).encode())?;
@@ -149,15 +151,26 @@ impl Inner {
         Ok(())
     }
 
-    /// The acceptor's side of the hello exchange (errors go to the accept loop).
-    pub(super) fn handshake(&self, mut s: TcpStream) -> Result<(), TransportError> {
+    /// The acceptor's side of the hello exchange, for a stream the link table has admitted
+    /// from `peer` (authenticated, a member, no live link); errors go to the accept loop.
+    /// Each read is bounded by the handshake timeout (at least 5 s: the dialler moves its QP
+    /// to RTR and RTS in between, slow on an emulated device).
+    pub(super) fn handshake(&self, mut s: TcpStream, peer: NodeId) -> Result<(), TransportError> {
         s.set_nodelay(true)?;
-        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let bound = self.cfg.auth.handshake_timeout.max(Duration::from_secs(5));
+        s.set_read_timeout(Some(bound))?;
+        s.set_write_timeout(Some(bound))?;
         let mut b = [0u8; HELLO_LEN];
         s.read_exact(&mut b)?;
         let remote = Hello::decode(&b)?;
+        if remote.node != peer {
+            return Err(TransportError::Malformed(format!(
+                "node {peer} authenticated, but its hello says node {}",
+                remote.node
+            )));
+        }
         let psn = self.next_psn();
-        let conn = self.new_conn(remote.node)?;
+        let conn = self.new_conn(peer)?;
         let hello = self.local_hello(&conn, psn);
         let conn = self.finish_conn(conn, &remote, psn)?;
         // RTS before answering: the dialer may send as soon as it has our answer.

@@ -95,6 +95,11 @@ pub(super) fn delta(after: TransportStats, before: TransportStats) -> TransportS
             before.malformed_frames,
             "malformed_frames",
         ),
+        hellos_refused: d(
+            after.hellos_refused,
+            before.hellos_refused,
+            "hellos_refused",
+        ),
     }
 }
 

@@ -21,6 +21,7 @@ pub struct Counters {
     pub registrations: AtomicU64,
     pub peers_down: AtomicU64,
     pub malformed_frames: AtomicU64,
+    pub hellos_refused: AtomicU64,
 }
 
 impl Counters {
@@ -36,6 +37,7 @@ impl Counters {
             registrations: get(&self.registrations),
             peers_down: get(&self.peers_down),
             malformed_frames: get(&self.malformed_frames),
+            hellos_refused: get(&self.hellos_refused),
         }
     }
 }

@@ -20,12 +20,13 @@ mod tests;
 pub use counters::Counters;
 pub use events::{EventReceiver, EventSink};
 
+use crate::auth::{AuthConfig, Channel};
 use crate::{Event, NodeId, TransportError, PEER_LEFT};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
 /// What every link holds whatever its transport: the peer at the other end and the failed
@@ -97,6 +98,11 @@ pub trait Link: Send + Sync + 'static {
 ///   table by the time its `PeerDown` is emitted; once the table is closed every lookup
 ///   fails with [`TransportError::Shutdown`].
 /// - Waiters on [`LinkTable::connect_mesh`] are woken by every change.
+/// - Link setup (see `net`): every stream [`LinkTable::dial_stream`] returns and every
+///   stream the accept loop hands to the transport has passed the [`crate::auth`]
+///   handshake under the table's [`AuthConfig`], from a member; the acceptor admits a peer
+///   that has a live link only once that link is detected dead (within twice the heartbeat
+///   timeout), and one handshake per peer at a time.
 pub struct LinkTable<C> {
     node: NodeId,
     /// Names the links in log lines ("link", "verbs link").
@@ -111,8 +117,19 @@ pub struct LinkTable<C> {
     closing: AtomicBool,
     /// Where the transport's events go (the table emits `PeerDown` there itself).
     pub events: EventSink,
-    /// The transport's counters (the table counts `peers_down` and malformed hellos).
+    /// The transport's counters (the table counts `peers_down`, malformed and refused
+    /// hellos).
     pub counters: Counters,
+    /// Who may link to this node, and the handshake's bound.
+    auth: AuthConfig,
+    channel: Channel,
+    /// How long the acceptor waits for a peer's live link to be detected dead before it
+    /// refuses a new link from that peer.
+    dead_wait: Duration,
+    /// Peers between admission and install on the accepting side.
+    admitting: Mutex<HashSet<NodeId>>,
+    /// Handshakes in progress on the accepting side.
+    handshakes: AtomicUsize,
 }
 
 impl<C: Link> LinkTable<C> {
@@ -129,7 +146,32 @@ impl<C: Link> LinkTable<C> {
             closing: AtomicBool::new(false),
             events: EventSink::default(),
             counters: Counters::default(),
+            auth: AuthConfig::default(),
+            channel: Channel::Tcp,
+            dead_wait: Duration::from_secs(2),
+            admitting: Mutex::new(HashSet::new()),
+            handshakes: AtomicUsize::new(0),
         }
+    }
+
+    /// Sets who may link (`auth`), the channel the handshakes are bound to, and the
+    /// transport's heartbeat timeout (a live link is proven dead within twice that).
+    pub fn with_auth(
+        mut self,
+        auth: AuthConfig,
+        channel: Channel,
+        heartbeat_timeout: Duration,
+    ) -> LinkTable<C> {
+        if auth.secret.is_none() {
+            warn!(
+                node = self.node,
+                "no cluster secret: {} peers are not authenticated", self.label
+            );
+        }
+        self.auth = auth;
+        self.channel = channel;
+        self.dead_wait = heartbeat_timeout.saturating_mul(2) + Duration::from_millis(100);
+        self
     }
 
     /// This node's id.

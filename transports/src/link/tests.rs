@@ -1,4 +1,5 @@
 use super::*;
+use crate::auth::{AuthError, Status};
 use crate::{Event, EventHandler, TransportError, TransportStats, PEER_LEFT};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -188,6 +189,7 @@ fn counters_convert_to_stats() {
     c.registrations.fetch_add(6, Ordering::Relaxed);
     c.peers_down.fetch_add(7, Ordering::Relaxed);
     c.malformed_frames.fetch_add(8, Ordering::Relaxed);
+    c.hellos_refused.fetch_add(9, Ordering::Relaxed);
     assert_eq!(
         c.stats(),
         TransportStats {
@@ -199,6 +201,7 @@ fn counters_convert_to_stats() {
             registrations: 6,
             peers_down: 7,
             malformed_frames: 8,
+            hellos_refused: 9,
         }
     );
 }
@@ -241,27 +244,157 @@ fn dial_gives_up_at_the_deadline_and_on_shutdown() {
     assert!(matches!(err, Err(TransportError::Shutdown)));
 }
 
+/// A table of node `node` whose listener is `listener`'s, with a secret and 3 members.
+fn listening(node: NodeId, listener: &TcpListener) -> Arc<LinkTable<TestLink>> {
+    let auth = AuthConfig {
+        secret: Some(crate::ClusterSecret::parse("a secret for the link table tests").unwrap()),
+        members: Some(3),
+        handshake_timeout: Duration::from_secs(2),
+    };
+    let addr = listener.local_addr().unwrap();
+    Arc::new(LinkTable::new(node, addr, "link").with_auth(
+        auth,
+        Channel::Tcp,
+        Duration::from_millis(100),
+    ))
+}
+
+/// Runs `t`'s accept loop on `listener`; the handshake reports the admitted peer on the
+/// channel returned and answers with `answer`.
+fn serve(
+    t: &Arc<LinkTable<TestLink>>,
+    listener: TcpListener,
+    answer: fn(NodeId) -> Result<(), TransportError>,
+) -> (
+    crossbeam_channel::Receiver<NodeId>,
+    std::thread::JoinHandle<()>,
+) {
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let acc = t.clone();
+    let h = std::thread::spawn(move || {
+        acc.accept_loop(listener, "test-hello", "setup failed", move |_s, peer| {
+            tx.send(peer).unwrap();
+            answer(peer)
+        })
+    });
+    (rx, h)
+}
+
+fn wait_for(what: &str, f: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 #[test]
 fn accept_loop_hands_streams_over_and_ends_when_woken() {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
-    let t = Arc::new(LinkTable::<TestLink>::new(0, addr, "link"));
-    let (tx, rx) = crossbeam_channel::unbounded();
-    let acc = t.clone();
-    let h = std::thread::spawn(move || {
-        acc.accept_loop(listener, "test-hello", "setup failed", move |_s| {
-            tx.send(()).unwrap();
-            Err(TransportError::Malformed("garbage".into()))
-        })
+    let t = listening(0, &listener);
+    let (rx, h) = serve(&t, listener, |_| {
+        Err(TransportError::Malformed("garbage".into()))
     });
-    let _c = std::net::TcpStream::connect(addr).unwrap();
-    rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    let dialler = listening(1, &TcpListener::bind("127.0.0.1:0").unwrap());
+    let _c = dialler
+        .dial_stream(0, addr, Instant::now() + Duration::from_secs(5))
+        .unwrap();
+    assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), 1);
     // The failed handshake counts as a malformed frame (on the handshake's thread).
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while t.counters.stats().malformed_frames == 0 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_for("malformed count", || {
+        t.counters.stats().malformed_frames == 1
+    });
+    assert_eq!(t.counters.stats().hellos_refused, 0);
+    t.close();
+    t.wake_accept_loop();
+    h.join().unwrap();
+}
+
+#[test]
+fn garbage_and_strangers_are_refused_and_counted() {
+    use std::io::{Read, Write};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let t = listening(0, &listener);
+    let (rx, h) = serve(&t, listener, |_| Ok(()));
+    // Garbage: refused, counted as refused and malformed, connection closed.
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(&[0xde; 64]).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    wait_for("garbage refused", || t.counters.stats().hellos_refused == 1);
     assert_eq!(t.counters.stats().malformed_frames, 1);
+    // Another secret: the dialler finds the acceptor's proof wrong and hangs up.
+    let stranger = Arc::new(LinkTable::<TestLink>::new(1, addr, "link").with_auth(
+        AuthConfig {
+            secret: Some(crate::ClusterSecret::parse("not the secret of this cluster").unwrap()),
+            ..AuthConfig::default()
+        },
+        Channel::Tcp,
+        Duration::from_millis(100),
+    ));
+    let err = stranger.dial_stream(0, addr, Instant::now() + Duration::from_secs(5));
+    assert!(
+        matches!(err, Err(TransportError::Auth(AuthError::BadProof))),
+        "{err:?}"
+    );
+    wait_for("stranger refused", || {
+        t.counters.stats().hellos_refused == 2
+    });
+    // Not a member (3 nodes): refused for good, at once.
+    let outsider = listening(7, &TcpListener::bind("127.0.0.1:0").unwrap());
+    let err = outsider.dial_stream(0, addr, Instant::now() + Duration::from_secs(5));
+    assert!(
+        matches!(
+            err,
+            Err(TransportError::Auth(AuthError::Refused(Status::NotMember)))
+        ),
+        "{err:?}"
+    );
+    wait_for("outsider refused", || {
+        t.counters.stats().hellos_refused == 3
+    });
+    assert!(rx.try_recv().is_err(), "nobody was handed over");
+    t.close();
+    t.wake_accept_loop();
+    h.join().unwrap();
+}
+
+#[test]
+fn a_live_link_is_not_replaced_until_it_is_dead() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let t = listening(0, &listener);
+    let (rx, h) = serve(&t, listener, |_| Ok(()));
+    let live = TestLink::new(1);
+    t.install(live.clone());
+    // Node 1 dials again while its link is live: refused as busy after the wait (2 x 100 ms
+    // heartbeat), retried until the dial's deadline, then given up.
+    let dialler = listening(1, &TcpListener::bind("127.0.0.1:0").unwrap());
+    let err = dialler.dial_stream(0, addr, Instant::now() + Duration::from_millis(400));
+    assert!(matches!(err, Err(TransportError::Setup(_))), "{err:?}");
+    assert!(t.counters.stats().hellos_refused >= 1);
+    assert!(
+        Arc::ptr_eq(&t.get(1).unwrap(), &live),
+        "the live link stays"
+    );
+    assert!(!live.is_failed());
+    assert!(rx.try_recv().is_err());
+    // Once the old link is detected dead (here: failed while the new dial waits), the
+    // newcomer is admitted.
+    let failer = t.clone();
+    let old = live.clone();
+    let f = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        failer.fail(&old, "no heartbeat".into());
+    });
+    dialler
+        .dial_stream(0, addr, Instant::now() + Duration::from_secs(5))
+        .unwrap();
+    f.join().unwrap();
+    assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), 1);
     t.close();
     t.wake_accept_loop();
     h.join().unwrap();

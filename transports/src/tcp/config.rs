@@ -1,5 +1,6 @@
 //! Settings of the TCP transport.
 
+use crate::auth::AuthConfig;
 use std::time::Duration;
 
 /// Settings of the TCP transport.
@@ -13,6 +14,9 @@ pub struct TcpConfig {
     pub socket_buffer: usize,
     /// Largest data frame; larger writes are split so control messages can interleave.
     pub max_frame: usize,
+    /// Who may link (cluster secret, members) and the handshake's time bound; see
+    /// [`crate::auth`].
+    pub auth: AuthConfig,
 }
 
 impl Default for TcpConfig {
@@ -22,6 +26,7 @@ impl Default for TcpConfig {
             connect_timeout: Duration::from_secs(30),
             socket_buffer: 0,
             max_frame: 1 << 20,
+            auth: AuthConfig::default(),
         }
     }
 }

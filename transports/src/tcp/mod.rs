@@ -17,6 +17,7 @@ mod setup;
 
 pub use config::TcpConfig;
 
+use crate::auth::Channel;
 use crate::frame::{FrameHeader, FrameKind};
 use crate::{
     check_ctrl_len, Arena, Link, LinkTable, NodeId, RemoteRegion, StreamId, Transport,
@@ -58,11 +59,16 @@ impl TcpTransport {
             .map_err(|e| TransportError::Setup(format!("node {id}: bind {addr}: {e}")))?;
         let listen_addr = listener.local_addr()?;
         let (flush_tx, flush_rx) = crossbeam_channel::unbounded();
+        let links = LinkTable::new(id, listen_addr, "link").with_auth(
+            cfg.auth.clone(),
+            Channel::Tcp,
+            cfg.heartbeat_timeout,
+        );
         let inner = Arc::new(Inner {
             id,
             cfg,
             arena: OnceLock::new(),
-            links: Arc::new(LinkTable::new(id, listen_addr, "link")),
+            links: Arc::new(links),
             flush_tx,
             threads: Mutex::new(Vec::new()),
         });
@@ -71,8 +77,10 @@ impl TcpTransport {
             .name(format!("phx-accept-{id}"))
             .spawn(move || {
                 let links = acc.links.clone();
-                let failed = "dropping connection before hello";
-                links.accept_loop(listener, "phx-hello", failed, move |s| acc.handshake(s))
+                let failed = "cannot install connection";
+                links.accept_loop(listener, "phx-hello", failed, move |s, peer| {
+                    acc.handshake(s, peer)
+                })
             })?;
         let hb = inner.clone();
         let h = std::thread::Builder::new()

@@ -1,17 +1,16 @@
-//! Link setup: the hello frame a dialler sends, the acceptor's side of it, and installing
+//! Link setup: dialling (the authenticated stream comes from the link table, see
+//! [`crate::auth`]), the acceptor's side once the table has admitted the peer, and installing
 //! the connection with its reader thread.
 
 use super::conn::{Conn, Writer};
 use super::Inner;
-use crate::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
 use crate::{Event, LinkState, NodeId, TransportError};
-use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsFd;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-use tracing::{info, warn};
+use std::time::Instant;
+use tracing::info;
 
 impl Inner {
     fn tune(&self, s: &TcpStream) -> std::io::Result<()> {
@@ -25,7 +24,8 @@ impl Inner {
         Ok(())
     }
 
-    /// Links `peer` at `addr`: connects (retrying until `deadline`), says hello, installs.
+    /// Links `peer` at `addr`: connects and authenticates (retrying until `deadline`),
+    /// installs.
     pub(super) fn dial(
         self: &Arc<Self>,
         peer: NodeId,
@@ -34,43 +34,22 @@ impl Inner {
     ) -> Result<(), TransportError> {
         let s = self.links.dial_stream(peer, addr, deadline)?;
         self.tune(&s)?;
-        let hello = FrameHeader {
-            kind: FrameKind::Hello,
-            len: 0,
-            stream: self.id as u64,
-            dst: 0,
-            rel: 0,
-        };
-        (&s).write_all(&hello.encode())?;
         self.install(peer, s)
     }
 
-    /// The acceptor's side: reads the dialler's hello and installs the link. Errors before
-    /// the hello is understood go to the accept loop; later ones are logged here.
-    pub(super) fn handshake(self: &Arc<Self>, s: TcpStream) -> Result<(), TransportError> {
-        s.set_read_timeout(Some(Duration::from_secs(5)))?;
-        let mut b = [0u8; FRAME_HEADER_LEN];
-        (&s).read_exact(&mut b)?;
-        let h = FrameHeader::decode(&b)?;
-        if h.kind != FrameKind::Hello || h.stream > NodeId::MAX as u64 {
-            return Err(TransportError::Malformed(format!(
-                "expected hello, got {:?}",
-                h.kind
-            )));
-        }
-        let peer = h.stream as NodeId;
-        if let Err(e) = self
-            .tune(&s)
-            .map_err(TransportError::from)
-            .and_then(|_| self.install(peer, s))
-        {
-            warn!(node = self.id, peer, "cannot install connection: {e}");
-        }
-        Ok(())
+    /// The acceptor's side, for a stream the link table has admitted from `peer`
+    /// (authenticated, a member, no live link): installs the link.
+    pub(super) fn handshake(
+        self: &Arc<Self>,
+        s: TcpStream,
+        peer: NodeId,
+    ) -> Result<(), TransportError> {
+        self.tune(&s)?;
+        self.install(peer, s)
     }
 
-    /// Makes `s` the link to `peer` (a restarted peer's new link replaces its old one, which
-    /// is reported down) and starts its reader thread.
+    /// Makes `s` the link to `peer` (on the dialling side, a new link replaces an old one,
+    /// which is reported down) and starts its reader thread.
     fn install(self: &Arc<Self>, peer: NodeId, s: TcpStream) -> Result<(), TransportError> {
         s.set_read_timeout(Some(self.cfg.heartbeat_timeout))?;
         s.set_write_timeout(Some(self.cfg.heartbeat_timeout * 2))?;
