@@ -240,7 +240,9 @@ fn small_write_goes_through_blocks() {
     let len = 4096;
     fill(&a.arena, 8192, len, 42);
     let (a0, b0) = (a.t.stats(), b.t.stats());
-    let dst = b.t.remote_region(65536, 1 << 20).unwrap();
+    let dst =
+        b.t.grant(0, 65536, 1 << 20, std::sync::Arc::new(()))
+            .unwrap();
     a.t.write(1, 7, 8192, &dst, 100, len).expect("write");
     // Data events cover [100, 100 + len).
     let mut mark = 100;
@@ -285,7 +287,9 @@ fn large_write_is_zero_copy_rendezvous() {
     let (a, b) = pair(cfg(), (len + (1 << 20)) as usize);
     fill(&a.arena, 4096, len, 7);
     let (a0, b0) = (a.t.stats(), b.t.stats());
-    let dst = b.t.remote_region(0, len + 4096).unwrap();
+    let dst =
+        b.t.grant(0, 0, len + 4096, std::sync::Arc::new(()))
+            .unwrap();
     let t0 = Instant::now();
     let ta = a.t.clone();
     let w = std::thread::spawn(move || ta.write(1, 3, 4096, &dst, 4096, len));
@@ -337,7 +341,7 @@ fn ctrl_after_write_arrives_after_its_data() {
         return;
     }
     let (a, b) = pair(cfg(), 8 << 20);
-    let dst = b.t.remote_region(0, 8 << 20).unwrap();
+    let dst = b.t.grant(0, 0, 8 << 20, std::sync::Arc::new(())).unwrap();
     for (i, len) in [100u64, 3 << 20, 5000, 1 << 20].into_iter().enumerate() {
         fill(&a.arena, 0, len, i as u64);
         a.t.write(1, i as u64, 0, &dst, 0, len).unwrap();
@@ -524,7 +528,7 @@ fn busy_poll_mode_and_concurrent_senders() {
     // A rendezvous write in busy-poll mode too.
     let len = 3 << 20;
     fill(&a.arena, 0, len, 99);
-    let dst = b.t.remote_region(1 << 20, len).unwrap();
+    let dst = b.t.grant(0, 1 << 20, len, std::sync::Arc::new(())).unwrap();
     a.t.write(1, 5, 0, &dst, 0, len).unwrap();
     await_data(&b, 5, len, Duration::from_secs(30));
     assert!(same(&a.arena, 0, &b.arena, 1 << 20, len));
@@ -598,7 +602,7 @@ fn threshold_sweep() {
         return;
     }
     let (a, b) = pair(cfg(), 8 << 20);
-    let dst = b.t.remote_region(0, 8 << 20).unwrap();
+    let dst = b.t.grant(0, 0, 8 << 20, std::sync::Arc::new(())).unwrap();
     let iters: usize = std::env::var("PHALANX_SWEEP_ITERS")
         .ok()
         .and_then(|v| v.parse().ok())

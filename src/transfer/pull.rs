@@ -49,6 +49,8 @@ struct SentPull {
 pub(super) struct Inbound {
     copy: CopyRef,
     source: NodeId,
+    /// The range granted to `source` for this stream; revoked when the stream ends.
+    region: RemoteRegion,
     done: Sender<InboundEnd>,
 }
 
@@ -328,9 +330,11 @@ impl Transfers {
         if from >= size {
             return Ok(None);
         }
+        // Only `source` may write, only into this copy; the grant keeps the copy allocated
+        // while a write into it is still landing.
         let dst: RemoteRegion = self
             .transport
-            .remote_region(copy.offset(), size)
+            .grant(source, copy.offset(), size, Arc::new(copy.clone()))
             .map_err(|e| e.to_string())?;
         let stream = self.next_stream.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = crossbeam_channel::bounded(1);
@@ -339,6 +343,7 @@ impl Transfers {
             Inbound {
                 copy: copy.clone(),
                 source,
+                region: dst,
                 done: tx,
             },
         );
@@ -351,7 +356,9 @@ impl Transfers {
                 from,
             },
         ) {
-            self.inbound.lock().unwrap().remove(&stream);
+            if let Some(ib) = self.inbound.lock().unwrap().remove(&stream) {
+                self.end_inbound(ib, None);
+            }
             return Err(e.to_string());
         }
         hop!(
@@ -417,14 +424,14 @@ impl Transfers {
                 peer, stream, offset, wm, "out-of-order data, stream dropped"
             );
             let ib = inbound.remove(&stream).expect("present");
-            let _ = ib.done.send(InboundEnd::Failed("out-of-order data".into()));
+            self.end_inbound(ib, Some(InboundEnd::Failed("out-of-order data".into())));
             return;
         }
         ib.copy.advance_to(offset + len);
         hop!(self.id, "data in", from = peer, offset = offset, len = len);
         if offset + len >= ib.copy.size() {
             let ib = inbound.remove(&stream).expect("present");
-            let _ = ib.done.send(InboundEnd::Complete);
+            self.end_inbound(ib, Some(InboundEnd::Complete));
         }
     }
 
@@ -445,7 +452,7 @@ impl Transfers {
             } else {
                 "source refused or aborted"
             };
-            let _ = ib.done.send(InboundEnd::Failed(why.into()));
+            self.end_inbound(ib, Some(InboundEnd::Failed(why.into())));
         }
     }
 
@@ -459,16 +466,31 @@ impl Transfers {
             .collect();
         for s in streams {
             let ib = inbound.remove(&s).expect("listed");
-            let _ = ib
-                .done
-                .send(InboundEnd::Failed(format!("source {peer} down: {reason}")));
+            let why = format!("source {peer} down: {reason}");
+            self.end_inbound(ib, Some(InboundEnd::Failed(why)));
         }
     }
 
     /// The node is closing: every stream fails.
     pub(super) fn fail_all_inbound(&self) {
-        for (_, ib) in self.inbound.lock().unwrap().drain() {
-            let _ = ib.done.send(InboundEnd::Failed("node shut down".into()));
+        let all: Vec<Inbound> = self
+            .inbound
+            .lock()
+            .unwrap()
+            .drain()
+            .map(|(_, ib)| ib)
+            .collect();
+        for ib in all {
+            self.end_inbound(ib, Some(InboundEnd::Failed("node shut down".into())));
+        }
+    }
+
+    /// A stream is over: its source may no longer write into its copy, and its pull hears
+    /// how it ended.
+    fn end_inbound(&self, ib: Inbound, end: Option<InboundEnd>) {
+        self.transport.revoke(ib.source, &ib.region);
+        if let Some(end) = end {
+            let _ = ib.done.send(end);
         }
     }
 }

@@ -27,6 +27,8 @@ pub enum TransportError {
     Setup(String),
     #[error("link authentication failed: {0}")]
     Auth(#[from] crate::auth::AuthError),
+    #[error("write refused: {0}")]
+    Forbidden(String),
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),
 }

@@ -18,6 +18,7 @@ pub mod auth;
 pub mod contract;
 mod error;
 mod frame;
+pub mod grant;
 pub mod link;
 mod memory;
 pub mod tcp;
@@ -25,6 +26,7 @@ pub mod tcp;
 pub use auth::{AuthConfig, ClusterSecret};
 pub use error::TransportError;
 pub use frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN, MAX_CTRL_LEN};
+pub use grant::{GrantTable, KeepAlive};
 pub use link::{Counters, EventSink, Link, LinkState, LinkTable};
 pub use memory::{Arena, RemoteRegion};
 pub use tcp::{TcpConfig, TcpTransport};
@@ -110,9 +112,21 @@ pub trait Transport: Send + Sync + 'static {
     /// registered until [`Transport::shutdown`].
     fn register_arena(&self, arena: Arc<Arena>) -> Result<(), TransportError>;
 
-    /// A descriptor of `[offset, offset + len)` of the local registered arena, to hand to a
-    /// peer that will write there.
-    fn remote_region(&self, offset: u64, len: u64) -> Result<RemoteRegion, TransportError>;
+    /// Grants `peer` the right to write `[offset, offset + len)` of the local registered
+    /// arena and returns the descriptor to hand it. Every write that arrives is checked
+    /// against the grants of its peer before a byte lands (a write outside them is refused and
+    /// its link dropped). `keep` (for a pull: the copy being filled) stays alive while the
+    /// grant exists and while a write that passed the check is still landing.
+    fn grant(
+        &self,
+        peer: NodeId,
+        offset: u64,
+        len: u64,
+        keep: KeepAlive,
+    ) -> Result<RemoteRegion, TransportError>;
+
+    /// Withdraws a grant made by [`Transport::grant`]: later writes into it are refused.
+    fn revoke(&self, peer: NodeId, region: &RemoteRegion);
 
     /// Sends one control message (at most [`MAX_CTRL_LEN`] bytes).
     fn send(&self, peer: NodeId, msg: &[u8]) -> Result<(), TransportError>;

@@ -107,7 +107,8 @@ impl std::fmt::Debug for Arena {
 }
 
 /// Names `[offset, offset + len)` of `node`'s registered arena, which a peer may write into.
-/// `addr` and `rkey` are the verbs handles (zero for TCP).
+/// `addr` and `rkey` are the verbs handles (zero for TCP); `grant` names the grant that lets
+/// the peer write there (see [`crate::grant`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RemoteRegion {
     pub node: NodeId,
@@ -115,6 +116,7 @@ pub struct RemoteRegion {
     pub len: u64,
     pub addr: u64,
     pub rkey: u32,
+    pub grant: u32,
 }
 
 impl RemoteRegion {
@@ -158,6 +160,7 @@ mod tests {
             len: 10,
             addr: 0,
             rkey: 0,
+            grant: 0,
         };
         assert!(r.check(0, 10).is_ok());
         assert!(r.check(5, 6).is_err());

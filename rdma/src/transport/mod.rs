@@ -87,6 +87,10 @@ struct Inner {
     progress_cpus: std::sync::OnceLock<Vec<usize>>,
     arena: Mutex<Option<Arc<MemoryRegion>>>,
     arena_registered: AtomicBool,
+    /// Which peer may write where: an eager write is checked before it is copied in, and a
+    /// rendezvous write's `DataDone` before it is reported (the NIC lands those bytes itself:
+    /// the arena's rkey still covers all of it, see README "Trust").
+    grants: phalanx_transport::GrantTable,
     /// Installed connections by peer, with the event sink and the counters.
     links: Arc<LinkTable<Conn>>,
     /// Every connection whose QP exists (installed or still in setup), by QP number.
@@ -204,6 +208,7 @@ impl RdmaTransport {
             progress_cpus: std::sync::OnceLock::new(),
             arena: Mutex::new(None),
             arena_registered: AtomicBool::new(false),
+            grants: phalanx_transport::GrantTable::new(),
             links: Arc::new(links),
             by_qpn: Mutex::new(HashMap::new()),
             wake,
@@ -384,16 +389,28 @@ impl Transport for RdmaTransport {
         }
     }
 
-    fn remote_region(&self, offset: u64, len: u64) -> Result<RemoteRegion, TransportError> {
+    fn grant(
+        &self,
+        peer: NodeId,
+        offset: u64,
+        len: u64,
+        keep: phalanx_transport::KeepAlive,
+    ) -> Result<RemoteRegion, TransportError> {
         let mr = self.inner.arena_mr()?;
         mr.arena().check(offset, len)?;
+        let grant = self.inner.grants.grant(peer, offset, len, keep);
         Ok(RemoteRegion {
             node: self.inner.id,
             offset,
             len,
             addr: mr.addr() + offset,
             rkey: mr.rkey(),
+            grant,
         })
+    }
+
+    fn revoke(&self, peer: NodeId, region: &RemoteRegion) {
+        self.inner.grants.revoke(peer, region.grant);
     }
 
     fn send(&self, peer: NodeId, msg: &[u8]) -> Result<(), TransportError> {

@@ -134,9 +134,12 @@ impl Inner {
                     h.d
                 };
                 arena.arena().check(h.c, len)?;
+                // Only into a range granted to this peer; `held` keeps it allocated meanwhile.
+                let held = self.grants.admit(peer, h.c, h.b, len)?;
                 if h.kind == Kind::Data {
-                    // SAFETY: bounds checked; the store reserved this range for the stream and
-                    // nobody else reads or writes it until the Data event is handled.
+                    // SAFETY: inside the arena and inside a range granted to `peer` for one
+                    // pull, kept allocated by `held`; nothing else writes a granted range and
+                    // readers only look below the watermark, which the Data event moves.
                     unsafe { arena.arena().slice_mut(h.c, len) }.copy_from_slice(payload);
                     self.links
                         .counters
@@ -147,6 +150,7 @@ impl Inner {
                     .counters
                     .data_bytes_received
                     .fetch_add(len, Ordering::Relaxed);
+                drop(held);
                 self.links.emit(Event::Data {
                     peer,
                     stream: h.a,

@@ -100,7 +100,7 @@ pub fn ctrl_after_write_follows_its_data<H: Harness>() {
         .iter()
         .map(|ws| {
             ws.iter()
-                .map(|&(_, off, len)| b.t.remote_region(off, len).expect("region"))
+                .map(|&(_, off, len)| b.region(0, off, len).expect("region"))
                 .collect()
         })
         .collect();
@@ -199,8 +199,7 @@ pub fn data_events_cover_each_stream_exactly<H: Harness>() {
             let base = (STREAMS + s) * slot;
             paint(&dst_node.arena, base, slot, SENTINEL);
             let region = dst_node
-                .t
-                .remote_region(base + GUARD, LEAD + per_stream)
+                .region(from, base + GUARD, LEAD + per_stream)
                 .expect("region");
             plans.push(Plan {
                 from,
@@ -265,7 +264,7 @@ pub fn small_writes_land_exactly<H: Harness>() {
     let mesh = Mesh::<H>::new(2, 1 << 20, CALM_HEARTBEAT);
     let (a, b) = (mesh.node(0), mesh.node(1));
     let s0 = (a.t.stats(), b.t.stats());
-    let region = b.t.remote_region(8192, 512 << 10).expect("region");
+    let region = b.region(0, 8192, 512 << 10).expect("region");
     paint(&b.arena, 0, 1 << 20, SENTINEL);
     let mut at = 1; // offset inside the region, odd on purpose
     for (i, &len) in SIZES.iter().enumerate() {
@@ -303,7 +302,7 @@ pub fn nonblocking_writes_land_in_order_or_not_at_all<H: Harness>() {
     const SENTINEL: u8 = 0x3C;
     let mesh = Mesh::<H>::new(2, 1 << 20, CALM_HEARTBEAT);
     let (a, b) = (mesh.node(0), mesh.node(1));
-    let region = b.t.remote_region(4096, 512 << 10).expect("region");
+    let region = b.region(0, 4096, 512 << 10).expect("region");
     paint(&b.arena, 0, 1 << 20, SENTINEL);
     let mut at = 3;
     for (i, &len) in [1u64, 100, 4096, 16 << 10, 64 << 10].iter().enumerate() {
@@ -349,7 +348,7 @@ pub fn large_write_lands_exactly<H: Harness>() {
     let (src, base, at) = (4097u64, 8192u64, 7u64);
     fill(&a.arena, src, len, 99);
     paint(&b.arena, 0, arena_len as u64, SENTINEL);
-    let region = b.t.remote_region(base, at + len + 1).expect("region");
+    let region = b.region(0, base, at + len + 1).expect("region");
     let s0 = (a.t.stats(), b.t.stats());
     let t0 = Instant::now();
     let ta = a.t.clone();
@@ -434,29 +433,23 @@ pub fn invalid_operations_fail_with_typed_errors<H: Harness>() {
     let mesh = Mesh::<H>::new(2, arena_len as usize, CALM_HEARTBEAT);
     let (a, b) = (mesh.node(0), mesh.node(1));
     let s0 = (a.t.stats(), b.t.stats());
-    let region = b.t.remote_region(4096, 8192).expect("region");
+    let region = b.region(0, 4096, 8192).expect("region");
     assert_eq!(
         (region.node, region.offset, region.len),
         (1, 4096, 8192),
         "the region names its node and range"
     );
-    assert!(b.t.remote_region(0, arena_len).is_ok(), "the whole arena");
+    assert!(b.region(0, 0, arena_len).is_ok(), "the whole arena");
     let oob = |r: Result<(), TransportError>, what: &str| match r {
         Err(TransportError::OutOfBounds { .. }) => {}
         other => panic!("{what}: expected OutOfBounds, got {other:?}"),
     };
+    oob(b.region(0, arena_len, 1).map(drop), "region past the arena");
     oob(
-        b.t.remote_region(arena_len, 1).map(drop),
-        "region past the arena",
-    );
-    oob(
-        b.t.remote_region(1, arena_len).map(drop),
+        b.region(0, 1, arena_len).map(drop),
         "region overlapping the end",
     );
-    oob(
-        b.t.remote_region(u64::MAX, 2).map(drop),
-        "region overflowing u64",
-    );
+    oob(b.region(0, u64::MAX, 2).map(drop), "region overflowing u64");
     oob(
         a.t.write(1, 1, 0, &region, 1, 8192),
         "write past the region's end",
@@ -502,9 +495,9 @@ pub fn invalid_operations_fail_with_typed_errors<H: Harness>() {
     a.nothing_queued("failed operations send nothing");
     // A node without an arena has no region to hand out and nothing to write from.
     let lone = H::bind(7, CALM_HEARTBEAT).expect("bind");
-    match lone.remote_region(0, 1) {
+    match lone.grant(0, 0, 1, Arc::new(())) {
         Err(TransportError::NoArena) => {}
-        other => panic!("remote_region without an arena: {other:?}"),
+        other => panic!("grant without an arena: {other:?}"),
     }
     match lone.write(0, 1, 0, &region, 0, 1) {
         Err(TransportError::NoArena) => {}
@@ -555,7 +548,7 @@ pub fn event_handler_sees_events_in_order<H: Harness>() {
     let old_channel = mesh.nodes[1].events.clone();
     let taken = mesh.nodes[1].use_handler();
     let (a, b) = (mesh.node(0), mesh.node(1));
-    let region = b.t.remote_region(0, 4 << 20).expect("region");
+    let region = b.region(0, 0, 4 << 20).expect("region");
     for r in 0..20u64 {
         let len = [3u64, 5000, 300_000][r as usize % 3];
         let src = r * 200_000 % (2 << 20);
@@ -574,4 +567,69 @@ pub fn event_handler_sees_events_in_order<H: Harness>() {
         );
     }
     b.nothing_queued("one event per transfer");
+}
+
+/// Every write is checked against the receiver's grants before a byte lands: a write from a
+/// peer the range was not granted to, a write outside the granted range (a forged region), and
+/// a write after the grant was revoked each change no byte of the arena, are counted as
+/// malformed and drop the link that carried them; a granted write still lands. (Small writes:
+/// on verbs they ride the eager blocks, which the receiver copies in after the check.)
+pub fn writes_outside_a_grant_change_nothing_and_drop_the_link<H: Harness>() {
+    const SENTINEL: u8 = 0xA7;
+    const LEN: u64 = 1000;
+    let arena_len = 1u64 << 20;
+    let mesh = Mesh::<H>::new(3, arena_len as usize, CALM_HEARTBEAT);
+    let (a, b, c) = (mesh.node(0), mesh.node(1), mesh.node(2));
+    fill(&a.arena, 0, LEN, 41);
+    fill(&c.arena, 0, LEN, 43);
+    paint(&b.arena, 0, arena_len, SENTINEL);
+    let s0 = b.t.stats();
+    let granted = b.region(0, 4096, 8192).expect("region");
+    // The grantee's write lands.
+    a.t.write(1, 1, 0, &granted, 0, LEN).expect("granted write");
+    b.expect_data(0, 1, 0, LEN, WAIT);
+    assert_same(&a.arena, 0, &b.arena, 4096, LEN, "granted write");
+    // Another peer writing into that range: refused, its link dropped.
+    c.t.write(1, 2, 0, &granted, LEN, LEN)
+        .expect("write leaves node 2");
+    b.expect_down(2, WAIT);
+    // The grantee writing outside its range through a forged region.
+    let forged = RemoteRegion {
+        offset: 65536,
+        ..granted
+    };
+    a.t.write(1, 3, 0, &forged, 0, LEN)
+        .expect("write leaves node 0");
+    b.expect_down(0, WAIT);
+    let check = |what: &str| {
+        assert_same(&a.arena, 0, &b.arena, 4096, LEN, what);
+        assert_untouched(&b.arena, 0, 4096, SENTINEL, what);
+        assert_untouched(&b.arena, 4096 + LEN, arena_len - 4096 - LEN, SENTINEL, what);
+    };
+    check("after the refused writes");
+    let d = delta(b.t.stats(), s0);
+    assert_eq!(d.malformed_frames, 2, "each refused write counted once");
+    assert_eq!(
+        d.data_bytes_received, LEN,
+        "only the granted bytes were received"
+    );
+    drop(mesh);
+
+    // A revoked grant: a later write into it is refused the same way.
+    let mesh = Mesh::<H>::new(2, arena_len as usize, CALM_HEARTBEAT);
+    let (a, b) = (mesh.node(0), mesh.node(1));
+    fill(&a.arena, 0, LEN, 47);
+    paint(&b.arena, 0, arena_len, SENTINEL);
+    let region = b.region(0, 8192, LEN).expect("region");
+    b.t.revoke(0, &region);
+    a.t.write(1, 4, 0, &region, 0, LEN)
+        .expect("write leaves node 0");
+    b.expect_down(0, WAIT);
+    assert_untouched(
+        &b.arena,
+        0,
+        arena_len,
+        SENTINEL,
+        "after a write into a revoked grant",
+    );
 }

@@ -21,7 +21,7 @@ pub fn stats_count_exactly<H: Harness>() {
         .map(|k| {
             let (src, dst) = (mesh.node(k), mesh.node(1 - k));
             let t = src.t.clone();
-            let region = dst.t.remote_region(4 << 20, 4 << 20).expect("region");
+            let region = dst.region(k, 4 << 20, 4 << 20).expect("region");
             let mine = lens[k as usize];
             std::thread::spawn(move || {
                 for i in 0..10 + k as u64 {
@@ -112,11 +112,7 @@ pub fn killed_peer_is_reported_down_within_the_bound<H: Harness>() {
     }
     let s0: Vec<TransportStats> = mesh.nodes.iter().map(|n| n.t.stats()).collect();
     // Node 0 streams writes into the victim until a write fails.
-    let region = mesh
-        .node(victim)
-        .t
-        .remote_region(0, 4 << 20)
-        .expect("region");
+    let region = mesh.node(victim).region(0, 0, 4 << 20).expect("region");
     let t0 = mesh.node(0).t.clone();
     let writes = Arc::new(AtomicU64::new(0));
     let w = writes.clone();
@@ -274,7 +270,7 @@ pub(super) fn check_traffic_with<H: Harness>(mesh: &Mesh<H>, id: NodeId) {
             src.t.send(to, &m).expect("send");
             dst.expect_ctrl(from, &m);
             fill(&src.arena, 0, len, from as u64 * 7 + to as u64);
-            let region = dst.t.remote_region(4096, len).expect("region");
+            let region = dst.region(from, 4096, len).expect("region");
             src.t.write(to, 5, 0, &region, 0, len).expect("write");
             dst.expect_data(from, 5, 0, len, WAIT);
             assert_same(
@@ -305,11 +301,11 @@ pub fn shutdown_is_a_leave_not_a_failure<H: Harness>() {
         for i in 0..N {
             l.t.send(to, &message(leaver, to, i, 200)).expect("send");
         }
-        let region = mesh.node(to).t.remote_region(0, 20_000).expect("region");
+        let region = mesh.node(to).region(leaver, 0, 20_000).expect("region");
         l.t.write(to, 3, 0, &region, 0, 20_000).expect("write");
         l.t.send(to, b"last words").expect("send");
     }
-    let leaver_region = l.t.remote_region(0, 4096).expect("region");
+    let leaver_region = l.region(0, 0, 4096).expect("region");
     let left_at = Instant::now();
     l.t.shutdown();
     for id in 0..2 {

@@ -9,6 +9,17 @@ pub(super) struct Node<T> {
 }
 
 impl<T: Transport> Node<T> {
+    /// `[offset, offset + len)` of this node's arena, granted to `writer` (as a pull grants
+    /// its source the copy it fills).
+    pub(super) fn region(
+        &self,
+        writer: NodeId,
+        offset: u64,
+        len: u64,
+    ) -> Result<RemoteRegion, TransportError> {
+        self.t.grant(writer, offset, len, Arc::new(()))
+    }
+
     /// The next event, which must come within `within`.
     pub(super) fn next(&self, within: Duration, waiting_for: &str) -> Event {
         match self.events.recv_timeout(within) {

@@ -160,6 +160,7 @@ macro_rules! transport_contract_tests {
         __phalanx_contract_case!(large_write_lands_exactly);
         __phalanx_contract_case!(max_ctrl_len_is_the_limit);
         __phalanx_contract_case!(invalid_operations_fail_with_typed_errors);
+        __phalanx_contract_case!(writes_outside_a_grant_change_nothing_and_drop_the_link);
         __phalanx_contract_case!(nonblocking_sends_keep_order);
         __phalanx_contract_case!(event_handler_sees_events_in_order);
         __phalanx_contract_case!(stats_count_exactly);

@@ -20,8 +20,8 @@ pub use config::TcpConfig;
 use crate::auth::Channel;
 use crate::frame::{FrameHeader, FrameKind};
 use crate::{
-    check_ctrl_len, Arena, Link, LinkTable, NodeId, RemoteRegion, StreamId, Transport,
-    TransportError,
+    check_ctrl_len, Arena, GrantTable, KeepAlive, Link, LinkTable, NodeId, RemoteRegion, StreamId,
+    Transport, TransportError,
 };
 use conn::Conn;
 use crossbeam_channel::Sender;
@@ -35,6 +35,8 @@ struct Inner {
     id: NodeId,
     cfg: TcpConfig,
     arena: OnceLock<Arc<Arena>>,
+    /// Which peer may write where: every data frame is checked here before it lands.
+    grants: GrantTable,
     links: Arc<LinkTable<Conn>>,
     /// Connections whose writer has a tail for the flusher thread to send.
     flush_tx: Sender<Arc<Conn>>,
@@ -68,6 +70,7 @@ impl TcpTransport {
             id,
             cfg,
             arena: OnceLock::new(),
+            grants: GrantTable::new(),
             links: Arc::new(links),
             flush_tx,
             threads: Mutex::new(Vec::new()),
@@ -132,16 +135,28 @@ impl Transport for TcpTransport {
         Ok(())
     }
 
-    fn remote_region(&self, offset: u64, len: u64) -> Result<RemoteRegion, TransportError> {
+    fn grant(
+        &self,
+        peer: NodeId,
+        offset: u64,
+        len: u64,
+        keep: KeepAlive,
+    ) -> Result<RemoteRegion, TransportError> {
         let arena = self.inner.arena.get().ok_or(TransportError::NoArena)?;
         arena.check(offset, len)?;
+        let grant = self.inner.grants.grant(peer, offset, len, keep);
         Ok(RemoteRegion {
             node: self.inner.id,
             offset,
             len,
             addr: 0,
             rkey: 0,
+            grant,
         })
+    }
+
+    fn revoke(&self, peer: NodeId, region: &RemoteRegion) {
+        self.inner.grants.revoke(peer, region.grant);
     }
 
     fn send(&self, peer: NodeId, msg: &[u8]) -> Result<(), TransportError> {

@@ -37,7 +37,8 @@ impl Inner {
             Some(
                 e @ (TransportError::Malformed(_)
                 | TransportError::MessageTooLarge { .. }
-                | TransportError::OutOfBounds { .. }),
+                | TransportError::OutOfBounds { .. }
+                | TransportError::Forbidden(_)),
             ) => {
                 self.links
                     .counters
@@ -78,10 +79,16 @@ impl Inner {
             FrameKind::Data => {
                 let arena = self.arena.get().ok_or(TransportError::NoArena)?;
                 arena.check(h.dst, h.len)?;
-                // SAFETY: bounds checked above; the store reserved this range for the stream
-                // and nobody else reads or writes it until the Data event below is handled.
+                // Nothing lands outside a range this node granted to this peer; `held` keeps
+                // the range allocated until the bytes are in, even if the grant is revoked.
+                let held = self.grants.admit(peer, h.dst, h.rel, h.len)?;
+                // SAFETY: inside the arena (checked) and inside a range granted to `peer` for
+                // one pull, whose copy `held` keeps allocated; nothing else writes a range
+                // while it is granted, and readers only look below the watermark, which moves
+                // past these bytes after the Data event below.
                 let dst = unsafe { arena.slice_mut(h.dst, h.len) };
                 s.read_exact(dst)?;
+                drop(held);
                 counters
                     .data_bytes_received
                     .fetch_add(h.len, Ordering::Relaxed);
