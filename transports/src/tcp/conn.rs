@@ -1,5 +1,13 @@
 //! One TCP connection and its sending side: whole frames under the writer lock, and the
-//! non-blocking control path whose leftovers the flusher thread sends.
+//! non-blocking path whose leftovers the flusher thread sends.
+//!
+//! No thread of the transport or of its user ever waits on a slow peer outside its own
+//! blocking `send`/`write` call: a non-blocking frame that finds the writer busy (another
+//! thread is in the middle of a frame to that peer) goes to the connection's overflow queue,
+//! which the next holder of the writer lock sends first; the flusher only ever writes with
+//! `MSG_DONTWAIT`. What waits for one peer (its unsent tail and overflow) is bounded by
+//! [`MAX_QUEUED`]: a peer that lets more pile up is not reading and its link is failed, as is
+//! one whose socket takes nothing for twice the heartbeat timeout (the socket's send timeout).
 
 use super::Inner;
 use crate::frame::{FrameHeader, FrameKind};
@@ -11,12 +19,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// Most bytes queued for one peer (unsent tail plus overflow) before its link is failed.
+pub(super) const MAX_QUEUED: usize = 64 << 20;
+
 pub(super) struct Conn {
     pub(super) link: LinkState,
     pub(super) socket: TcpStream,
     pub(super) writer: Mutex<Writer>,
     /// Nanoseconds since the transport's epoch of the last frame sent.
     pub(super) last_send: AtomicU64,
+    /// Whole frames queued while another thread held the writer; sent, in order, by the next
+    /// holder of the writer lock before anything else.
+    pub(super) overflow: Mutex<Vec<u8>>,
 }
 
 impl Link for Conn {
@@ -39,12 +53,60 @@ pub(super) struct Writer {
 }
 
 impl Writer {
-    pub(super) fn flush_tail(&mut self) -> std::io::Result<()> {
+    /// Moves the connection's overflow behind the tail (the caller holds the writer lock).
+    pub(super) fn absorb(&mut self, conn: &Conn) {
+        let mut o = conn.overflow.lock().unwrap();
+        if !o.is_empty() {
+            if self.tail.is_empty() {
+                std::mem::swap(&mut self.tail, &mut o);
+            } else {
+                self.tail.extend_from_slice(&o);
+                o.clear();
+            }
+        }
+    }
+
+    /// Sends the tail (and the overflow), blocking (bounded by the socket's send timeout).
+    pub(super) fn flush_tail(&mut self, conn: &Conn) -> std::io::Result<()> {
+        self.absorb(conn);
         if !self.tail.is_empty() {
             self.stream.write_all(&self.tail)?;
             self.tail.clear();
         }
         Ok(())
+    }
+
+    /// Sends as much of the tail (and the overflow) as the socket takes without blocking;
+    /// returns whether anything is left.
+    pub(super) fn flush_some(&mut self, conn: &Conn) -> std::io::Result<bool> {
+        self.absorb(conn);
+        while !self.tail.is_empty() {
+            match send_dontwait(&self.stream, &[IoSlice::new(&self.tail)]) {
+                Ok(0) => break,
+                Ok(n) => {
+                    self.tail.drain(..n);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(!self.tail.is_empty())
+    }
+}
+
+/// One `sendmsg` with `MSG_DONTWAIT`: the bytes the socket took (0 when it is full).
+fn send_dontwait(stream: &TcpStream, iov: &[IoSlice<'_>]) -> std::io::Result<usize> {
+    use nix::sys::socket::{sendmsg, MsgFlags};
+    let fd = std::os::fd::AsRawFd::as_raw_fd(stream);
+    match sendmsg::<nix::sys::socket::SockaddrStorage>(
+        fd,
+        iov,
+        &[],
+        MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+        None,
+    ) {
+        Ok(n) => Ok(n),
+        Err(nix::errno::Errno::EAGAIN) => Ok(0),
+        Err(e) => Err(std::io::Error::from(e)),
     }
 }
 
@@ -71,24 +133,68 @@ impl Inner {
             if conn.is_failed() {
                 return Err(TransportError::PeerUnavailable(conn.peer()));
             }
-            w.flush_tail()
+            w.flush_tail(conn)
                 .and_then(|_| write_all_vectored(&mut w.stream, &head, payload))
         };
         conn.last_send.store(self.links.now_ns(), Ordering::Relaxed);
         res.map_err(|e| self.send_failed(conn, format!("send failed: {e}")))
     }
 
-    /// Sends the tails left by non-blocking sends; blocking here is harmless, this thread
-    /// does nothing else.
+    /// Sends what non-blocking sends left queued, never blocking on a peer: each connection
+    /// with something queued is offered the bytes its socket takes now, and looked at again a
+    /// millisecond later while anything is left. A connection whose queue does not move for
+    /// twice the heartbeat timeout is failed (its peer is not reading).
     pub(super) fn flush_loop(self: Arc<Self>, rx: Receiver<Arc<Conn>>) {
+        // Connections with something queued, and when their queue last moved.
+        let mut waiting: Vec<(Arc<Conn>, std::time::Instant, usize)> = Vec::new();
+        let stall = self.cfg.heartbeat_timeout * 2;
         while !self.links.is_closing() {
-            let Ok(c) = rx.recv_timeout(Duration::from_millis(200)) else {
-                continue;
+            let wait = if waiting.is_empty() {
+                Duration::from_millis(200)
+            } else {
+                Duration::from_millis(1)
             };
-            let r = c.writer.lock().unwrap().flush_tail();
-            if let Err(e) = r {
-                self.links.fail(&c, format!("send failed: {e}"));
+            if let Ok(c) = rx.recv_timeout(wait) {
+                if !waiting.iter().any(|(w, ..)| Arc::ptr_eq(w, &c)) {
+                    waiting.push((c, std::time::Instant::now(), usize::MAX));
+                }
             }
+            while let Ok(c) = rx.try_recv() {
+                if !waiting.iter().any(|(w, ..)| Arc::ptr_eq(w, &c)) {
+                    waiting.push((c, std::time::Instant::now(), usize::MAX));
+                }
+            }
+            waiting.retain_mut(|(c, moved, left)| {
+                if c.is_failed() {
+                    return false;
+                }
+                // A busy writer sends the queue itself before its own frame.
+                let Ok(mut w) = c.writer.try_lock() else {
+                    return true;
+                };
+                match w.flush_some(c) {
+                    Ok(false) => false,
+                    Ok(true) => {
+                        let now_left = w.tail.len();
+                        drop(w);
+                        if now_left < *left {
+                            (*moved, *left) = (std::time::Instant::now(), now_left);
+                        } else if moved.elapsed() > stall {
+                            self.links.fail(
+                                c,
+                                format!("peer not reading: {now_left} bytes unsent for {stall:?}"),
+                            );
+                            return false;
+                        }
+                        true
+                    }
+                    Err(e) => {
+                        drop(w);
+                        self.links.fail(c, format!("send failed: {e}"));
+                        false
+                    }
+                }
+            });
         }
     }
 
@@ -103,33 +209,36 @@ impl Inner {
         self.frame_nonblocking(conn, &head, msg)
     }
 
-    /// Queues one frame (control or data) without ever blocking; see `send_nonblocking`.
+    /// Queues one frame (control or data) without ever blocking: written at once if the
+    /// socket takes it, else (the rest) left queued for the flusher; when another thread holds
+    /// the writer the frame joins the overflow queue. Fails the link when the peer has more
+    /// than [`MAX_QUEUED`] bytes waiting. Ok(false) is never returned for a live link.
     pub(super) fn frame_nonblocking(
         &self,
         conn: &Arc<Conn>,
         h: &FrameHeader,
         msg: &[u8],
     ) -> Result<bool, TransportError> {
-        let Ok(mut w) = conn.writer.try_lock() else {
-            return Ok(false);
-        };
         if conn.is_failed() {
             return Err(TransportError::PeerUnavailable(conn.peer()));
         }
         let head = h.encode();
+        let Ok(mut w) = conn.writer.try_lock() else {
+            // Someone is writing to this peer: queue behind them, never wait.
+            let queued = {
+                let mut o = conn.overflow.lock().unwrap();
+                o.extend_from_slice(&head);
+                o.extend_from_slice(msg);
+                o.len()
+            };
+            let _ = self.flush_tx.send(conn.clone());
+            return self.check_queued(conn, queued);
+        };
+        w.absorb(conn);
         if w.tail.is_empty() {
-            use nix::sys::socket::{sendmsg, MsgFlags};
             let iov = [IoSlice::new(&head), IoSlice::new(msg)];
-            let fd = std::os::fd::AsRawFd::as_raw_fd(&w.stream);
-            let sent = match sendmsg::<nix::sys::socket::SockaddrStorage>(
-                fd,
-                &iov,
-                &[],
-                MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
-                None,
-            ) {
+            let sent = match send_dontwait(&w.stream, &iov) {
                 Ok(n) => n,
-                Err(nix::errno::Errno::EAGAIN) => 0,
                 Err(e) => {
                     drop(w);
                     return Err(self.send_failed(conn, format!("send failed: {e}")));
@@ -145,11 +254,20 @@ impl Inner {
             w.tail.extend_from_slice(&head);
             w.tail.extend_from_slice(msg);
         }
-        let queued = !w.tail.is_empty();
+        let queued = w.tail.len();
         drop(w);
         conn.last_send.store(self.links.now_ns(), Ordering::Relaxed);
-        if queued {
+        if queued > 0 {
             let _ = self.flush_tx.send(conn.clone());
+        }
+        self.check_queued(conn, queued)
+    }
+
+    /// Fails the link of a peer with more than [`MAX_QUEUED`] bytes waiting for it.
+    fn check_queued(&self, conn: &Arc<Conn>, queued: usize) -> Result<bool, TransportError> {
+        if queued > MAX_QUEUED {
+            let why = format!("peer not reading: {queued} bytes queued (bound {MAX_QUEUED})");
+            return Err(self.send_failed(conn, why));
         }
         Ok(true)
     }

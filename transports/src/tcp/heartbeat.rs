@@ -4,14 +4,14 @@
 use super::Inner;
 use crate::frame::{FrameHeader, FrameKind};
 use crate::Link;
-use std::io::Write;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use tracing::warn;
 
 impl Inner {
     pub(super) fn heartbeat_loop(self: Arc<Self>) {
         let period = self.cfg.heartbeat_timeout / 4;
-        let hb = FrameHeader::control(FrameKind::Heartbeat, 0).encode();
+        let hb_header = FrameHeader::control(FrameKind::Heartbeat, 0);
         while !self.links.is_closing() {
             std::thread::sleep(period);
             let conns = self.links.snapshot();
@@ -22,17 +22,14 @@ impl Inner {
                 {
                     continue;
                 }
-                // A held writer lock means a frame is on its way, which is proof of life.
-                if let Ok(mut w) = c.writer.try_lock() {
-                    if c.is_failed() {
-                        continue;
-                    }
-                    let r = w.flush_tail().and_then(|_| w.stream.write_all(&hb));
-                    drop(w);
-                    c.last_send.store(self.links.now_ns(), Ordering::Relaxed);
-                    if let Err(e) = r {
-                        self.links.fail(&c, format!("heartbeat failed: {e}"));
-                    }
+                // A held writer lock means a frame is on its way, which is proof of life; so
+                // are bytes queued for the flusher. The heartbeat itself never waits on a peer
+                // (a peer that reads nothing must not hold up the others' heartbeats).
+                if c.is_failed() {
+                    continue;
+                }
+                if let Err(e) = self.frame_nonblocking(&c, &hb_header, &[]) {
+                    warn!(node = self.id, peer = c.peer(), "heartbeat not sent: {e}");
                 }
             }
         }

@@ -1,0 +1,159 @@
+//! A member that stops reading (it knows the secret, links, then never reads its socket)
+//! must not stall the node it is linked to: heartbeats and messages to the other peers keep
+//! flowing, non-blocking sends towards it never block, what piles up for it is bounded
+//! (`MAX_QUEUED`, 64 MiB) and its link is failed at the bound or after twice the heartbeat
+//! timeout without progress. The peer is a raw socket that runs the real handshake
+//! (`auth::dial`) as node 2 and then reads nothing.
+
+use phalanx_transport::auth::{self, Channel};
+use phalanx_transport::{
+    Arena, AuthConfig, ClusterSecret, Event, TcpConfig, TcpTransport, Transport, TransportError,
+};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const HEARTBEAT: Duration = Duration::from_millis(1000);
+
+fn auth() -> AuthConfig {
+    AuthConfig {
+        secret: Some(ClusterSecret::parse("the slow peer test's cluster secret").unwrap()),
+        members: Some(3),
+        ..AuthConfig::default()
+    }
+}
+
+fn node(id: u32) -> TcpTransport {
+    let cfg = TcpConfig {
+        heartbeat_timeout: HEARTBEAT,
+        auth: auth(),
+        ..TcpConfig::default()
+    };
+    let t = TcpTransport::bind(id, "127.0.0.1:0".parse().unwrap(), cfg).unwrap();
+    t.register_arena(Arc::new(Arena::new(1 << 20, false).unwrap()))
+        .unwrap();
+    t
+}
+
+/// Nodes 0 and 1, linked.
+fn pair() -> (TcpTransport, TcpTransport) {
+    let (a, b) = (node(0), node(1));
+    let peers: Vec<(u32, SocketAddr)> =
+        vec![(0, a.listen_addr().unwrap()), (1, b.listen_addr().unwrap())];
+    std::thread::scope(|s| {
+        let p = &peers;
+        let ha = s.spawn(|| a.connect(p, false));
+        let hb = s.spawn(|| b.connect(p, false));
+        ha.join().unwrap().unwrap();
+        hb.join().unwrap().unwrap();
+    });
+    // The setup's PeerUp events.
+    for t in [&a, &b] {
+        match t.events().recv_timeout(Duration::from_secs(5)) {
+            Ok(Event::PeerUp { .. }) => {}
+            other => panic!("expected PeerUp, got {other:?}"),
+        }
+    }
+    (a, b)
+}
+
+/// Links to `a` as node 2 and returns the socket, which the caller never reads.
+fn silent_member(a: &TcpTransport) -> TcpStream {
+    let mut s = TcpStream::connect(a.listen_addr().unwrap()).unwrap();
+    auth::dial(&mut s, &auth(), Channel::Tcp, 2, 0, Duration::ZERO).expect("handshake");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !a.is_connected(2) {
+        assert!(Instant::now() < deadline, "node 0 never installed the link");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    s
+}
+
+/// The next event at `t` other than `PeerUp`/`PeerDown` of node 2, within `within`.
+fn next_not_about_2(t: &TcpTransport, within: Duration) -> Option<Event> {
+    let deadline = Instant::now() + within;
+    loop {
+        let left = deadline.checked_duration_since(Instant::now())?;
+        match t.events().recv_timeout(left) {
+            Ok(Event::PeerUp { peer: 2 } | Event::PeerDown { peer: 2, .. }) => continue,
+            Ok(ev) => return Some(ev),
+            Err(_) => return None,
+        }
+    }
+}
+
+#[test]
+fn what_piles_up_for_a_peer_that_does_not_read_is_bounded() {
+    let (a, _b) = pair();
+    let _c = silent_member(&a);
+    let msg = vec![7u8; 1 << 20];
+    let (mut sent, mut slowest) = (0usize, Duration::ZERO);
+    let err = loop {
+        let t = Instant::now();
+        let r = a.send_nonblocking(2, &msg);
+        slowest = slowest.max(t.elapsed());
+        match r {
+            Ok(true) => sent += msg.len(),
+            Ok(false) => panic!("a non-blocking send to a live link was declined"),
+            Err(e) => break e,
+        }
+        assert!(
+            sent < 256 << 20,
+            "256 MiB queued for a peer that reads nothing: no bound"
+        );
+    };
+    assert!(
+        matches!(err, TransportError::PeerFailed { peer: 2, ref reason } if reason.contains("not reading")),
+        "{err:?}"
+    );
+    // The bound (64 MiB) plus what the sockets took.
+    assert!(
+        sent <= (64 + 16) << 20,
+        "{sent} bytes accepted before the link was failed"
+    );
+    assert!(
+        slowest < Duration::from_millis(500),
+        "a non-blocking send took {slowest:?}"
+    );
+    assert!(!a.is_connected(2));
+}
+
+#[test]
+fn a_peer_that_does_not_read_holds_up_no_one_else_and_is_dropped() {
+    let (a, b) = pair();
+    let _c = silent_member(&a);
+    // Jam the link: far more than the sockets hold, well under the queue bound.
+    let msg = vec![9u8; 1 << 20];
+    for _ in 0..24 {
+        assert!(a.send_nonblocking(2, &msg).expect("queued"));
+    }
+    // Node 0 sends nothing to node 1 now: only its heartbeats keep node 1 from declaring it
+    // dead. Three heartbeat timeouts later, node 1 still has it, and a message still goes
+    // through at once.
+    let quiet_until = Instant::now() + HEARTBEAT * 3;
+    let within = quiet_until.saturating_duration_since(Instant::now());
+    if let Some(ev) = next_not_about_2(&b, within) {
+        panic!("node 1 saw {ev:?} while node 0 only had heartbeats for it");
+    }
+    assert!(b.is_connected(0) && a.is_connected(1));
+    let t = Instant::now();
+    a.send(1, b"still here").expect("send to node 1");
+    match next_not_about_2(&b, Duration::from_secs(5)) {
+        Some(Event::Ctrl { peer: 0, msg }) => assert_eq!(msg, b"still here"),
+        other => panic!("expected the message, got {other:?}"),
+    }
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "took {:?}",
+        t.elapsed()
+    );
+    // The silent peer's queue has not moved for twice the heartbeat timeout: its link is gone.
+    assert!(
+        !a.is_connected(2),
+        "a peer that reads nothing is still linked"
+    );
+    // A blocking send to it fails at once instead of waiting.
+    let t = Instant::now();
+    assert!(a.send(2, b"x").is_err());
+    assert!(t.elapsed() < Duration::from_millis(100));
+}
