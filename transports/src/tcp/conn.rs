@@ -50,6 +50,8 @@ impl Link for Conn {
 pub(super) struct Writer {
     pub(super) stream: TcpStream,
     pub(super) tail: Vec<u8>,
+    /// Bytes handed to the socket so far (the flusher's measure of progress).
+    pub(super) written: u64,
 }
 
 impl Writer {
@@ -71,6 +73,7 @@ impl Writer {
         self.absorb(conn);
         if !self.tail.is_empty() {
             self.stream.write_all(&self.tail)?;
+            self.written += self.tail.len() as u64;
             self.tail.clear();
         }
         Ok(())
@@ -85,6 +88,7 @@ impl Writer {
                 Ok(0) => break,
                 Ok(n) => {
                     self.tail.drain(..n);
+                    self.written += n as u64;
                 }
                 Err(e) => return Err(e),
             }
@@ -133,8 +137,13 @@ impl Inner {
             if conn.is_failed() {
                 return Err(TransportError::PeerUnavailable(conn.peer()));
             }
-            w.flush_tail(conn)
-                .and_then(|_| write_all_vectored(&mut w.stream, &head, payload))
+            let r = w
+                .flush_tail(conn)
+                .and_then(|_| write_all_vectored(&mut w.stream, &head, payload));
+            if r.is_ok() {
+                w.written += (head.len() + payload.len()) as u64;
+            }
+            r
         };
         conn.last_send.store(self.links.now_ns(), Ordering::Relaxed);
         res.map_err(|e| self.send_failed(conn, format!("send failed: {e}")))
@@ -145,8 +154,9 @@ impl Inner {
     /// millisecond later while anything is left. A connection whose queue does not move for
     /// twice the heartbeat timeout is failed (its peer is not reading).
     pub(super) fn flush_loop(self: Arc<Self>, rx: Receiver<Arc<Conn>>) {
-        // Connections with something queued, and when their queue last moved.
-        let mut waiting: Vec<(Arc<Conn>, std::time::Instant, usize)> = Vec::new();
+        // Connections with something queued, when bytes last went out to them, and how many
+        // had gone out then.
+        let mut waiting: Vec<(Arc<Conn>, std::time::Instant, u64)> = Vec::new();
         let stall = self.cfg.heartbeat_timeout * 2;
         while !self.links.is_closing() {
             let wait = if waiting.is_empty() {
@@ -156,15 +166,15 @@ impl Inner {
             };
             if let Ok(c) = rx.recv_timeout(wait) {
                 if !waiting.iter().any(|(w, ..)| Arc::ptr_eq(w, &c)) {
-                    waiting.push((c, std::time::Instant::now(), usize::MAX));
+                    waiting.push((c, std::time::Instant::now(), u64::MAX));
                 }
             }
             while let Ok(c) = rx.try_recv() {
                 if !waiting.iter().any(|(w, ..)| Arc::ptr_eq(w, &c)) {
-                    waiting.push((c, std::time::Instant::now(), usize::MAX));
+                    waiting.push((c, std::time::Instant::now(), u64::MAX));
                 }
             }
-            waiting.retain_mut(|(c, moved, left)| {
+            waiting.retain_mut(|(c, moved, out)| {
                 if c.is_failed() {
                     return false;
                 }
@@ -175,10 +185,10 @@ impl Inner {
                 match w.flush_some(c) {
                     Ok(false) => false,
                     Ok(true) => {
-                        let now_left = w.tail.len();
+                        let (now_left, written) = (w.tail.len(), w.written);
                         drop(w);
-                        if now_left < *left {
-                            (*moved, *left) = (std::time::Instant::now(), now_left);
+                        if written != *out {
+                            (*moved, *out) = (std::time::Instant::now(), written);
                         } else if moved.elapsed() > stall {
                             self.links.fail(
                                 c,
@@ -238,7 +248,10 @@ impl Inner {
         if w.tail.is_empty() {
             let iov = [IoSlice::new(&head), IoSlice::new(msg)];
             let sent = match send_dontwait(&w.stream, &iov) {
-                Ok(n) => n,
+                Ok(n) => {
+                    w.written += n as u64;
+                    n
+                }
                 Err(e) => {
                     drop(w);
                     return Err(self.send_failed(conn, format!("send failed: {e}")));

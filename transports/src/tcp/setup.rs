@@ -58,6 +58,7 @@ impl Inner {
             writer: Mutex::new(Writer {
                 stream: s.try_clone()?,
                 tail: Vec::new(),
+                written: 0,
             }),
             socket: s,
             last_send: AtomicU64::new(self.links.now_ns()),
