@@ -183,14 +183,15 @@ impl<C: Link> LinkTable<C> {
     }
 
     fn refused(&self, from: Option<SocketAddr>, e: AuthError) {
-        self.counters.hellos_refused.fetch_add(1, Ordering::Relaxed);
+        let n = self.counters.hellos_refused.fetch_add(1, Ordering::Relaxed) + 1;
         if matches!(e, AuthError::Malformed(_)) {
             self.counters
                 .malformed_frames
                 .fetch_add(1, Ordering::Relaxed);
         }
-        if !self.is_closing() {
-            warn!(node = self.node, ?from, "link refused: {e}");
+        // A flood of refusals logs the 1st, 2nd, 4th, 8th...: a bounded number of lines.
+        if !self.is_closing() && n.is_power_of_two() {
+            warn!(node = self.node, ?from, refused = n, "link refused: {e}");
         }
     }
 
