@@ -23,14 +23,13 @@ unsafe impl Send for MemoryRegion {}
 unsafe impl Sync for MemoryRegion {}
 
 impl MemoryRegion {
-    /// Registers all of `mem` for local write and remote write.
+    /// Registers all of `mem` for local write and remote write. Never for remote read:
+    /// Phalanx only writes into peers, so no peer may read a node's memory.
     pub fn register(
         pd: &Arc<ProtectionDomain>,
         mem: Arc<Arena>,
     ) -> Result<MemoryRegion, VerbsError> {
-        let access = sys::IBV_ACCESS_LOCAL_WRITE
-            | sys::IBV_ACCESS_REMOTE_WRITE
-            | sys::IBV_ACCESS_REMOTE_READ;
+        let access = sys::IBV_ACCESS_LOCAL_WRITE | sys::IBV_ACCESS_REMOTE_WRITE;
         let lib = pd.context().lib;
         // SAFETY: the arena is a live mapping of mem.len() bytes that we keep alive (Arc) for
         // as long as the registration exists.

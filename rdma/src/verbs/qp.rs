@@ -121,9 +121,8 @@ impl QueuePair {
         a.qp_state = sys::IBV_QPS_INIT;
         a.pkey_index = 0;
         a.port_num = p.port;
-        a.qp_access_flags = sys::IBV_ACCESS_LOCAL_WRITE
-            | sys::IBV_ACCESS_REMOTE_WRITE
-            | sys::IBV_ACCESS_REMOTE_READ;
+        // Remote write only: an RDMA read from a peer fails at the QP, whatever its rkey.
+        a.qp_access_flags = sys::IBV_ACCESS_LOCAL_WRITE | sys::IBV_ACCESS_REMOTE_WRITE;
         let m = sys::IBV_QP_STATE
             | sys::IBV_QP_PKEY_INDEX
             | sys::IBV_QP_PORT
