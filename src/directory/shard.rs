@@ -147,6 +147,23 @@ impl Shard {
 
     /// Handles one directory message from `from`, appending the messages to send.
     pub fn handle(&mut self, from: NodeId, msg: DirMsg, out: &mut Out) {
+        // A node speaks only for itself: a copy it publishes, withdraws or fills is its own.
+        let speaks_for = match &msg {
+            DirMsg::Publish { node, .. }
+            | DirMsg::PutInline { node, .. }
+            | DirMsg::Withdraw { node, .. } => Some(*node),
+            DirMsg::Claim { receiver, .. } | DirMsg::TransferDone { receiver, .. } => {
+                Some(*receiver)
+            }
+            _ => None,
+        };
+        if let Some(node) = speaks_for.filter(|&n| n != from) {
+            warn!(
+                from,
+                node, "directory message on behalf of another node: ignored"
+            );
+            return;
+        }
         match msg {
             DirMsg::Publish {
                 id,
@@ -958,5 +975,48 @@ mod tests {
             }
             o => panic!("{o:?}"),
         }
+    }
+
+    #[test]
+    fn a_node_cannot_speak_for_another() {
+        let mut s = Shard::new();
+        publish(&mut s, 1, true);
+        let mut out = Vec::new();
+        // Node 3 claims a copy on node 2, withdraws node 1's, and fills a copy as node 2.
+        for m in [
+            DirMsg::Publish {
+                id: "x".into(),
+                size: 100,
+                node: 2,
+                complete: true,
+            },
+            DirMsg::Withdraw {
+                id: "x".into(),
+                node: 1,
+            },
+            DirMsg::PutInline {
+                rid: NO_REPLY,
+                id: "y".into(),
+                node: 2,
+                data: vec![1],
+            },
+            DirMsg::Claim {
+                id: "x".into(),
+                source: 1,
+                receiver: 2,
+                token: 9,
+            },
+        ] {
+            s.handle(3, m, &mut out);
+        }
+        assert!(out.is_empty(), "{out:?}");
+        let info = s.info(&"x".into()).expect("entry");
+        let holders: Vec<NodeId> = info.locations.iter().map(|l| l.node).collect();
+        assert_eq!(holders, vec![1], "only the real copy is listed");
+        assert!(
+            s.info(&"y".into()).is_none(),
+            "no inline object on behalf of node 2"
+        );
+        assert!(s.assignments().is_empty(), "no claim on behalf of node 2");
     }
 }
