@@ -263,6 +263,17 @@ impl Rpc {
         make: impl FnOnce(Rid) -> Msg,
         cancel: impl FnOnce(Rid) -> Option<Msg>,
     ) -> Result<Reply> {
+        self.call_or_cancel_until(to, make, cancel, Instant::now() + self.op_timeout)
+    }
+
+    /// [`Rpc::call_or_cancel`] that gives up at `deadline` instead of after the op timeout.
+    pub fn call_or_cancel_until(
+        &self,
+        to: NodeId,
+        make: impl FnOnce(Rid) -> Msg,
+        cancel: impl FnOnce(Rid) -> Option<Msg>,
+        deadline: Instant,
+    ) -> Result<Reply> {
         let start = Instant::now();
         let mut sent_rid = NO_RID;
         let rx = self.call_async(to, |rid| {
@@ -282,7 +293,7 @@ impl Rpc {
         let spun = first.is_some();
         let got = match first {
             Some(r) => Ok(r),
-            None => rx.recv_timeout(self.op_timeout),
+            None => rx.recv_timeout(deadline.saturating_duration_since(Instant::now())),
         };
         hop!(self.id, "caller has the reply", from = to, spun = spun);
         if to != self.id && matches!(got, Ok(Ok(_))) {
@@ -297,7 +308,7 @@ impl Rpc {
                     let _ = self.send(to, m);
                 }
                 Err(Error::Timeout(
-                    self.op_timeout,
+                    start.elapsed(),
                     format!("a reply from node {to}"),
                 ))
             }

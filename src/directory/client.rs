@@ -21,22 +21,15 @@ pub(crate) struct DirClient {
     rpc: Arc<Rpc>,
     members: Arc<Membership>,
     store: Arc<Store>,
-    op_timeout: Duration,
 }
 
 impl DirClient {
-    pub fn new(
-        rpc: Arc<Rpc>,
-        members: Arc<Membership>,
-        store: Arc<Store>,
-        op_timeout: Duration,
-    ) -> DirClient {
+    pub fn new(rpc: Arc<Rpc>, members: Arc<Membership>, store: Arc<Store>) -> DirClient {
         DirClient {
             id: rpc.id(),
             rpc,
             members,
             store,
-            op_timeout,
         }
     }
 
@@ -110,10 +103,15 @@ impl DirClient {
         );
     }
 
-    /// Asks for a source of `id`, waiting until there is one; a shard that dies meanwhile is
-    /// asked again at the entry's next owner (the holders republish there).
-    pub fn locate(&self, id: &ObjectId, resume: bool, exclude: &[NodeId]) -> Result<Located> {
-        let deadline = Instant::now() + self.op_timeout;
+    /// Asks for a source of `id`, waiting until there is one or until `deadline`; a shard that
+    /// dies meanwhile is asked again at the entry's next owner (the holders republish there).
+    pub fn locate_until(
+        &self,
+        id: &ObjectId,
+        resume: bool,
+        exclude: &[NodeId],
+        deadline: Instant,
+    ) -> Result<Located> {
         loop {
             // Recomputed each time: a dead shard's entries move to another node.
             let shard = self.shard_of(id);
@@ -133,7 +131,9 @@ impl DirClient {
                     rid,
                 }))
             };
-            let r = self.rpc.call_or_cancel(shard, locate, cancel);
+            let r = self
+                .rpc
+                .call_or_cancel_until(shard, locate, cancel, deadline);
             match r {
                 Ok(Reply::Located(l)) => return Ok(l),
                 Ok(r) => return Err(self.rpc.unexpected(r)),

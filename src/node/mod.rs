@@ -30,12 +30,15 @@ pub use crate::transfer::{ServeRecord, TransferRecord};
 const FETCH_ATTEMPTS: u32 = 3;
 
 /// Runs a fetch again when the copy it read was dropped under it: deleted (the next try says
-/// so at once), or reset because its producer recomputes it (the next try waits for it).
-fn refetching<T>(mut fetch: impl FnMut() -> Result<T>) -> Result<T> {
+/// so at once), or reset because its producer recomputes it (the next try waits for it); not
+/// once `deadline` has passed: a get's op timeout bounds all its attempts together.
+fn refetching<T>(deadline: Instant, mut fetch: impl FnMut() -> Result<T>) -> Result<T> {
     let mut attempt = 0;
     loop {
         match fetch() {
-            Err(Error::NotFound(_)) if attempt < FETCH_ATTEMPTS => attempt += 1,
+            Err(Error::NotFound(_)) if attempt < FETCH_ATTEMPTS && Instant::now() < deadline => {
+                attempt += 1
+            }
             r => return r,
         }
     }
@@ -117,7 +120,9 @@ impl Node {
     /// Fetches a copy of the object's bytes, waiting for the object to be put if needed.
     pub fn get(&self, id: impl Into<ObjectId>) -> Result<Vec<u8>> {
         let id = id.into();
-        refetching(|| self.get_once(&id))
+        refetching(Instant::now() + self.inner.cfg.op_timeout, || {
+            self.get_once(&id)
+        })
     }
 
     fn get_once(&self, id: &ObjectId) -> Result<Vec<u8>> {
@@ -160,11 +165,12 @@ impl Node {
         exclude: &[NodeId],
     ) -> Result<ObjectView> {
         let id = id.into();
-        refetching(|| {
+        let deadline = Instant::now() + self.inner.cfg.op_timeout;
+        refetching(deadline, || {
             match self
                 .inner
                 .transfers
-                .fetch_excluding(&id, exclude, Driver::Caller)?
+                .fetch_until(&id, exclude, Driver::Caller, deadline)?
             {
                 Fetched::Owned(v) => Ok(ObjectView::Owned(v)),
                 Fetched::Copy(c) => {

@@ -43,12 +43,7 @@ impl Node {
         // A (re)joining node treats peers it could not reach as down until they link up.
         let unreachable = (0..nodes).filter(|&p| p != id && !transport.is_connected(p));
         let members = Arc::new(Membership::new(id, nodes, unreachable));
-        let dir = Arc::new(DirClient::new(
-            rpc.clone(),
-            members.clone(),
-            store.clone(),
-            cfg.op_timeout,
-        ));
+        let dir = Arc::new(DirClient::new(rpc.clone(), members.clone(), store.clone()));
         let workers = Arc::new(Workers::new(format!("phx-worker-{id}")));
         let inner = Arc::new_cyclic(|me: &Weak<Inner>| {
             // The fault hook's DropLinks closes this node; weak, so it never keeps it alive.

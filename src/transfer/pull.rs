@@ -58,24 +58,26 @@ impl Transfers {
     /// Finds the object: the local copy (maybe partial), inline bytes from the directory, or a
     /// new local copy being pulled by a background driver.
     pub(crate) fn fetch(self: &Arc<Self>, id: &ObjectId) -> Result<Fetched> {
-        self.fetch_excluding(id, &[], Driver::Worker)
+        let deadline = Instant::now() + self.cfg.op_timeout;
+        self.fetch_until(id, &[], Driver::Worker, deadline)
     }
 
     /// [`Transfers::fetch`] that never pulls from the nodes in `exclude` (for baselines). With
     /// `Driver::Caller` a pull runs to its end on the calling thread (one hand-off less for a
     /// caller that waits for the whole object anyway) before the copy is returned.
-    pub(crate) fn fetch_excluding(
+    /// Gives up looking for a source at `deadline`.
+    pub(crate) fn fetch_until(
         self: &Arc<Self>,
         id: &ObjectId,
         exclude: &[NodeId],
         driver: Driver,
+        deadline: Instant,
     ) -> Result<Fetched> {
-        let deadline = Instant::now() + self.cfg.op_timeout;
         let (node, size, token) = loop {
             if let Some(c) = self.store.lookup(id) {
                 return Ok(Fetched::Copy(c));
             }
-            let located = self.dir.locate(id, false, exclude)?;
+            let located = self.dir.locate_until(id, false, exclude, deadline)?;
             hop!(self.id, "located", how = located_kind(&located));
             match located {
                 Located::Local => {
@@ -275,11 +277,15 @@ impl Transfers {
                 let pause = RETRY_PAUSE_MIN * (1 << (failures - 2).min(6));
                 std::thread::sleep(pause.min(RETRY_PAUSE_MAX));
             }
-            if self.transport.is_connected(source) {
-                // It refused (no copy any more); a dead source leaves the directory by itself.
+            // Not asked again by this pull: it refused (no copy any more), or this node cannot
+            // reach it (dead, or alive for the directory but not linked to us).
+            if !exclude.contains(&source) {
                 exclude.push(source);
             }
-            match self.dir.locate(&id, true, &exclude) {
+            // One deadline for the whole stall: the pull gives up `op_timeout` after its last
+            // progress, however the time is spent (pauses, waiting for a new source).
+            let deadline = progressed + self.cfg.op_timeout;
+            match self.dir.locate_until(&id, true, &exclude, deadline) {
                 Ok(Located::Source { node, token: t, .. }) if copy.is_detached() => {
                     // Deleted or reset while we waited: the new source may hold other bytes.
                     self.dir.transfer_done(shard, &id, node, t, false);
