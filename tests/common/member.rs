@@ -31,7 +31,7 @@ pub fn config(n: usize, extra: &str) -> ClusterConfig {
 }
 
 pub struct Member {
-    out: TcpStream,
+    out: Arc<std::sync::Mutex<TcpStream>>,
     /// Bytes read so far, and how fast the reader may read (bytes per 10 ms; 0: not at all).
     pub read: Arc<AtomicU64>,
     pub rate: Arc<AtomicU64>,
@@ -73,8 +73,20 @@ impl Member {
                 std::thread::sleep(Duration::from_millis(10));
             }
         });
+        // Heartbeats, as a node sends them, so the member stays linked however it reads.
+        let out = Arc::new(std::sync::Mutex::new(s));
+        let (o, st) = (out.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let hb = FrameHeader::control(FrameKind::Heartbeat, 0).encode();
+            while !st.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(200));
+                if o.lock().unwrap().write_all(&hb).is_err() {
+                    return;
+                }
+            }
+        });
         Member {
-            out: s,
+            out,
             read,
             rate,
             stop,
@@ -85,14 +97,15 @@ impl Member {
     pub fn send(&mut self, m: &Msg) {
         let b = m.encode();
         let h = FrameHeader::control(FrameKind::Ctrl, b.len() as u64).encode();
-        self.out.write_all(&h).unwrap();
-        self.out.write_all(&b).unwrap();
+        let mut o = self.out.lock().unwrap();
+        o.write_all(&h).unwrap();
+        o.write_all(&b).unwrap();
     }
 }
 
 impl Drop for Member {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        let _ = self.out.shutdown(std::net::Shutdown::Both);
+        let _ = self.out.lock().unwrap().shutdown(std::net::Shutdown::Both);
     }
 }
