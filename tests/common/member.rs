@@ -32,9 +32,8 @@ pub fn config(n: usize, extra: &str) -> ClusterConfig {
 
 pub struct Member {
     out: Arc<std::sync::Mutex<TcpStream>>,
-    /// Bytes read so far, and how fast the reader may read (bytes per 10 ms; 0: not at all).
+    /// Bytes read so far (the reader reads `rate` bytes per 10 ms; 0: not at all).
     pub read: Arc<AtomicU64>,
-    pub rate: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
 }
 
@@ -85,12 +84,7 @@ impl Member {
                 }
             }
         });
-        Member {
-            out,
-            read,
-            rate,
-            stop,
-        }
+        Member { out, read, stop }
     }
 
     /// Sends one control message, framed as the TCP transport frames it.
