@@ -42,13 +42,7 @@ fn gets(n0: &Node, n1: &Node, tag: &str) -> Vec<f64> {
 #[test]
 fn a_member_reading_at_a_trickle_does_not_slow_other_gets() {
     let cfg = member::config(3, "op_timeout_s = 30\nheartbeat_ms = 3000");
-    let n0 = phalanx::cluster::start_node(&cfg, 0, true).unwrap();
-    let n1 = phalanx::cluster::start_node(&cfg, 1, true).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !n1.transport().is_connected(0) {
-        assert!(Instant::now() < deadline, "nodes 0 and 1 never linked");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let (n0, n1) = member::start_pair(&cfg);
     // 300 KB/s: 3000 bytes every 10 ms.
     let mut m = Member::join(cfg.addr_of(0).unwrap(), 2, 0, 3, 3000);
     let big: Vec<u8> = vec![7u8; 8 << 20];

@@ -40,13 +40,7 @@ fn a_source_nobody_can_reach_is_an_error_within_the_timeout_with_few_log_lines()
     let op_timeout = Duration::from_secs(3);
     let cfg = member::config(3, "op_timeout_s = 3\nheartbeat_ms = 3000");
     // Nodes 0 and 1 run; node 2 is the hand-run member, linked to node 0 only.
-    let n0 = phalanx::cluster::start_node(&cfg, 0, true).unwrap();
-    let n1 = phalanx::cluster::start_node(&cfg, 1, true).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !n1.transport().is_connected(0) {
-        assert!(Instant::now() < deadline, "nodes 0 and 1 never linked");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let (n0, n1) = member::start_pair(&cfg);
     let mut m = Member::join(cfg.addr_of(0).unwrap(), 2, 0, 3, 1 << 20);
     let ghost = "@0/ghost";
     m.send(&Msg::Dir(DirMsg::Publish {

@@ -220,9 +220,8 @@ impl Node {
         claims: Option<PyRef<'_, Claims>>,
         timeout: Option<f64>,
     ) -> PyResult<Py<ReduceResult>> {
-        let (op, dt) = (reduce::parse_op(op)?, dtype_or_f32(dtype)?);
-        let opts = reduce::options(degree, timeout, required, claims.as_deref())?;
-        let n = n.unwrap_or(sources.len());
+        let (op, dt, opts, n) =
+            reduce_args(&sources, n, op, dtype, degree, required, claims, timeout)?;
         let (node, target, srcs) = (
             self.node.clone(),
             ObjectId::new(target),
@@ -252,9 +251,8 @@ impl Node {
         claims: Option<PyRef<'_, Claims>>,
         timeout: Option<f64>,
     ) -> PyResult<ReduceHandle> {
-        let (op, dt) = (reduce::parse_op(op)?, dtype_or_f32(dtype)?);
-        let opts = reduce::options(degree, timeout, required, claims.as_deref())?;
-        let n = n.unwrap_or(sources.len());
+        let (op, dt, opts, n) =
+            reduce_args(&sources, n, op, dtype, degree, required, claims, timeout)?;
         let h = self
             .node
             .reduce_start(target, reduce::ids(&sources), n, op, dt, opts)
@@ -386,6 +384,29 @@ impl Node {
             self.node.transport().name()
         )
     }
+}
+
+/// The keyword arguments `reduce` and `reduce_start` share, checked: op, dtype, options and
+/// how many sources to use (default: all).
+#[allow(clippy::too_many_arguments)]
+fn reduce_args(
+    sources: &[String],
+    n: Option<usize>,
+    op: &str,
+    dtype: Option<&Bound<'_, PyAny>>,
+    degree: Option<usize>,
+    required: Option<Vec<String>>,
+    claims: Option<PyRef<'_, Claims>>,
+    timeout: Option<f64>,
+) -> PyResult<(
+    phalanx::ReduceOp,
+    phalanx::DType,
+    phalanx::ReduceOptions,
+    usize,
+)> {
+    let (op, dt) = (reduce::parse_op(op)?, dtype_or_f32(dtype)?);
+    let opts = reduce::options(degree, timeout, required, claims.as_deref())?;
+    Ok((op, dt, opts, n.unwrap_or(sources.len())))
 }
 
 fn dtype_or_f32(dtype: Option<&Bound<'_, PyAny>>) -> PyResult<phalanx::DType> {

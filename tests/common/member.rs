@@ -30,6 +30,22 @@ pub fn config(n: usize, extra: &str) -> ClusterConfig {
     ClusterConfig::parse(&t).unwrap()
 }
 
+/// Starts nodes 0 and 1 of `cfg` (as rejoining nodes: they do not wait for the others) and
+/// waits until they are linked.
+pub fn start_pair(cfg: &ClusterConfig) -> (phalanx::Node, phalanx::Node) {
+    let n0 = phalanx::cluster::start_node(cfg, 0, true).unwrap();
+    let n1 = phalanx::cluster::start_node(cfg, 1, true).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !n1.transport().is_connected(0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nodes 0 and 1 never linked"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    (n0, n1)
+}
+
 pub struct Member {
     out: Arc<std::sync::Mutex<TcpStream>>,
     /// Bytes read so far (the reader reads `rate` bytes per 10 ms; 0: not at all).
