@@ -5,7 +5,7 @@ use phalanx::{Error, LocalCluster, NodeConfig};
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 use std::io::{Read, Write};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 fn cfg(arena: u64) -> NodeConfig {
     NodeConfig {
@@ -251,4 +251,33 @@ fn an_abandoned_get_leaves_no_waiter_behind() {
         info.locations.iter().all(|l| l.node != 1),
         "the caller that left is not listed: {info:?}"
     );
+}
+
+#[test]
+fn get_view_timeout_ends_at_its_deadline_and_leaves_nothing_behind() {
+    let c = LocalCluster::start(3, cfg(64 << 20), tcp()).unwrap();
+    // Nothing to find: the caller's own timeout ends the wait, not the node's op timeout.
+    let t = Instant::now();
+    let r = c
+        .node(1)
+        .get_view_timeout("later", Duration::from_millis(300));
+    assert!(matches!(r, Err(Error::Timeout(..))), "{:?}", r.err());
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        t.elapsed()
+    );
+    // The withdrawn lookup holds nothing: the object, put now, reaches another reader.
+    let data = pattern(3 << 20, 5);
+    c.node(0).put("later", &data).unwrap();
+    let v = c
+        .node(2)
+        .get_view_timeout("later", Duration::from_secs(10))
+        .unwrap();
+    assert!(*v == data[..]);
+    let v = c
+        .node(1)
+        .get_view_timeout("later", Duration::from_secs(10))
+        .unwrap();
+    assert!(*v == data[..]);
 }

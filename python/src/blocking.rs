@@ -163,9 +163,10 @@ where
 pub fn deadline(timeout: Option<f64>) -> PyResult<Option<Instant>> {
     match timeout {
         None => Ok(None),
-        Some(t) if t.is_finite() && t >= 0.0 => Ok(Some(
-            Instant::now() + Duration::try_from_secs_f64(t).unwrap_or(Duration::MAX / 4),
-        )),
+        // A timeout too long to represent is no timeout.
+        Some(t) if t.is_finite() && t >= 0.0 => Ok(Duration::try_from_secs_f64(t)
+            .ok()
+            .and_then(|d| Instant::now().checked_add(d))),
         Some(t) => Err(errors::InvalidArgument::new_err(format!(
             "timeout must be a non-negative number of seconds, got {t}"
         ))),

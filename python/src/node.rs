@@ -9,6 +9,7 @@ use phalanx::{ClusterConfig, ObjectId, ObjectView};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyMemoryView};
 use std::path::PathBuf;
+use std::time::Duration;
 
 /// A Phalanx node. `Node(config, id)` starts node `id` of the cluster described by the TOML
 /// file `config` (the same files as the `phalanx` command) and waits for its peers;
@@ -65,15 +66,16 @@ impl Node {
             }
         }
         let node = self.node.clone();
-        blocking::run(
-            py,
-            timeout,
-            &format!("object {name}"),
-            move || match source {
-                Some(src) => node.get_view_from(id, src),
-                None => node.get_view(id),
-            },
-        )
+        // With a timeout the library gives up by itself (its lookup withdrawn, no pooled
+        // thread left waiting); the caller's own deadline, a little later, is the backstop.
+        let limit = timeout.map(|t| Duration::try_from_secs_f64(t).unwrap_or(Duration::MAX));
+        let backstop = timeout.map(|t| t + 0.5);
+        let what = format!("object {name}");
+        blocking::run(py, backstop, &what, move || match (source, limit) {
+            (Some(src), _) => node.get_view_from(id, src),
+            (None, Some(t)) => node.get_view_timeout(id, t),
+            (None, None) => node.get_view(id),
+        })
     }
 }
 

@@ -28,6 +28,16 @@ def test_timeout(cluster):
     assert time.monotonic() - t < 5
 
 
+def test_huge_and_zero_timeouts(cluster):
+    cluster[0].put("errors/huge", b"h" * 100)
+    assert bytes(cluster[1].get("errors/huge", timeout=1e300)) == b"h" * 100
+    assert bytes(cluster[1].get("errors/huge", timeout=1e15)) == b"h" * 100
+    with pytest.raises(phalanx.Timeout):
+        cluster[1].get("errors/absent", timeout=0)
+    with pytest.raises(phalanx.InvalidArgument):
+        cluster[1].get("errors/huge", timeout=float("nan"))
+
+
 def test_not_found_after_delete(cluster):
     cluster[0].put("errors/deleted", np.zeros(200_000, np.uint8))
     cluster[0].delete("errors/deleted")

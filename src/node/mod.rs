@@ -147,7 +147,18 @@ impl Node {
 
     /// A zero-copy read-only view of the complete object in the local arena.
     pub fn get_view(&self, id: impl Into<ObjectId>) -> Result<ObjectView> {
-        self.get_view_excluding(id, &[])
+        self.get_view_excluding(id, &[], None)
+    }
+
+    /// [`Node::get_view`] that gives up after `timeout` (`Error::Timeout`) instead of the
+    /// node's op timeout. A pull already under way goes on in the background (its copy stays
+    /// here for a later get); a lookup still waiting at the directory is withdrawn.
+    pub fn get_view_timeout(
+        &self,
+        id: impl Into<ObjectId>,
+        timeout: std::time::Duration,
+    ) -> Result<ObjectView> {
+        self.get_view_excluding(id, &[], Some(timeout))
     }
 
     /// Like [`Node::get_view`], pulling only from `source` (no tree): the star baseline of a
@@ -156,28 +167,40 @@ impl Node {
         let others: Vec<NodeId> = (0..self.inner.members.nodes())
             .filter(|&n| n != source)
             .collect();
-        self.get_view_excluding(id, &others)
+        self.get_view_excluding(id, &others, None)
     }
 
+    /// With a `timeout` the pull runs on a worker and the caller stops waiting at its
+    /// deadline; without, the caller drives the pull itself (one hand-off less).
     fn get_view_excluding(
         &self,
         id: impl Into<ObjectId>,
         exclude: &[NodeId],
+        timeout: Option<std::time::Duration>,
     ) -> Result<ObjectView> {
         let id = id.into();
-        let deadline = Instant::now() + self.inner.cfg.op_timeout;
+        let op_timeout = self.inner.cfg.op_timeout;
+        let (deadline, driver) = match timeout {
+            Some(t) => (Instant::now() + t.min(op_timeout), Driver::Worker),
+            None => (Instant::now() + op_timeout, Driver::Caller),
+        };
         refetching(deadline, || {
             match self
                 .inner
                 .transfers
-                .fetch_until(&id, exclude, Driver::Caller, deadline)?
+                .fetch_until(&id, exclude, driver, deadline)?
             {
                 Fetched::Owned(v) => Ok(ObjectView::Owned(v)),
                 Fetched::Copy(c) => {
                     let size = c.size();
                     let mut wm = 0;
                     while wm < size || c.status() != CopyStatus::Complete {
-                        wm = c.wait_beyond(wm, self.inner.cfg.op_timeout)?;
+                        // Without a timeout: at most the op timeout without progress.
+                        let wait = match timeout {
+                            Some(_) => deadline.saturating_duration_since(Instant::now()),
+                            None => op_timeout,
+                        };
+                        wm = c.wait_beyond(wm, wait)?;
                     }
                     Ok(ObjectView::Arena(c))
                 }
