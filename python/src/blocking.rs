@@ -134,27 +134,43 @@ where
     if let Some(r) = early {
         return r.map_err(errors::to_py);
     }
+    // Disconnected (Err) means the job's thread dropped the sender without sending.
+    let waited = wait_sliced(py, deadline, |slice| match rx.recv_timeout(slice) {
+        Ok(r) => Some(Ok(r)),
+        Err(RecvTimeoutError::Timeout) => None,
+        Err(RecvTimeoutError::Disconnected) => Some(Err(())),
+    })?;
+    match waited {
+        Some(Ok(r)) => r.map_err(errors::to_py),
+        Some(Err(())) => Err(pyo3::exceptions::PyRuntimeError::new_err(format!(
+            "the thread running {what} panicked"
+        ))),
+        None => Err(errors::Timeout::new_err(format!(
+            "timed out after {} s waiting for {what}",
+            timeout.unwrap_or_default()
+        ))),
+    }
+}
+
+/// Calls `step` without the GIL with slices of at most `SLICE` until it yields a value,
+/// running Python's signal handlers between slices (Ctrl-C raises `KeyboardInterrupt`);
+/// `None` once `deadline` has passed.
+pub fn wait_sliced<T: Send>(
+    py: Python<'_>,
+    deadline: Option<Instant>,
+    mut step: impl FnMut(Duration) -> Option<T> + Send,
+) -> PyResult<Option<T>> {
     loop {
         let slice = match deadline {
             Some(d) => d.saturating_duration_since(Instant::now()).min(SLICE),
             None => SLICE,
         };
-        match py.detach(|| rx.recv_timeout(slice)) {
-            Ok(r) => return r.map_err(errors::to_py),
-            Err(RecvTimeoutError::Timeout) => {
-                py.check_signals()?;
-                if deadline.is_some_and(|d| Instant::now() >= d) {
-                    let secs = timeout.unwrap_or_default();
-                    return Err(errors::Timeout::new_err(format!(
-                        "timed out after {secs} s waiting for {what}"
-                    )));
-                }
-            }
-            Err(RecvTimeoutError::Disconnected) => {
-                return Err(pyo3::exceptions::PyRuntimeError::new_err(format!(
-                    "the thread running {what} panicked"
-                )))
-            }
+        if let Some(v) = py.detach(|| step(slice)) {
+            return Ok(Some(v));
+        }
+        py.check_signals()?;
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(None);
         }
     }
 }

@@ -7,7 +7,6 @@ use phalanx::{DType, ObjectId, ReduceOp, ReduceOptions, ReduceOutcome, SourceCla
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 pub fn parse_op(op: &str) -> PyResult<ReduceOp> {
     match op.to_ascii_lowercase().as_str() {
@@ -165,31 +164,6 @@ impl ReduceHandle {
     }
 }
 
-/// Polls `step` without the GIL in short slices until it yields, checking signals and the
-/// deadline between slices.
-fn poll<T: Send>(
-    py: Python<'_>,
-    timeout: Option<f64>,
-    mut step: impl FnMut(Duration) -> Option<T> + Send,
-) -> PyResult<Option<T>> {
-    let deadline = blocking::deadline(timeout)?;
-    loop {
-        let slice = match deadline {
-            Some(d) => d
-                .saturating_duration_since(Instant::now())
-                .min(Duration::from_millis(50)),
-            None => Duration::from_millis(50),
-        };
-        if let Some(v) = py.detach(|| step(slice)) {
-            return Ok(Some(v));
-        }
-        py.check_signals()?;
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Ok(None);
-        }
-    }
-}
-
 #[pymethods]
 impl ReduceHandle {
     /// The inputs the reduce placed, in arrival order, once every position of its tree has
@@ -200,7 +174,7 @@ impl ReduceHandle {
         if let Some(known) = self.inputs.lock().unwrap().clone() {
             return Ok(known);
         }
-        let got = poll(py, timeout, |slice| {
+        let got = blocking::wait_sliced(py, blocking::deadline(timeout)?, |slice| {
             if let Some(v) = self.handle.inputs_timeout(slice) {
                 return Some(Some(v));
             }
@@ -225,7 +199,8 @@ impl ReduceHandle {
         if let Some(r) = self.known(py) {
             return r;
         }
-        let got = poll(py, timeout, |slice| self.handle.wait_timeout(slice))?;
+        let deadline = blocking::deadline(timeout)?;
+        let got = blocking::wait_sliced(py, deadline, |slice| self.handle.wait_timeout(slice))?;
         let Some(r) = got else {
             return Err(errors::Timeout::new_err(format!(
                 "the reduce did not finish within {} s",

@@ -25,7 +25,6 @@ struct Grant {
 }
 
 /// The grants of one node's arena, per peer.
-#[derive(Default)]
 pub struct GrantTable {
     by_peer: Mutex<HashMap<NodeId, Vec<Grant>>>,
     next: AtomicU32,
@@ -34,6 +33,12 @@ pub struct GrantTable {
 /// Proof that a write passed its check; holds the grant's keep-alive until dropped.
 pub struct Admitted {
     _keep: KeepAlive,
+}
+
+impl Default for GrantTable {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl GrantTable {
@@ -107,11 +112,10 @@ impl GrantTable {
         let Some(grants) = map.get(&peer) else {
             return refuse("no grant to that peer");
         };
-        let hit = grants.iter().find(|g| {
-            g.offset == base
-                && dst >= g.offset
-                && g.offset.checked_add(g.len).is_some_and(|e| end <= e)
-        });
+        // `base` is where the writer says its region starts: it must be the grant's.
+        let hit = grants
+            .iter()
+            .find(|g| g.offset == base && g.offset.checked_add(g.len).is_some_and(|e| end <= e));
         match hit {
             Some(g) => Ok(Admitted {
                 _keep: g.keep.clone(),

@@ -5,8 +5,8 @@
 //! blocking `send`/`write` call: a non-blocking frame that finds the writer busy (another
 //! thread is in the middle of a frame to that peer) goes to the connection's overflow queue,
 //! which the next holder of the writer lock sends first; the flusher only ever writes with
-//! `MSG_DONTWAIT`. What waits for one peer (its unsent tail and overflow) is bounded by
-//! [`MAX_QUEUED`]: a peer that lets more pile up is not reading and its link is failed, as is
+//! `MSG_DONTWAIT`. What waits for one peer (its unsent tail, its overflow) is bounded by
+//! [`MAX_QUEUED`] each: a peer that lets more pile up is not reading and its link is failed, as is
 //! one whose socket takes nothing for twice the heartbeat timeout (the socket's send timeout).
 
 use super::Inner;
@@ -19,7 +19,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// Most bytes queued for one peer (unsent tail plus overflow) before its link is failed.
+/// Most bytes that may wait for one peer, in its unsent tail or in its overflow queue, before
+/// its link is failed.
 pub(super) const MAX_QUEUED: usize = 64 << 20;
 
 pub(super) struct Conn {
@@ -164,12 +165,7 @@ impl Inner {
             } else {
                 Duration::from_millis(1)
             };
-            if let Ok(c) = rx.recv_timeout(wait) {
-                if !waiting.iter().any(|(w, ..)| Arc::ptr_eq(w, &c)) {
-                    waiting.push((c, std::time::Instant::now(), u64::MAX));
-                }
-            }
-            while let Ok(c) = rx.try_recv() {
+            for c in rx.recv_timeout(wait).into_iter().chain(rx.try_iter()) {
                 if !waiting.iter().any(|(w, ..)| Arc::ptr_eq(w, &c)) {
                     waiting.push((c, std::time::Instant::now(), u64::MAX));
                 }
@@ -208,8 +204,7 @@ impl Inner {
         }
     }
 
-    /// Queues a control frame without ever blocking: written at once if the socket takes it,
-    /// else (the rest) left as the writer's tail for the flusher. False if the writer is busy.
+    /// Queues a control frame without ever blocking (see `frame_nonblocking`).
     pub(super) fn send_nonblocking(
         &self,
         conn: &Arc<Conn>,
