@@ -162,6 +162,13 @@ fn checks() -> Checks {
         lkey => lkey : "lkey",
         rkey => rkey : "rkey",
     });
+    layout!(c, sys::ibv_mw, rs::ibv_mw, "struct ibv_mw", {
+        context => context : "context",
+        pd => pd : "pd",
+        rkey => rkey : "rkey",
+        handle => handle : "handle",
+        type_ => type_ : "type",
+    });
     layout!(c, sys::ibv_device_attr, rs::ibv_device_attr, "struct ibv_device_attr", {
         fw_ver => fw_ver : "fw_ver",
         node_guid => node_guid : "node_guid",
@@ -392,6 +399,12 @@ fn checks() -> Checks {
         IBV_ACCESS_REMOTE_READ,
         Some(rs::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0)
     );
+    constant!(
+        c,
+        IBV_ACCESS_MW_BIND,
+        Some(rs::ibv_access_flags::IBV_ACCESS_MW_BIND.0)
+    );
+    constant!(c, IBV_MW_TYPE_2, Some(rs::ibv_mw_type::IBV_MW_TYPE_2));
     constant!(c, IBV_PORT_NOP, Some(rs::ibv_port_state::IBV_PORT_NOP));
     constant!(c, IBV_PORT_DOWN, Some(rs::ibv_port_state::IBV_PORT_DOWN));
     constant!(c, IBV_PORT_INIT, Some(rs::ibv_port_state::IBV_PORT_INIT));
@@ -491,6 +504,12 @@ fn checks() -> Checks {
         IBV_WR_RDMA_WRITE_WITH_IMM,
         Some(rs::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM)
     );
+    constant!(
+        c,
+        IBV_WR_RDMA_READ,
+        Some(rs::ibv_wr_opcode::IBV_WR_RDMA_READ)
+    );
+    constant!(c, IBV_WR_BIND_MW, Some(rs::ibv_wr_opcode::IBV_WR_BIND_MW));
     constant!(
         c,
         IBV_SEND_SIGNALED,

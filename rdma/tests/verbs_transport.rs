@@ -77,6 +77,7 @@ fn delta(after: TransportStats, before: TransportStats) -> TransportStats {
         data_bytes_received: after.data_bytes_received - before.data_bytes_received,
         payload_bytes_copied: after.payload_bytes_copied - before.payload_bytes_copied,
         registrations: after.registrations - before.registrations,
+        grant_registrations: after.grant_registrations - before.grant_registrations,
         peers_down: after.peers_down - before.peers_down,
         malformed_frames: after.malformed_frames - before.malformed_frames,
         hellos_refused: after.hellos_refused - before.hellos_refused,
@@ -695,4 +696,144 @@ fn setup_needs_the_cluster_secret() {
     for n in [&a, &b, &c] {
         n.t.shutdown();
     }
+}
+
+/// Waits until `n` reports `peer` down (other events in between are skipped).
+fn await_down(n: &Node, peer: NodeId, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match n.t.events().recv_timeout(left) {
+            Ok(Event::PeerDown { peer: p, .. }) if p == peer => return,
+            Ok(_) => continue,
+            Err(_) => panic!("node did not see {peer} down within {within:?}"),
+        }
+    }
+}
+
+fn untouched(arena: &Arena, off: u64, len: u64, byte: u8) -> bool {
+    // SAFETY: test-owned range; no transfer into it is in progress.
+    unsafe { arena.slice(off, len) }.iter().all(|&x| x == byte)
+}
+
+/// A grant large enough for the zero-copy path binds a memory window over exactly the granted
+/// range on the grantee's connection: an RDMA write inside it lands; one that crosses its end,
+/// and any RDMA read, are refused by the NIC, change no byte and take the link down.
+#[test]
+fn rdma_access_is_limited_to_the_granted_window() {
+    if !have_device("rdma_access_is_limited_to_the_granted_window") {
+        return;
+    }
+    const SENTINEL: u8 = 0x5c;
+    const AT: u64 = 64 << 10;
+    const LEN: u64 = 256 << 10;
+    let arena_len: u64 = 4 << 20;
+    let (a, b) = pair(cfg(), arena_len as usize);
+    fill(&a.arena, 0, arena_len, 11);
+    paint(&b.arena, 0, arena_len, SENTINEL);
+    let s0 = b.t.stats();
+    let region = b.t.grant(0, AT, LEN, Arc::new(())).expect("grant");
+    assert!(
+        region.rkey != 0 && region.addr != 0,
+        "a rendezvous-size grant hands out a key: {region:?}"
+    );
+    assert_eq!(delta(b.t.stats(), s0).grant_registrations, 1);
+    // Inside the window: lands.
+    a.t.raw_rdma(1, false, 0, 4096, region.addr, region.rkey)
+        .expect("a write inside the window");
+    assert!(
+        same(&a.arena, 0, &b.arena, AT, 4096),
+        "the granted write landed"
+    );
+    // Crossing the window's end by one page: refused as a whole.
+    let r =
+        a.t.raw_rdma(1, false, 0, 8192, region.addr + LEN - 4096, region.rkey);
+    assert!(r.is_err(), "a write crossing the window's end must fail");
+    await_down(&b, 0, Duration::from_secs(20));
+    assert!(untouched(&b.arena, 0, AT, SENTINEL), "below the window");
+    assert!(
+        untouched(&b.arena, AT + 4096, arena_len - AT - 4096, SENTINEL),
+        "the rest of the window and above it"
+    );
+    a.t.shutdown();
+    b.t.shutdown();
+
+    // Reads: refused whatever the key, and they change nothing on either side.
+    let (a, b) = pair(cfg(), arena_len as usize);
+    fill(&b.arena, 0, arena_len, 13);
+    paint(&a.arena, 0, arena_len, SENTINEL);
+    let region = b.t.grant(0, AT, LEN, Arc::new(())).expect("grant");
+    let r = a.t.raw_rdma(1, true, 0, 4096, region.addr, region.rkey);
+    assert!(r.is_err(), "an RDMA read must fail");
+    await_down(&b, 0, Duration::from_secs(20));
+    assert!(
+        untouched(&a.arena, 0, arena_len, SENTINEL),
+        "nothing was read into the reader's memory"
+    );
+    let mut reference = vec![0u8; arena_len as usize];
+    let scratch = Arena::new(arena_len as usize, false).unwrap();
+    fill(&scratch, 0, arena_len, 13);
+    // SAFETY: test-owned arenas, no transfer in progress.
+    reference.copy_from_slice(unsafe { scratch.slice(0, arena_len) });
+    assert!(
+        unsafe { b.arena.slice(0, arena_len) } == &reference[..],
+        "the read's target is unchanged"
+    );
+    a.t.shutdown();
+    b.t.shutdown();
+}
+
+/// What a grant costs on this device: registering the granted range and binding a memory
+/// window over it (then deallocating both at revoke), against registering the range alone,
+/// the cheaper and weaker alternative (printed, for the README; medians of 50).
+#[test]
+fn grant_cost_window_against_registration() {
+    if !have_device("grant_cost_window_against_registration") {
+        return;
+    }
+    let arena_len: u64 = 80 << 20;
+    let (a, b) = pair(cfg(), arena_len as usize);
+    let pd = verbs::ProtectionDomain::new(&verbs::Context::open(cfg().device.as_deref()).unwrap())
+        .unwrap();
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(|x, y| x.partial_cmp(y).unwrap());
+        v[v.len() / 2]
+    };
+    for len in [64u64 << 10, 1 << 20, 16 << 20, 64 << 20] {
+        let mut grant = Vec::new();
+        let mut reg = Vec::new();
+        let s0 = b.t.stats();
+        for _ in 0..50 {
+            let t = Instant::now();
+            let r = b.t.grant(0, 4096, len, Arc::new(())).expect("grant");
+            b.t.revoke(0, &r);
+            grant.push(t.elapsed().as_secs_f64() * 1e6);
+            assert!(r.rkey != 0, "a key was handed out");
+            let t = Instant::now();
+            let mr = verbs::MemoryRegion::register_range(
+                &pd,
+                b.arena.clone(),
+                4096,
+                len as usize,
+                verbs::Access::RemoteWrite,
+            )
+            .expect("register");
+            drop(mr);
+            reg.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        assert_eq!(delta(b.t.stats(), s0).grant_registrations, 50);
+        println!(
+            "grant of {:>6} KiB: registration + window (grant and revoke) median {:.1} us, registration alone median {:.1} us",
+            len >> 10,
+            median(grant),
+            median(reg)
+        );
+    }
+    a.t.shutdown();
+    b.t.shutdown();
+}
+
+fn paint(arena: &Arena, off: u64, len: u64, byte: u8) {
+    // SAFETY: test-owned range, nobody else touches it.
+    unsafe { arena.slice_mut(off, len) }.fill(byte);
 }

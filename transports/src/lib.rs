@@ -90,6 +90,9 @@ pub struct TransportStats {
     pub payload_bytes_copied: u64,
     /// Memory registrations done (the arena counts once).
     pub registrations: u64,
+    /// Ranges registered for grants: on verbs one per grant large enough for the zero-copy
+    /// path (with its memory window), none on TCP.
+    pub grant_registrations: u64,
     pub peers_down: u64,
     pub malformed_frames: u64,
     /// Link setups refused: wrong or no proof of the cluster secret, not a member, a live

@@ -178,6 +178,34 @@ impl Inner {
         Ok(g)
     }
 
+    /// Waits for send-queue room and posts one application work request with `post`
+    /// (given its wr_id). Returns its op number; the op has completed once `ops_done`
+    /// passes it.
+    pub(super) fn post_app(
+        &self,
+        conn: &Conn,
+        tx: &mut TxState,
+        post: impl FnOnce(u64) -> Result<(), crate::verbs::VerbsError>,
+    ) -> Result<u64, TransportError> {
+        // One slot stays free for the progress thread's credit write.
+        let limit = conn.sq_depth.saturating_sub(1).max(1);
+        self.wait_for(conn, None, || {
+            conn.sq_inflight.load(Ordering::Acquire) < limit
+        })?;
+        let op = tx.next_op;
+        conn.sq_inflight.fetch_add(1, Ordering::AcqRel);
+        if let Err(e) = post(WR_APP | op) {
+            conn.sq_inflight.fetch_sub(1, Ordering::AcqRel);
+            return Err(TransportError::PeerFailed {
+                peer: conn.peer(),
+                reason: e.to_string(),
+            });
+        }
+        tx.next_op += 1;
+        conn.last_send.store(self.links.now_ns(), Ordering::Relaxed);
+        Ok(op)
+    }
+
     /// Posts one application RDMA write, waiting for send-queue room. Returns its op number.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn post_app_write(
@@ -191,25 +219,8 @@ impl Inner {
         rkey: u32,
         imm: Option<u32>,
     ) -> Result<u64, TransportError> {
-        // One slot stays free for the progress thread's credit write.
-        let limit = conn.sq_depth.saturating_sub(1).max(1);
-        self.wait_for(conn, None, || {
-            conn.sq_inflight.load(Ordering::Acquire) < limit
-        })?;
-        let op = tx.next_op;
-        conn.sq_inflight.fetch_add(1, Ordering::AcqRel);
-        if let Err(e) = conn
-            .qp
-            .post_write(WR_APP | op, mr, offset, len, raddr, rkey, imm)
-        {
-            conn.sq_inflight.fetch_sub(1, Ordering::AcqRel);
-            return Err(TransportError::PeerFailed {
-                peer: conn.peer(),
-                reason: e.to_string(),
-            });
-        }
-        tx.next_op += 1;
-        conn.last_send.store(self.links.now_ns(), Ordering::Relaxed);
-        Ok(op)
+        self.post_app(conn, tx, |wr_id| {
+            conn.qp.post_write(wr_id, mr, offset, len, raddr, rkey, imm)
+        })
     }
 }

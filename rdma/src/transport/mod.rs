@@ -15,7 +15,9 @@
 //! - data writes below `rendezvous_threshold` ride the blocks (copy in, copy out); above
 //!   it they go as a window of RDMA writes of `chunk_size` bytes from the local arena to the
 //!   receiver's `RemoteRegion` addr/rkey, each followed on the same QP by a `DataDone` block
-//!   that RC ordering delivers after the chunk's bytes: no copy, no registration.
+//!   that RC ordering delivers after the chunk's bytes: no copy, no registration. That key
+//!   is a type 2 memory window the receiver bound over the granted range on this
+//!   connection's QP (`window`): the arena itself accepts no remote access.
 //!
 //! Files, one job each:
 //! - `config`: [`RdmaConfig`];
@@ -25,7 +27,8 @@
 //!   primitives of every send path (wait, send lock, posting a write);
 //! - `eager`: sending blocks (control messages and small writes); `ring`: consuming them;
 //!   `credit`: the credits that pace the sender;
-//! - `rendezvous`: the zero-copy path of large writes;
+//! - `rendezvous`: the zero-copy path of large writes; `window`: the memory window a grant
+//!   binds for them;
 //! - `progress`, `heartbeat`: the two threads;
 //! - here: [`RdmaTransport`] and its [`Transport`] implementation.
 
@@ -39,14 +42,15 @@ mod progress;
 mod rendezvous;
 mod ring;
 mod setup;
+mod window;
 
 pub use config::{RdmaConfig, DEFAULT_RENDEZVOUS_THRESHOLD};
 
 use crate::block::{self, Header, Kind};
 use crate::topology::{self, Placement};
 use crate::verbs::{
-    CompletionQueue, Context, GidInfo, MemoryRegion, PortInfo, ProtectionDomain, RcParams,
-    LINK_LAYER_ETHERNET,
+    Access, CompletionQueue, Context, GidInfo, MemoryRegion, MemoryWindow, PortInfo,
+    ProtectionDomain, RcParams, LINK_LAYER_ETHERNET,
 };
 use conn::Conn;
 use phalanx_transport::auth::Channel;
@@ -88,9 +92,13 @@ struct Inner {
     arena: Mutex<Option<Arc<MemoryRegion>>>,
     arena_registered: AtomicBool,
     /// Which peer may write where: an eager write is checked before it is copied in, and a
-    /// rendezvous write's `DataDone` before it is reported (the NIC lands those bytes itself:
-    /// the arena's rkey still covers all of it, see README "Trust").
+    /// rendezvous write's `DataDone` before it is reported; the NIC lands a rendezvous
+    /// write's bytes only inside the window its grant bound.
     grants: phalanx_transport::GrantTable,
+    /// The registrations and windows of rendezvous-size grants, by grant id.
+    windows: Mutex<HashMap<u32, window::GrantWindow>>,
+    /// Whether the device has type 2 memory windows (found when the arena is registered).
+    windows_ok: AtomicBool,
     /// Installed connections by peer, with the event sink and the counters.
     links: Arc<LinkTable<Conn>>,
     /// Every connection whose QP exists (installed or still in setup), by QP number.
@@ -209,6 +217,8 @@ impl RdmaTransport {
             arena: Mutex::new(None),
             arena_registered: AtomicBool::new(false),
             grants: phalanx_transport::GrantTable::new(),
+            windows: Mutex::new(HashMap::new()),
+            windows_ok: AtomicBool::new(false),
             links: Arc::new(links),
             by_qpn: Mutex::new(HashMap::new()),
             wake,
@@ -260,6 +270,23 @@ impl RdmaTransport {
 
     pub fn rendezvous_threshold(&self) -> u64 {
         self.inner.rendezvous_threshold.load(Ordering::Relaxed)
+    }
+
+    /// Test hook: one raw RDMA write (`read` false) or read of `len` bytes between
+    /// `local_offset` of this node's arena and `remote_addr`/`rkey` at `peer`, as a hostile
+    /// member could post it; waits for its completion. A refused operation fails the link.
+    #[doc(hidden)]
+    pub fn raw_rdma(
+        &self,
+        peer: NodeId,
+        read: bool,
+        local_offset: u64,
+        len: u32,
+        remote_addr: u64,
+        rkey: u32,
+    ) -> Result<(), TransportError> {
+        self.inner
+            .raw_op(peer, read, local_offset, len, remote_addr, rkey)
     }
 
     /// Name of the opened device.
@@ -357,8 +384,10 @@ impl Inner {
                 let _ = t.join();
             }
         }
-        // The arena stays registered until here; connections still referenced by callers
-        // keep its MR (and their QP destroys first) until they let go.
+        // Grants go first (their windows and registrations). The arena
+        // stays registered until here; connections still referenced by callers keep its MR
+        // (and their QP destroys first) until they let go.
+        self.windows.lock().unwrap().clear();
         self.arena.lock().unwrap().take();
     }
 }
@@ -375,8 +404,19 @@ impl Transport for RdmaTransport {
             return Err(TransportError::ArenaAlreadyRegistered);
         }
         self.inner.place(&arena, "arena");
-        match MemoryRegion::register(&self.inner.pd, arena) {
+        // No peer may access the arena through its own key: rendezvous writes land through
+        // what each grant registers and binds (see `window`).
+        let windows = MemoryWindow::alloc(&self.inner.pd).is_ok();
+        if !windows {
+            tracing::warn!(
+                node = self.inner.id,
+                "{} has no memory windows: a grant's registration is not tied to its grantee's QP",
+                self.inner.ctx.name()
+            );
+        }
+        match MemoryRegion::register_with(&self.inner.pd, arena, Access::LocalOnly) {
             Ok(mr) => {
+                self.inner.windows_ok.store(windows, Ordering::Relaxed);
                 let counters = &self.inner.links.counters;
                 counters.registrations.fetch_add(1, Ordering::Relaxed);
                 *self.inner.arena.lock().unwrap() = Some(Arc::new(mr));
@@ -396,20 +436,43 @@ impl Transport for RdmaTransport {
         len: u64,
         keep: phalanx_transport::KeepAlive,
     ) -> Result<RemoteRegion, TransportError> {
-        let mr = self.inner.arena_mr()?;
+        let inner = &self.inner;
+        let mr = inner.arena_mr()?;
         mr.arena().check(offset, len)?;
-        let grant = self.inner.grants.grant(peer, offset, len, keep);
+        // Only a grant the grantee may write by rendezvous needs a window.
+        let bound = if len >= inner.rendezvous_threshold.load(Ordering::Relaxed) {
+            inner.bind_window(peer, &mr, offset, len, &keep)?
+        } else {
+            None
+        };
+        let grant = inner.grants.grant(peer, offset, len, keep);
+        let (addr, rkey) = match bound {
+            Some((w, key)) => {
+                inner.windows.lock().unwrap().insert(grant, w);
+                (key.addr, key.rkey)
+            }
+            None => (0, 0),
+        };
         Ok(RemoteRegion {
-            node: self.inner.id,
+            node: inner.id,
             offset,
             len,
-            addr: mr.addr() + offset,
-            rkey: mr.rkey(),
+            addr,
+            rkey,
             grant,
         })
     }
 
+    /// Deallocating the window and the registration makes the NIC refuse the grantee's
+    /// writes from here on.
     fn revoke(&self, peer: NodeId, region: &RemoteRegion) {
+        let mut windows = self.inner.windows.lock().unwrap();
+        let w = match windows.get(&region.grant) {
+            Some(w) if w.peer == peer => windows.remove(&region.grant),
+            _ => None,
+        };
+        drop(windows);
+        drop(w);
         self.inner.grants.revoke(peer, region.grant);
     }
 

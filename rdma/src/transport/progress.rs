@@ -12,6 +12,15 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing::error;
 
+thread_local! {
+    static ON_PROGRESS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the caller is a progress thread (which must never wait for a completion).
+pub(super) fn on_progress_thread() -> bool {
+    ON_PROGRESS.with(|f| f.get())
+}
+
 impl Inner {
     pub(super) fn wake_progress(&self) {
         let one: u64 = 1;
@@ -20,6 +29,7 @@ impl Inner {
     }
 
     pub(super) fn progress_loop(self: Arc<Self>) {
+        ON_PROGRESS.with(|f| f.set(true));
         let mut wcs: Vec<WorkCompletion> = Vec::with_capacity(256);
         let fd = self.wake.as_raw_fd();
         let mut idle: u32 = 0;

@@ -13,6 +13,7 @@
 mod cq;
 mod device;
 mod mr;
+mod mw;
 mod pd;
 mod qp;
 pub mod sys;
@@ -22,7 +23,8 @@ pub use device::{
     device_names, list_devices, Context, GidInfo, PortInfo, LINK_LAYER_ETHERNET,
     LINK_LAYER_INFINIBAND,
 };
-pub use mr::MemoryRegion;
+pub use mr::{Access, MemoryRegion};
+pub use mw::MemoryWindow;
 pub use pd::ProtectionDomain;
 pub use qp::{QpEndpoint, QpState, QueuePair, RcParams};
 

@@ -1,9 +1,9 @@
-//! Reliable-connected queue pair: creation, RESET→INIT→RTR→RTS, posting writes and receives.
+//! Reliable-connected queue pair: creation, state changes, posting writes, binds and receives.
 
 use super::sys::{
     self, ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_recv_wr, ibv_send_wr, ibv_sge, Lib,
 };
-use super::{CompletionQueue, MemoryRegion, ProtectionDomain, VerbsError};
+use super::{CompletionQueue, MemoryRegion, MemoryWindow, ProtectionDomain, VerbsError};
 use std::sync::{Arc, Mutex};
 
 /// What one side tells the other to connect an RC queue pair.
@@ -247,6 +247,96 @@ impl QueuePair {
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
         // SAFETY: the QP is alive; `wr` and `sge` live across the call (the provider copies
         // them into the send queue); the source range is inside `mr`, kept alive above.
+        let rc = unsafe { sys::post_send(self.qp, &mut wr, &mut bad) };
+        if rc != 0 {
+            return Err(VerbsError::code("ibv_post_send", rc));
+        }
+        Ok(())
+    }
+
+    /// Posts one signaled bind of type 2 window `mw` over `[offset, offset + len)` of `mr`
+    /// with remote write access, giving it key `rkey` (`mw.next_rkey()`). Once it has
+    /// completed, the peer of this QP, and no other, may RDMA-write into that range with
+    /// `rkey`; dropping `mw` withdraws that. `mr` must have been registered with
+    /// [`super::Access::WindowsOnly`].
+    pub fn post_bind(
+        &self,
+        wr_id: u64,
+        mw: &mut MemoryWindow,
+        rkey: u32,
+        mr: &Arc<MemoryRegion>,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), VerbsError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= mr.len() as u64 && len > 0 => {}
+            _ => {
+                return Err(VerbsError::Invalid(format!(
+                    "window {offset}+{len} outside a region of {}",
+                    mr.len()
+                )))
+            }
+        }
+        mw.hold(mr);
+        self.keep(mr);
+        // SAFETY: ibv_send_wr is plain old data; zero is valid (null pointers).
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.opcode = sys::IBV_WR_BIND_MW;
+        wr.send_flags = sys::IBV_SEND_SIGNALED;
+        wr.bind_mw_tso.bind_mw = sys::ibv_wr_bind_mw {
+            mw: mw.raw(),
+            rkey,
+            bind_info: sys::ibv_mw_bind_info {
+                mr: mr.raw(),
+                addr: mr.addr() + offset,
+                length: len,
+                mw_access_flags: sys::IBV_ACCESS_REMOTE_WRITE,
+            },
+        };
+        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: the QP, the window and the region are alive (the window and the QP hold the
+        // region from here on); the range is inside the region, checked above.
+        let rc = unsafe { sys::post_send(self.qp, &mut wr, &mut bad) };
+        if rc != 0 {
+            return Err(VerbsError::code("ibv_post_send", rc));
+        }
+        Ok(())
+    }
+
+    /// Posts one signaled RDMA read of `len` bytes at `remote_addr`/`rkey` into
+    /// `[offset, offset + len)` of `mr`. Phalanx never reads from peers (every region and
+    /// window it exposes refuses reads); this exists to show that they are refused.
+    #[doc(hidden)]
+    pub fn post_read(
+        &self,
+        wr_id: u64,
+        mr: &Arc<MemoryRegion>,
+        offset: u64,
+        len: u32,
+        remote_addr: u64,
+        rkey: u32,
+    ) -> Result<(), VerbsError> {
+        match offset.checked_add(len as u64) {
+            Some(end) if end <= mr.len() as u64 => {}
+            _ => return Err(VerbsError::Invalid("read target outside its region".into())),
+        }
+        self.keep(mr);
+        let mut sge = ibv_sge {
+            addr: mr.addr() + offset,
+            length: len,
+            lkey: mr.lkey(),
+        };
+        // SAFETY: ibv_send_wr is plain old data; zero is valid (null pointers).
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = wr_id;
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        wr.opcode = sys::IBV_WR_RDMA_READ;
+        wr.send_flags = sys::IBV_SEND_SIGNALED;
+        wr.wr.rdma = sys::ibv_wr_rdma { remote_addr, rkey };
+        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: as in post_write; the target range is inside `mr`, kept alive above.
         let rc = unsafe { sys::post_send(self.qp, &mut wr, &mut bad) };
         if rc != 0 {
             return Err(VerbsError::code("ibv_post_send", rc));

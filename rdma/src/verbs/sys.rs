@@ -9,7 +9,7 @@
 //!
 //! The structures are `#[repr(C)]` copies of rdma-core's `infiniband/verbs.h` (x86-64 and
 //! other LP64 Linux targets), limited to what Phalanx touches; handles Phalanx never looks
-//! into (`ibv_device`, `ibv_srq`, `ibv_ah`, `ibv_mw`) are opaque. The `layout-check` feature
+//! into (`ibv_device`, `ibv_srq`, `ibv_ah`) are opaque. The `layout-check` feature
 //! (`tests/layout.rs`) checks size, alignment and every field offset of each structure, and
 //! the value of each constant, against `rdma-sys` (bindgen over the system headers) and
 //! against the C compiler.
@@ -37,11 +37,6 @@ pub struct ibv_srq {
 pub struct ibv_ah {
     _opaque: [u8; 0],
 }
-/// `struct ibv_mw` (only ever a pointer inside an unused union member).
-#[repr(C)]
-pub struct ibv_mw {
-    _opaque: [u8; 0],
-}
 
 // ---------------------------------------------------------------------------------------
 // Structures.
@@ -60,9 +55,9 @@ pub struct ibv_context_ops {
     pub _compat_reg_mr: UnusedOp,
     pub _compat_rereg_mr: UnusedOp,
     pub _compat_dereg_mr: UnusedOp,
-    pub alloc_mw: UnusedOp,
+    pub alloc_mw: Option<unsafe extern "C" fn(*mut ibv_pd, c_uint) -> *mut ibv_mw>,
     pub bind_mw: UnusedOp,
-    pub dealloc_mw: UnusedOp,
+    pub dealloc_mw: Option<unsafe extern "C" fn(*mut ibv_mw) -> c_int>,
     pub _compat_create_cq: UnusedOp,
     pub poll_cq: Option<unsafe extern "C" fn(*mut ibv_cq, c_int, *mut ibv_wc) -> c_int>,
     pub req_notify_cq: Option<unsafe extern "C" fn(*mut ibv_cq, c_int) -> c_int>,
@@ -106,6 +101,16 @@ pub struct ibv_context {
 pub struct ibv_pd {
     pub context: *mut ibv_context,
     pub handle: u32,
+}
+
+/// `struct ibv_mw`: a memory window (type 2 here: bound to one QP by a bind work request).
+#[repr(C)]
+pub struct ibv_mw {
+    pub context: *mut ibv_context,
+    pub pd: *mut ibv_pd,
+    pub rkey: u32,
+    pub handle: u32,
+    pub type_: c_uint,
 }
 
 /// `struct ibv_comp_channel`.
@@ -386,7 +391,7 @@ pub struct ibv_wr_xrc {
     pub remote_srqn: u32,
 }
 
-/// `struct ibv_mw_bind_info` (unused; sizes the last union of `ibv_send_wr`).
+/// `struct ibv_mw_bind_info`: what a bind work request exposes through a window.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ibv_mw_bind_info {
@@ -396,7 +401,7 @@ pub struct ibv_mw_bind_info {
     pub mw_access_flags: c_uint,
 }
 
-/// `bind_mw` member of the last union of `ibv_send_wr` (unused).
+/// `bind_mw` member of the last union of `ibv_send_wr` (`IBV_WR_BIND_MW`).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ibv_wr_bind_mw {
@@ -476,6 +481,10 @@ pub const IBV_WC_WITH_IMM: c_uint = 1 << 1;
 pub const IBV_ACCESS_LOCAL_WRITE: c_uint = 1;
 pub const IBV_ACCESS_REMOTE_WRITE: c_uint = 1 << 1;
 pub const IBV_ACCESS_REMOTE_READ: c_uint = 1 << 2;
+pub const IBV_ACCESS_MW_BIND: c_uint = 1 << 4;
+
+/// `IBV_MW_TYPE_2`: a window bound by a work request on one QP, usable only through it.
+pub const IBV_MW_TYPE_2: c_uint = 2;
 
 pub const IBV_PORT_NOP: c_uint = 0;
 pub const IBV_PORT_DOWN: c_uint = 1;
@@ -517,6 +526,8 @@ pub const IBV_QP_DEST_QPN: c_uint = 1 << 20;
 
 pub const IBV_WR_RDMA_WRITE: c_uint = 0;
 pub const IBV_WR_RDMA_WRITE_WITH_IMM: c_uint = 1;
+pub const IBV_WR_RDMA_READ: c_uint = 4;
+pub const IBV_WR_BIND_MW: c_uint = 8;
 
 pub const IBV_SEND_SIGNALED: c_uint = 1 << 1;
 

@@ -285,6 +285,37 @@ pub(super) fn check_traffic_with<H: Harness>(mesh: &Mesh<H>, id: NodeId) {
     }
 }
 
+/// A link dropped while both nodes stay up is dialled again, whichever side dropped it (here
+/// the receiver of a write into a revoked grant): both nodes see `PeerDown`, then `PeerUp`,
+/// and messages flow both ways on the new link.
+pub fn a_dropped_link_is_dialled_again<H: Harness>() {
+    for (writer, owner) in [(0u32, 1u32), (1, 0)] {
+        let mesh = Mesh::<H>::new(2, 1 << 20, CALM_HEARTBEAT);
+        let (w, o) = (mesh.node(writer), mesh.node(owner));
+        let region = o.region(writer, 4096, 1000).expect("region");
+        o.t.revoke(writer, &region);
+        let t0 = Instant::now();
+        w.t.write(owner, 1, 0, &region, 0, 1000)
+            .expect("the write leaves");
+        o.expect_down(writer, WAIT);
+        w.expect_down(owner, WAIT);
+        o.expect_up(writer, WAIT);
+        w.expect_up(owner, WAIT);
+        let took = t0.elapsed();
+        w.t.send(owner, b"again").expect("send on the new link");
+        o.expect_ctrl(writer, b"again");
+        o.t.send(writer, b"both ways").expect("send back");
+        w.expect_ctrl(owner, b"both ways");
+        assert!(w.t.is_connected(owner) && o.t.is_connected(writer));
+        // Detection (the heartbeat bound at worst) plus the backoff of a few attempts.
+        assert!(
+            took < 4 * CALM_HEARTBEAT,
+            "link back after {took:?} (writer {writer})"
+        );
+        println!("writer {writer}: link dropped and dialled again in {took:?}");
+    }
+}
+
 /// `shutdown` says goodbye: each peer first gets everything the node sent before it (in
 /// order), then one `PeerDown` with reason `PEER_LEFT`, promptly (no heartbeat wait) and
 /// exactly once; no node reports a failure; operations towards the departed node fail, its

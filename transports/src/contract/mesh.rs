@@ -62,6 +62,36 @@ impl<T: Transport> Node<T> {
         }
     }
 
+    /// Waits for `PeerDown { peer }`, letting `PeerUp`s through (a peer that dropped a link
+    /// dials it again); returns its reason.
+    pub(super) fn expect_down_among_ups(&self, peer: NodeId, within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.next(left, "PeerDown") {
+                Event::PeerDown { peer: p, reason } if p == peer => return reason,
+                Event::PeerUp { .. } => continue,
+                other => panic!(
+                    "node {}: expected PeerDown of {peer}, got {other:?}",
+                    self.id
+                ),
+            }
+        }
+    }
+
+    /// Waits for `PeerUp { peer }`, letting `PeerDown`s of others through.
+    pub(super) fn expect_up(&self, peer: NodeId, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.next(left, "PeerUp") {
+                Event::PeerUp { peer: p } if p == peer => return,
+                Event::PeerDown { peer: p, .. } if p != peer => continue,
+                other => panic!("node {}: expected PeerUp of {peer}, got {other:?}", self.id),
+            }
+        }
+    }
+
     /// The next event must be `PeerDown { peer }`; returns its reason.
     pub(super) fn expect_down(&self, peer: NodeId, within: Duration) -> String {
         match self.next(within, "PeerDown") {

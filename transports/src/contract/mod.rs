@@ -161,12 +161,14 @@ macro_rules! transport_contract_tests {
         __phalanx_contract_case!(max_ctrl_len_is_the_limit);
         __phalanx_contract_case!(invalid_operations_fail_with_typed_errors);
         __phalanx_contract_case!(writes_outside_a_grant_change_nothing_and_drop_the_link);
+        __phalanx_contract_case!(large_writes_outside_a_grant_change_nothing_and_drop_the_link);
         __phalanx_contract_case!(nonblocking_sends_keep_order);
         __phalanx_contract_case!(event_handler_sees_events_in_order);
         __phalanx_contract_case!(stats_count_exactly);
         __phalanx_contract_case!(killed_peer_is_reported_down_within_the_bound);
         __phalanx_contract_case!(restarted_peer_rejoins);
         __phalanx_contract_case!(restart_before_detection_reports_down_then_up);
+        __phalanx_contract_case!(a_dropped_link_is_dialled_again);
         __phalanx_contract_case!(shutdown_is_a_leave_not_a_failure);
     };
     (@helper ($d:tt) $h:ty; $($bad:ident: $why:literal),*) => {

@@ -89,6 +89,11 @@ pub(super) fn delta(after: TransportStats, before: TransportStats) -> TransportS
             "payload_bytes_copied",
         ),
         registrations: d(after.registrations, before.registrations, "registrations"),
+        grant_registrations: d(
+            after.grant_registrations,
+            before.grant_registrations,
+            "grant_registrations",
+        ),
         peers_down: d(after.peers_down, before.peers_down, "peers_down"),
         malformed_frames: d(
             after.malformed_frames,

@@ -19,6 +19,8 @@ pub struct Counters {
     pub payload_bytes_copied: AtomicU64,
     /// Memory registrations done (the arena counts once).
     pub registrations: AtomicU64,
+    /// Ranges registered for grants (verbs: one per rendezvous-size grant).
+    pub grant_registrations: AtomicU64,
     pub peers_down: AtomicU64,
     pub malformed_frames: AtomicU64,
     pub hellos_refused: AtomicU64,
@@ -35,6 +37,7 @@ impl Counters {
             data_bytes_received: get(&self.data_bytes_received),
             payload_bytes_copied: get(&self.payload_bytes_copied),
             registrations: get(&self.registrations),
+            grant_registrations: get(&self.grant_registrations),
             peers_down: get(&self.peers_down),
             malformed_frames: get(&self.malformed_frames),
             hellos_refused: get(&self.hellos_refused),

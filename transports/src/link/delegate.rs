@@ -54,13 +54,22 @@ macro_rules! connect_methods {
     ($inner:ident) => {
         /// Connects to `peers`: dials those with a lower id (all of them with `dial_all`, as
         /// a restarted node does to rejoin) and waits until every peer is linked, up to the
-        /// connect timeout.
+        /// connect timeout. From then on a failed link to a lower id is dialled again.
         pub fn connect(
             &self,
             peers: &[($crate::NodeId, ::std::net::SocketAddr)],
             dial_all: bool,
         ) -> ::std::result::Result<(), $crate::TransportError> {
             let inner = &self.$inner;
+            let weak = ::std::sync::Arc::downgrade(inner);
+            let redial: $crate::link::DialFn =
+                ::std::sync::Arc::new(move |peer, addr, deadline| match weak.upgrade() {
+                    ::std::option::Option::Some(i) => i.dial(peer, addr, deadline),
+                    ::std::option::Option::None => {
+                        ::std::result::Result::Err($crate::TransportError::Shutdown)
+                    }
+                });
+            inner.links.enable_redial(peers, redial)?;
             inner.links.connect_mesh(
                 peers,
                 dial_all,

@@ -14,11 +14,13 @@ mod delegate;
 mod events;
 mod mesh;
 mod net;
+mod redial;
 #[cfg(test)]
 mod tests;
 
 pub use counters::Counters;
 pub use events::{EventReceiver, EventSink};
+pub use redial::DialFn;
 
 use crate::auth::{AuthConfig, Channel};
 use crate::{Event, NodeId, TransportError, PEER_LEFT};
@@ -130,6 +132,8 @@ pub struct LinkTable<C> {
     admitting: Mutex<HashSet<NodeId>>,
     /// Handshakes in progress on the accepting side.
     handshakes: AtomicUsize,
+    /// Lost peers to dial again (see `redial`).
+    redial: redial::Redial,
 }
 
 impl<C: Link> LinkTable<C> {
@@ -151,6 +155,7 @@ impl<C: Link> LinkTable<C> {
             dead_wait: Duration::from_secs(2),
             admitting: Mutex::new(HashSet::new()),
             handshakes: AtomicUsize::new(0),
+            redial: redial::Redial::default(),
         }
     }
 
@@ -211,6 +216,7 @@ impl<C: Link> LinkTable<C> {
         if self.closing.swap(true, Ordering::AcqRel) {
             return None;
         }
+        self.redial.close();
         let links: Vec<Arc<C>> = self.links.lock().unwrap().drain().map(|(_, c)| c).collect();
         self.changed.notify_all();
         Some(links)
@@ -279,6 +285,10 @@ impl<C: Link> LinkTable<C> {
                 info!(node, peer, "{label} closed: {reason}");
             } else {
                 warn!(node, peer, "{label} down: {reason}");
+                // The side that dialled it when the mesh formed dials it again.
+                if peer < node {
+                    self.redial.schedule(peer);
+                }
             }
             self.report_down(peer, reason);
         }

@@ -190,6 +190,7 @@ fn counters_convert_to_stats() {
     c.peers_down.fetch_add(7, Ordering::Relaxed);
     c.malformed_frames.fetch_add(8, Ordering::Relaxed);
     c.hellos_refused.fetch_add(9, Ordering::Relaxed);
+    c.grant_registrations.fetch_add(10, Ordering::Relaxed);
     assert_eq!(
         c.stats(),
         TransportStats {
@@ -202,6 +203,7 @@ fn counters_convert_to_stats() {
             peers_down: 7,
             malformed_frames: 8,
             hellos_refused: 9,
+            grant_registrations: 10,
         }
     );
 }

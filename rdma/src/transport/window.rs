@@ -1,0 +1,138 @@
+//! Grants on verbs. The arena is registered for local access only: no peer can reach it
+//! through its key. A grant large enough for the rendezvous path registers exactly the
+//! granted range ([`MemoryRegion::register_range`]) and binds a type 2 memory window over
+//! that registration on the QP of the connection to the grantee. The NIC then refuses an
+//! RDMA write outside the range (the registration's bounds), through any other QP (the
+//! window is bound to one), after the grant is revoked (window and registration are gone),
+//! and any RDMA read (neither allows it). Both are needed: Soft-RoCE checks a write against
+//! the bounds of the window's registration, not of the window; a registration alone is not
+//! tied to a QP. On a device without memory windows the registration alone, with remote
+//! write, is the grant (bounds and revocation, not the QP). Smaller grants hand out no key:
+//! their writes take the eager path, checked in software before a byte is copied in.
+
+use super::Inner;
+use crate::verbs::{Access, MemoryRegion, MemoryWindow};
+use phalanx_transport::{KeepAlive, NodeId, TransportError};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tracing::warn;
+
+/// What a grant bound, and what it exposes. Field order matters: the window goes first (the
+/// NIC stops accepting writes through it), then the registration, then the range's
+/// keep-alive.
+pub(super) struct GrantWindow {
+    _mw: Option<MemoryWindow>,
+    _mr: Arc<MemoryRegion>,
+    pub(super) peer: NodeId,
+    _keep: KeepAlive,
+}
+
+/// Address and key a grant hands its grantee.
+pub(super) struct WindowKey {
+    pub(super) addr: u64,
+    pub(super) rkey: u32,
+}
+
+impl Inner {
+    /// Registers `[offset, offset + len)` of the arena and binds a window over it for
+    /// `peer`'s connection, waiting until the bind has completed (so the key works before
+    /// anyone learns it). `Ok(None)`: no key (the grant goes eager), when this runs on the
+    /// progress thread or the registration fails.
+    pub(super) fn bind_window(
+        &self,
+        peer: NodeId,
+        arena: &Arc<MemoryRegion>,
+        offset: u64,
+        len: u64,
+        keep: &KeepAlive,
+    ) -> Result<Option<(GrantWindow, WindowKey)>, TransportError> {
+        // The progress thread completes binds: if it asked for one itself it would wait for
+        // ever (nothing of Phalanx grants there today; eager is the safe answer if it did).
+        if super::progress::on_progress_thread() {
+            return Ok(None);
+        }
+        let conn = self.links.get(peer)?;
+        let windows = self.windows_ok.load(Ordering::Relaxed);
+        let access = if windows {
+            Access::WindowsOnly
+        } else {
+            Access::RemoteWrite
+        };
+        let mem = arena.arena().clone();
+        let mr = match MemoryRegion::register_range(&self.pd, mem, offset, len as usize, access) {
+            Ok(mr) => Arc::new(mr),
+            Err(e) => {
+                warn!(
+                    node = self.id,
+                    peer, offset, len, "cannot register a granted range ({e}): eager writes"
+                );
+                return Ok(None);
+            }
+        };
+        self.links
+            .counters
+            .grant_registrations
+            .fetch_add(1, Ordering::Relaxed);
+        if !windows {
+            let key = WindowKey {
+                addr: mr.addr(),
+                rkey: mr.rkey(),
+            };
+            let grant = GrantWindow {
+                _mw: None,
+                _mr: mr,
+                peer,
+                _keep: keep.clone(),
+            };
+            return Ok(Some((grant, key)));
+        }
+        let mut mw = MemoryWindow::alloc(&self.pd)?;
+        let rkey = mw.next_rkey();
+        let mut tx = self.lock_tx(&conn)?;
+        let op = self.post_app(&conn, &mut tx, |wr_id| {
+            conn.qp.post_bind(wr_id, &mut mw, rkey, &mr, 0, len)
+        })?;
+        drop(tx);
+        self.wait_for(&conn, None, || conn.ops_done.load(Ordering::Acquire) > op)?;
+        let key = WindowKey {
+            addr: mr.addr(),
+            rkey,
+        };
+        let grant = GrantWindow {
+            _mw: Some(mw),
+            _mr: mr,
+            peer,
+            _keep: keep.clone(),
+        };
+        Ok(Some((grant, key)))
+    }
+
+    /// Test hook: one raw RDMA operation on the connection to `peer` (a write from, or a
+    /// read into, `[local_offset, +len)` of the arena), waiting for its completion. A
+    /// refused operation fails the connection and returns its error.
+    pub(super) fn raw_op(
+        &self,
+        peer: NodeId,
+        read: bool,
+        local_offset: u64,
+        len: u32,
+        remote_addr: u64,
+        rkey: u32,
+    ) -> Result<(), TransportError> {
+        let mr = self.arena_mr()?;
+        let conn = self.links.get(peer)?;
+        let mut tx = self.lock_tx(&conn)?;
+        let op = self.post_app(&conn, &mut tx, |wr_id| {
+            if read {
+                conn.qp
+                    .post_read(wr_id, &mr, local_offset, len, remote_addr, rkey)
+            } else {
+                conn.qp
+                    .post_write(wr_id, &mr, local_offset, len, remote_addr, rkey, None)
+            }
+        })?;
+        drop(tx);
+        self.wait_for(&conn, None, || conn.ops_done.load(Ordering::Acquire) > op)?;
+        Ok(())
+    }
+}
