@@ -344,6 +344,15 @@ impl Inner {
 
     fn close_all(&self, goodbye: bool) {
         let first = self.links.leave();
+        // Grants go first: their windows are deallocated while the QPs they were bound on
+        // still exist (each holds its connection until then).
+        let grants: Vec<window::GrantWindow> = self
+            .windows
+            .lock()
+            .unwrap()
+            .drain()
+            .map(|(_, w)| w)
+            .collect();
         if goodbye && first {
             for c in self.links.snapshot() {
                 let Ok(mut tx) = self.lock_tx(&c) else {
@@ -384,10 +393,9 @@ impl Inner {
                 let _ = t.join();
             }
         }
-        // Grants go first (their windows and registrations). The arena
-        // stays registered until here; connections still referenced by callers keep its MR
-        // (and their QP destroys first) until they let go.
-        self.windows.lock().unwrap().clear();
+        // The arena stays registered until here; connections still referenced by callers
+        // keep its MR (and their QP destroys first) until they let go.
+        drop(grants);
         self.arena.lock().unwrap().take();
     }
 }

@@ -10,6 +10,7 @@
 //! write, is the grant (bounds and revocation, not the QP). Smaller grants hand out no key:
 //! their writes take the eager path, checked in software before a byte is copied in.
 
+use super::conn::Conn;
 use super::Inner;
 use crate::verbs::{Access, MemoryRegion, MemoryWindow};
 use phalanx_transport::{KeepAlive, NodeId, TransportError};
@@ -18,10 +19,12 @@ use std::sync::Arc;
 use tracing::warn;
 
 /// What a grant bound, and what it exposes. Field order matters: the window goes first (the
-/// NIC stops accepting writes through it), then the registration, then the range's
-/// keep-alive.
+/// NIC stops accepting writes through it), then the connection whose QP it was bound on (a
+/// QP is destroyed only once no window is bound on it: Soft-RoCE stalls destroying one that
+/// still has), then the registration, then the range's keep-alive.
 pub(super) struct GrantWindow {
     _mw: Option<MemoryWindow>,
+    _conn: Option<Arc<Conn>>,
     _mr: Arc<MemoryRegion>,
     pub(super) peer: NodeId,
     _keep: KeepAlive,
@@ -80,6 +83,7 @@ impl Inner {
             };
             let grant = GrantWindow {
                 _mw: None,
+                _conn: None,
                 _mr: mr,
                 peer,
                 _keep: keep.clone(),
@@ -100,6 +104,7 @@ impl Inner {
         };
         let grant = GrantWindow {
             _mw: Some(mw),
+            _conn: Some(conn),
             _mr: mr,
             peer,
             _keep: keep.clone(),
