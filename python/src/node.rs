@@ -335,7 +335,8 @@ impl Node {
         self.node.arena_free()
     }
 
-    /// The transport's counters (messages, data bytes, registrations, peers down).
+    /// The transport's counters (messages, data bytes, registrations, peers down, refused
+    /// writes and hellos).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.node.transport_stats();
         let d = PyDict::new(py);
@@ -348,6 +349,8 @@ impl Node {
         d.set_item("registrations", s.registrations)?;
         d.set_item("peers_down", s.peers_down)?;
         d.set_item("malformed_frames", s.malformed_frames)?;
+        d.set_item("hellos_refused", s.hellos_refused)?;
+        d.set_item("grant_registrations", s.grant_registrations)?;
         Ok(d)
     }
 
