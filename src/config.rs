@@ -31,6 +31,11 @@ pub struct NodeConfig {
     pub latency_override: Option<Duration>,
     /// Fixed bandwidth in bytes/s for the reduce degree model (default: measured).
     pub bandwidth_override: Option<f64>,
+    /// Allreduces of objects this large or larger, with every input used, are reduced
+    /// partition by partition (`crate::allreduce`); `u64::MAX` (the default): never. Every
+    /// participant must have the same value. Off by default because it measured slower on
+    /// the emulated hosts (README "Allreduce").
+    pub allreduce_partition_min: u64,
 }
 
 impl Default for NodeConfig {
@@ -44,6 +49,7 @@ impl Default for NodeConfig {
             spin_wait: Duration::from_micros(30),
             latency_override: None,
             bandwidth_override: None,
+            allreduce_partition_min: u64::MAX,
         }
     }
 }
@@ -127,6 +133,9 @@ pub struct ClusterConfig {
     /// Bound on one link setup handshake, in milliseconds (default 3000): a peer that says
     /// nothing, or trickles, is dropped after it.
     pub handshake_timeout_ms: Option<u64>,
+    /// Allreduces of objects this large or larger (all inputs used) are reduced partition by
+    /// partition, e.g. 8388608 (default and 0: never; one tree, then a broadcast).
+    pub allreduce_partition_min: Option<u64>,
     pub nodes: Vec<NodeEntry>,
     /// Directory of the file the config was loaded from (for `secret_file`).
     #[serde(skip)]
@@ -182,6 +191,11 @@ impl ClusterConfig {
             huge_pages: self.huge_pages.unwrap_or(d.huge_pages),
             spin_wait: self.spin_wait_us.map_or(d.spin_wait, Duration::from_micros),
             op_timeout: self.op_timeout_s.map_or(d.op_timeout, Duration::from_secs),
+            allreduce_partition_min: match self.allreduce_partition_min {
+                None => d.allreduce_partition_min,
+                Some(0) => u64::MAX,
+                Some(m) => m,
+            },
             ..d
         }
     }
@@ -282,6 +296,15 @@ mod tests {
         assert!(ClusterConfig::parse(&format!("op_timeout_s = 0\n{one}")).is_err());
         assert!(ClusterConfig::parse(&format!("heartbeat_ms = 0\n{one}")).is_err());
         assert!(ClusterConfig::parse(&format!("arena_size = 0\n{one}")).is_err());
+        let part = |extra: &str| {
+            ClusterConfig::parse(&format!("{extra}{one}"))
+                .unwrap()
+                .node_config()
+                .allreduce_partition_min
+        };
+        assert_eq!(part(""), u64::MAX, "partitioned allreduce off by default");
+        assert_eq!(part("allreduce_partition_min = 0\n"), u64::MAX);
+        assert_eq!(part("allreduce_partition_min = 8388608\n"), 8 << 20);
     }
 
     #[test]

@@ -286,7 +286,20 @@ impl Node {
             )));
         }
         if self.node.id() != coordinator {
-            return self.get(py, target, timeout, None);
+            // The size, from an input held here: a partitioned allreduce (nodes configured
+            // with `allreduce_partition_min`) is assembled here from its partitions.
+            let size = sources
+                .iter()
+                .find_map(|s| self.node.local_copy(s.as_str()).map(|c| c.size));
+            let Some(size) = size else {
+                return self.get(py, target, timeout, None);
+            };
+            let (node, id) = (self.node.clone(), ObjectId::new(target));
+            let what = format!("allreduce into {target}");
+            let v = blocking::run(py, timeout, &what, move || {
+                node.allreduce_read(id, size)
+            })?;
+            return memoryview(py, target, v);
         }
         let opts = reduce::options(degree, None, None, None)?;
         let (node, id, srcs) = (

@@ -1,11 +1,10 @@
-//! The collectives of the public API: reduce (blocking or started in the background),
-//! allreduce and gather, on top of the reduce subsystem and `get`.
+//! The collectives of the public API: reduce (blocking or started in the background) and
+//! gather, on top of the reduce subsystem and `get` (allreduce: `allreduce.rs`).
 
 use super::Node;
 use crate::ops::{DType, ReduceOp};
 use crate::protocol::Reply;
 use crate::reduce::{Hooks, ReduceHandle, ReduceOptions, ReduceOutcome};
-use crate::store::CopyStatus;
 use crate::{Error, ObjectId, Result};
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -66,54 +65,6 @@ impl Node {
         self.inner
             .reducer
             .start(target.into(), sources, num_objects, kind, opts)
-    }
-
-    /// Allreduce from the coordinator's side: reduces all `sources` into `target` and returns
-    /// the result; the other participants call `get(target)`, which streams the target while
-    /// it is still being reduced. When a tree computes the target, the coordinator reads it
-    /// the same way, on a pooled thread started as the first task goes out (no thread is
-    /// created per call); a small result combined here is returned as the reduce ends.
-    pub fn allreduce(
-        &self,
-        target: impl Into<ObjectId>,
-        sources: &[ObjectId],
-        op: ReduceOp,
-        dtype: DType,
-        opts: &ReduceOptions,
-    ) -> Result<(Vec<u8>, ReduceOutcome)> {
-        let target = target.into();
-        let (tx, got) = crossbeam_channel::bounded(1);
-        let reader = self.clone();
-        let id = target.clone();
-        let on_tree = Box::new(move || {
-            let workers = reader.inner.workers.clone();
-            let started = workers.spawn(move || {
-                let _ = tx.send(reader.get(id));
-            });
-            if let Err(e) = started {
-                tracing::warn!("allreduce reader not started ({e}); read after the reduce");
-            }
-        });
-        let hooks = Hooks {
-            placed: None,
-            on_tree: Some(on_tree),
-        };
-        let kind = (op, dtype);
-        let outcome =
-            self.inner
-                .reducer
-                .reduce(target.clone(), sources, sources.len(), kind, opts, hooks)?;
-        if let Some(c) = self.inner.store.lookup(&target) {
-            if c.status() == CopyStatus::Complete {
-                return Ok((c.filled(0, c.size()).to_vec(), outcome));
-            }
-        }
-        let bytes = match got.recv_timeout(self.inner.cfg.op_timeout) {
-            Ok(r) => r?,
-            // No reader ran (small result, or the reader could not start): read it now.
-            Err(_) => self.get(target)?,
-        };
-        Ok((bytes, outcome))
     }
 
     /// Gets several objects concurrently (a gather at this node). Every object is asked for

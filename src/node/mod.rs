@@ -3,6 +3,7 @@
 //! `dispatch.rs` routes transport events and messages to them by family, `collectives.rs` is
 //! the reduce/allreduce/gather API. Each subsystem owns its state; the node only holds them.
 
+pub mod allreduce;
 mod collectives;
 mod dispatch;
 mod start;

@@ -22,6 +22,8 @@ pub struct ReduceTask {
     pub out: ObjectId,
     /// The input held by this node.
     pub own: ObjectId,
+    /// Where this position's bytes start in `own` (a partition of it; 0: all of it).
+    pub own_offset: u64,
     /// Objects produced by the children, combined in this order.
     pub children: Vec<ObjectId>,
     /// The node each child runs on (it holds or produces that child's object): the task

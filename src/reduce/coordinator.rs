@@ -257,7 +257,7 @@ impl Reducer {
         let tree = run.tree.take().expect("at least one source");
         // Intermediate results are not needed any more.
         for p in 1..num {
-            if !tree.is_leaf(p) && !run.local {
+            if run.has_task(&tree, p) && !run.local {
                 let _ = self.dir.delete(&run.out_of(&tree, p));
             }
         }
@@ -292,6 +292,7 @@ impl Reducer {
             bandwidth_bps: run.bandwidth,
             last_ready,
             done,
+            partitions: 1,
         })
     }
 

@@ -50,6 +50,14 @@ pub struct ReduceOptions {
     /// A pool shared by concurrent reduces over overlapping sources: a source placed by one
     /// of them is never placed by another, also when a failure makes one pick a spare.
     pub claims: Option<Arc<SourceClaims>>,
+    /// Reduce only bytes `[lo, hi)` of every source (one partition of a partitioned
+    /// allreduce): the target has `hi - lo` bytes. Every position then runs a task, leaves
+    /// included (a leaf's output is its slice, not its whole source).
+    pub range: Option<(u64, u64)>,
+    /// Rotates the in-order placement by this many positions: the k-th source to arrive takes
+    /// position `inorder[(k + rotate) % n]`. Partitions reduced side by side with rotations
+    /// 0, 1, ... have their roots, and their leaves, on different nodes.
+    pub rotate: usize,
 }
 
 impl Default for ReduceOptions {
@@ -60,6 +68,8 @@ impl Default for ReduceOptions {
             timeout: None,
             required: Vec::new(),
             claims: None,
+            range: None,
+            rotate: 0,
         }
     }
 }
@@ -137,6 +147,9 @@ pub struct ReduceOutcome {
     /// When the last used source became ready, and when the reduce finished.
     pub last_ready: Instant,
     pub done: Instant,
+    /// Partitions reduced side by side (a partitioned allreduce; 1 otherwise), each by a tree
+    /// of this degree; `tree` is the first partition's.
+    pub partitions: usize,
 }
 
 /// What a caller of a reduce hears while it runs.

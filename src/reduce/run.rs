@@ -48,7 +48,12 @@ pub(super) struct Run {
     pub(super) latency: f64,
     pub(super) bandwidth: f64,
     pub(super) tree: Option<Tree>,
+    /// Bytes reduced (a partition's with `range`).
     pub(super) size: u64,
+    /// Bytes of every source.
+    pub(super) full_size: u64,
+    pub(super) range: Option<(u64, u64)>,
+    pub(super) rotate: usize,
     /// Per position: (source index, node holding it).
     pub(super) slots: Vec<Option<(usize, NodeId)>>,
     /// Per position: generation of its output (bumped on recompute).
@@ -95,6 +100,9 @@ impl Run {
             bandwidth,
             tree: None,
             size: 0,
+            full_size: 0,
+            range: opts.range,
+            rotate: opts.rotate,
             slots: Vec::new(),
             gen: Vec::new(),
             tasks: Vec::new(),
@@ -130,8 +138,13 @@ impl Run {
 
     pub(super) fn finished(&self) -> bool {
         let Some(tree) = &self.tree else { return false };
-        (0..self.num)
-            .all(|p| self.slots[p].is_some() && (self.done[p] || (p != 0 && tree.is_leaf(p))))
+        (0..self.num).all(|p| self.slots[p].is_some() && (self.done[p] || !self.has_task(tree, p)))
+    }
+
+    /// Whether position `p` computes an output: the root and inner positions always, leaves
+    /// only when a partition is reduced (otherwise a leaf's output is its source).
+    pub(super) fn has_task(&self, tree: &Tree, p: usize) -> bool {
+        p == 0 || !tree.is_leaf(p) || self.range.is_some()
     }
 
     pub(super) fn waiting_for(&self) -> String {
@@ -146,7 +159,7 @@ impl Run {
     pub(super) fn out_of(&self, tree: &Tree, p: usize) -> ObjectId {
         if p == 0 {
             self.target.clone()
-        } else if tree.is_leaf(p) {
+        } else if !self.has_task(tree, p) {
             self.sources[self.slots[p].expect("placed").0].clone()
         } else {
             ObjectId::new(format!(
@@ -168,7 +181,24 @@ impl Run {
             )));
         }
         if self.tree.is_none() {
-            self.size = info.size;
+            self.full_size = info.size;
+            self.size = match self.range {
+                None => info.size,
+                Some((lo, hi)) => {
+                    if lo > hi
+                        || hi > info.size
+                        || !lo.is_multiple_of(esz)
+                        || !hi.is_multiple_of(esz)
+                    {
+                        return Err(Error::InvalidArgument(format!(
+                            "reduce range {lo}..{hi} of {} ({} bytes) is not whole elements \
+                             inside it",
+                            self.sources[i], info.size
+                        )));
+                    }
+                    hi - lo
+                }
+            };
             let d = self.degree.unwrap_or_else(|| {
                 choose_degree(self.num, self.size, self.latency, self.bandwidth)
             });
@@ -180,10 +210,10 @@ impl Run {
             self.dispatches = vec![0; self.num];
             self.placed_at = vec![None; self.num];
             self.task_errors = vec![0; self.num];
-        } else if info.size != self.size {
+        } else if info.size != self.full_size {
             return Err(Error::InvalidArgument(format!(
                 "reduce input {} has {} bytes, others {}",
-                self.sources[i], info.size, self.size
+                self.sources[i], info.size, self.full_size
             )));
         }
         // Spread positions over nodes: a complete copy on a node not in the tree yet, else
@@ -210,7 +240,9 @@ impl Run {
     /// arrival order, only those no other reduce sharing the claims took.
     pub(super) fn fill_from_spares(&mut self) {
         let Some(tree) = &self.tree else { return };
-        let inorder = tree.inorder.clone();
+        let mut inorder = tree.inorder.clone();
+        let turn = self.rotate % inorder.len().max(1);
+        inorder.rotate_left(turn);
         for (k, p) in inorder.into_iter().enumerate() {
             if self.slots[p].is_some() {
                 continue;
@@ -234,7 +266,8 @@ impl Run {
     /// Whether every placed source is small and its bytes are here: then the reduce waits for
     /// the whole tree and combines it here (no task, no pull).
     fn all_inline(&self) -> bool {
-        self.size < crate::config::INLINE_LIMIT
+        self.range.is_none()
+            && self.size < crate::config::INLINE_LIMIT
             && self.dispatches.iter().all(|&d| d == 0)
             && self
                 .slots
@@ -288,7 +321,7 @@ impl Run {
         }
         let mut out = Vec::new();
         for p in 0..self.num {
-            let needs_task = p == 0 || !tree.is_leaf(p);
+            let needs_task = self.has_task(&tree, p);
             let ready = self.slots[p].is_some()
                 && tree.children[p].iter().all(|&c| self.slots[c].is_some());
             if !needs_task || !ready || self.tasks[p].is_some() || self.done[p] {
@@ -299,6 +332,7 @@ impl Run {
                 ReduceTask {
                     out: self.out_of(&tree, p),
                     own: self.sources[self.slots[p].expect("placed").0].clone(),
+                    own_offset: self.range.map_or(0, |r| r.0),
                     children: tree.children[p]
                         .iter()
                         .map(|&c| self.out_of(&tree, c))
@@ -383,7 +417,7 @@ impl Run {
     /// Stops position `a`'s task and drops its (partial) output, which is computed again
     /// under a new generation. The target keeps its name: its readers wait for the new bytes.
     fn discard(&mut self, tree: &Tree, a: usize) -> Vec<Action> {
-        if a != 0 && tree.is_leaf(a) {
+        if !self.has_task(tree, a) {
             return Vec::new(); // a leaf's output is its source, not ours to drop
         }
         let out = self.out_of(tree, a);

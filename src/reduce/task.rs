@@ -132,10 +132,20 @@ impl Reducer {
         }
         let own = self.input(&t.own)?;
         let children = self.inputs(t)?;
-        for (id, i) in std::iter::once(&t.own)
-            .zip(std::iter::once(&own))
-            .chain(t.children.iter().zip(&children))
-        {
+        let slice_ok = t
+            .own_offset
+            .checked_add(t.size)
+            .is_some_and(|end| end <= own.size() && t.own_offset.is_multiple_of(esz));
+        if !slice_ok {
+            return Err(Error::InvalidArgument(format!(
+                "reduce input {} has {} bytes: no {}-byte slice at {}",
+                t.own,
+                own.size(),
+                t.size,
+                t.own_offset
+            )));
+        }
+        for (id, i) in t.children.iter().zip(&children) {
             if i.size() != t.size {
                 return Err(Error::InvalidArgument(format!(
                     "reduce input {id} has {} bytes, expected {}",
@@ -168,6 +178,7 @@ impl Reducer {
         cancel: &AtomicBool,
     ) -> Result<()> {
         let esz = t.dtype.size() as u64;
+        let base = t.own_offset;
         let cancelled = || Error::InvalidArgument(format!("reduce task for {} cancelled", t.out));
         // Published partial from the start: readers stream it, and a reset or delete of the
         // output always finds this copy.
@@ -178,19 +189,21 @@ impl Reducer {
         while off < t.size {
             let need = (off + esz).min(t.size);
             let mut avail = t.size;
-            for i in std::iter::once(own).chain(children) {
+            for (k, i) in std::iter::once(own).chain(children).enumerate() {
+                // Own bytes are read at `base` (a slice of the source); children's from 0.
+                let shift = if k == 0 { base } else { 0 };
                 // Wait in slices so a cancel is seen while an input stalls.
                 let deadline = Instant::now() + timeout;
                 let got = loop {
                     if cancel.load(Ordering::Acquire) || out.is_detached() {
                         return Err(cancelled());
                     }
-                    match i.wait_for(need, Duration::from_millis(100)) {
+                    match i.wait_for(need + shift, Duration::from_millis(100)) {
                         Err(Error::Timeout(..)) if Instant::now() < deadline => continue,
                         r => break r?,
                     }
                 };
-                avail = avail.min(got);
+                avail = avail.min(got.saturating_sub(shift));
             }
             let end = (off + chunk).min(off + (avail - off) / esz * esz);
             out.fill_with(end - off, |dst| match children.split_first() {
@@ -199,14 +212,14 @@ impl Reducer {
                         t.op,
                         t.dtype,
                         dst,
-                        own.bytes(off, end),
+                        own.bytes(base + off, base + end),
                         first.bytes(off, end),
                     );
                     for c in rest {
                         combine(t.op, t.dtype, dst, c.bytes(off, end));
                     }
                 }
-                None => dst.copy_from_slice(own.bytes(off, end)),
+                None => dst.copy_from_slice(own.bytes(base + off, base + end)),
             })?;
             off = end;
         }

@@ -111,6 +111,9 @@ pub struct BenchRecord {
     /// Reduce: the degree used (of the median run).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub degree: Option<usize>,
+    /// Allreduce: partitions reduced side by side (1: one tree, then a broadcast).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partitions: Option<usize>,
     /// Median spread of the instants the ranks left the barrier (part of every time; ranks
     /// on rank 0's clock, multi-process runs).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -149,6 +152,9 @@ impl BenchRecord {
         if let Some(d) = self.degree {
             row += &format!(" {d:>6}");
         }
+        if let Some(p) = self.partitions {
+            row += &format!(" {p:>5}");
+        }
         if let Some(k) = self.barrier_skew_s {
             row += &format!(" {:>17.2}", k * 1e6);
         }
@@ -176,6 +182,9 @@ impl BenchRecord {
         }
         if self.degree.is_some() {
             h += &format!(" {:>6}", "degree");
+        }
+        if self.partitions.is_some() {
+            h += &format!(" {:>5}", "parts");
         }
         if self.barrier_skew_s.is_some() {
             h += &format!(" {:>17}", "barrier skew (us)");
@@ -222,6 +231,7 @@ pub fn run_rank(
             );
         }
         let (mut times, mut after, mut degree) = (Vec::new(), Vec::new(), None);
+        let mut partitions = None;
         let mut skews = Vec::new();
         let round = rounds::Round::new(node, spec, size, sync)?;
         let last = spec.iters + spec.warmup - 1;
@@ -245,6 +255,7 @@ pub fn run_rank(
                 times.push(m.total);
                 after.extend(m.after_last_ready);
                 degree = m.degree.or(degree);
+                partitions = m.partitions.or(partitions);
             }
         }
         if node.id() == 0 {
@@ -268,6 +279,7 @@ pub fn run_rank(
                 arrival_interval_ms: asynchronous.then_some(spec.arrival_interval_ms),
                 placement: spec.placement,
                 degree,
+                partitions,
                 after_last_ready_s: (!after.is_empty()).then(|| median(&mut after)),
                 barrier_skew_s: (!skews.is_empty()).then(|| median(&mut skews)),
             });

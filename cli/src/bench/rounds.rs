@@ -15,6 +15,8 @@ pub(super) struct Measure {
     /// Reduce, allreduce, gather: from the last input's scheduled arrival to the end.
     pub after_last_ready: Option<f64>,
     pub degree: Option<usize>,
+    /// Allreduce: partitions reduced side by side.
+    pub partitions: Option<usize>,
 }
 
 pub(super) struct Round<'a> {
@@ -177,14 +179,14 @@ impl<'a> Round<'a> {
         if node.id() != 0 {
             let mut done = put_input()?;
             if spec.collective == Collective::Allreduce {
-                let v = node.get_view(target)?;
+                let v = node.allreduce_read(target, self.size)?;
                 done = now_ns();
                 check_sum(&v, n, self.size)?;
             }
             self.finish(released, Some(done))?;
             return Ok(None);
         }
-        let (done, degree, result) = if interval.is_zero() {
+        let (done, (degree, partitions), result) = if interval.is_zero() {
             // Every input is ready at the start: rank 0 puts its own, then combines.
             let put_done = put_input()?;
             let (done, degree, result) = self.combine_at_root(&inputs, &target)?;
@@ -211,7 +213,9 @@ impl<'a> Round<'a> {
         for id in &inputs {
             node.delete(id.clone())?;
         }
-        if spec.collective != Collective::Gather && spec.algo == Algo::Phalanx {
+        if spec.collective == Collective::Allreduce {
+            node.delete_allreduce(target, self.size, n as usize, DType::F32)?;
+        } else if spec.collective != Collective::Gather && spec.algo == Algo::Phalanx {
             node.delete(target)?;
         }
         let last_ready_at = (interval * (n - 1)).as_secs_f64();
@@ -220,6 +224,7 @@ impl<'a> Round<'a> {
             total,
             after_last_ready: Some((own - last_ready_at).max(0.0)),
             degree,
+            partitions,
         }))
     }
 
@@ -229,7 +234,7 @@ impl<'a> Round<'a> {
         &self,
         inputs: &[ObjectId],
         target: &ObjectId,
-    ) -> Result<(u64, Option<usize>, Option<Vec<u8>>)> {
+    ) -> Result<(u64, TreeShape, Option<Vec<u8>>)> {
         let node = self.node;
         let spec = self.spec;
         let n = node.num_nodes();
@@ -242,7 +247,7 @@ impl<'a> Round<'a> {
                         bail!("gathered input {k} differs");
                     }
                 }
-                Ok((done, None, None))
+                Ok((done, (None, None), None))
             }
             (Collective::Gather | Collective::Reduce, Algo::Star) => {
                 // One input after another, combined at rank 0.
@@ -257,7 +262,7 @@ impl<'a> Round<'a> {
                         Some(_) => {}
                     }
                 }
-                Ok((now_ns(), None, acc))
+                Ok((now_ns(), (None, None), acc))
             }
             (Collective::Allreduce, Algo::Star) => {
                 bail!("allreduce has no star baseline; use --degree")
@@ -276,7 +281,7 @@ impl<'a> Round<'a> {
                     // Rank 0 reads the target while it is being reduced, like every rank.
                     let (v, o) =
                         node.allreduce(target.clone(), inputs, ReduceOp::Sum, DType::F32, &opts)?;
-                    Ok((now_ns(), Some(o.degree), Some(v)))
+                    Ok((now_ns(), (Some(o.degree), Some(o.partitions)), Some(v)))
                 } else {
                     // Done when the target is complete (on the root's node).
                     let o = node.reduce_with(
@@ -287,12 +292,15 @@ impl<'a> Round<'a> {
                         DType::F32,
                         &opts,
                     )?;
-                    Ok((now_ns(), Some(o.degree), None))
+                    Ok((now_ns(), (Some(o.degree), None), None))
                 }
             }
         }
     }
 }
+
+/// The degree of a reduce's tree and (allreduce) its partition count, for the record.
+type TreeShape = (Option<usize>, Option<usize>);
 
 /// A hop event of the benchmark itself (see `phalanx::hop`), for `--trace`.
 fn bench_hop(node: u32, what: &'static str) {
@@ -304,6 +312,7 @@ fn only_total(total: f64) -> Measure {
         total,
         after_last_ready: None,
         degree: None,
+        partitions: None,
     }
 }
 
