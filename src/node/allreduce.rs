@@ -210,7 +210,8 @@ impl Node {
 
     /// The partitioned algorithm (see the module): one reduce per partition, rotated, all
     /// running at once; this node assembles its copy meanwhile. The outcome returned is the
-    /// first partition's, with `used` covering every partition.
+    /// first partition's (every partition uses every source), with the partition count, the
+    /// positions any partition recomputed, and the last partition's end.
     fn allreduce_partitioned(
         &self,
         target: ObjectId,

@@ -285,8 +285,22 @@ impl RdmaTransport {
         remote_addr: u64,
         rkey: u32,
     ) -> Result<(), TransportError> {
-        self.inner
-            .raw_op(peer, read, local_offset, len, remote_addr, rkey)
+        let inner = &self.inner;
+        let mr = inner.arena_mr()?;
+        let conn = inner.links.get(peer)?;
+        let mut tx = inner.lock_tx(&conn)?;
+        let op = inner.post_app(&conn, &mut tx, |wr_id| {
+            if read {
+                conn.qp
+                    .post_read(wr_id, &mr, local_offset, len, remote_addr, rkey)
+            } else {
+                conn.qp
+                    .post_write(wr_id, &mr, local_offset, len, remote_addr, rkey, None)
+            }
+        })?;
+        drop(tx);
+        inner.wait_for(&conn, None, || conn.ops_done.load(Ordering::Acquire) > op)?;
+        Ok(())
     }
 
     /// Name of the opened device.

@@ -111,33 +111,4 @@ impl Inner {
         };
         Ok(Some((grant, key)))
     }
-
-    /// Test hook: one raw RDMA operation on the connection to `peer` (a write from, or a
-    /// read into, `[local_offset, +len)` of the arena), waiting for its completion. A
-    /// refused operation fails the connection and returns its error.
-    pub(super) fn raw_op(
-        &self,
-        peer: NodeId,
-        read: bool,
-        local_offset: u64,
-        len: u32,
-        remote_addr: u64,
-        rkey: u32,
-    ) -> Result<(), TransportError> {
-        let mr = self.arena_mr()?;
-        let conn = self.links.get(peer)?;
-        let mut tx = self.lock_tx(&conn)?;
-        let op = self.post_app(&conn, &mut tx, |wr_id| {
-            if read {
-                conn.qp
-                    .post_read(wr_id, &mr, local_offset, len, remote_addr, rkey)
-            } else {
-                conn.qp
-                    .post_write(wr_id, &mr, local_offset, len, remote_addr, rkey, None)
-            }
-        })?;
-        drop(tx);
-        self.wait_for(&conn, None, || conn.ops_done.load(Ordering::Acquire) > op)?;
-        Ok(())
-    }
 }

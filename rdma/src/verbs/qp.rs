@@ -224,6 +224,28 @@ impl QueuePair {
                 )))
             }
         }
+        let opcode = match imm {
+            Some(_) => sys::IBV_WR_RDMA_WRITE_WITH_IMM,
+            None => sys::IBV_WR_RDMA_WRITE,
+        };
+        self.post_rdma(wr_id, opcode, mr, offset, len, remote_addr, rkey, imm)
+    }
+
+    /// Posts one signaled RDMA work request `opcode` between `[offset, offset + len)` of `mr`
+    /// (checked by the caller to lie inside it) and `remote_addr`/`rkey`, with immediate data
+    /// when `imm` is set. The QP keeps `mr` alive until it is destroyed.
+    #[allow(clippy::too_many_arguments)]
+    fn post_rdma(
+        &self,
+        wr_id: u64,
+        opcode: std::ffi::c_uint,
+        mr: &Arc<MemoryRegion>,
+        offset: u64,
+        len: u32,
+        remote_addr: u64,
+        rkey: u32,
+        imm: Option<u32>,
+    ) -> Result<(), VerbsError> {
         self.keep(mr);
         let mut sge = ibv_sge {
             addr: mr.addr() + offset,
@@ -236,17 +258,15 @@ impl QueuePair {
         wr.sg_list = &mut sge;
         wr.num_sge = if len == 0 { 0 } else { 1 };
         wr.send_flags = sys::IBV_SEND_SIGNALED;
-        match imm {
-            Some(v) => {
-                wr.opcode = sys::IBV_WR_RDMA_WRITE_WITH_IMM;
-                wr.imm.imm_data = v.to_be();
-            }
-            None => wr.opcode = sys::IBV_WR_RDMA_WRITE,
+        wr.opcode = opcode;
+        if let Some(v) = imm {
+            wr.imm.imm_data = v.to_be();
         }
         wr.wr.rdma = sys::ibv_wr_rdma { remote_addr, rkey };
         let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
         // SAFETY: the QP is alive; `wr` and `sge` live across the call (the provider copies
-        // them into the send queue); the source range is inside `mr`, kept alive above.
+        // them into the send queue); the local range is inside `mr` (the callers check it),
+        // kept alive above.
         let rc = unsafe { sys::post_send(self.qp, &mut wr, &mut bad) };
         if rc != 0 {
             return Err(VerbsError::code("ibv_post_send", rc));
@@ -321,27 +341,8 @@ impl QueuePair {
             Some(end) if end <= mr.len() as u64 => {}
             _ => return Err(VerbsError::Invalid("read target outside its region".into())),
         }
-        self.keep(mr);
-        let mut sge = ibv_sge {
-            addr: mr.addr() + offset,
-            length: len,
-            lkey: mr.lkey(),
-        };
-        // SAFETY: ibv_send_wr is plain old data; zero is valid (null pointers).
-        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
-        wr.wr_id = wr_id;
-        wr.sg_list = &mut sge;
-        wr.num_sge = 1;
-        wr.opcode = sys::IBV_WR_RDMA_READ;
-        wr.send_flags = sys::IBV_SEND_SIGNALED;
-        wr.wr.rdma = sys::ibv_wr_rdma { remote_addr, rkey };
-        let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
-        // SAFETY: as in post_write; the target range is inside `mr`, kept alive above.
-        let rc = unsafe { sys::post_send(self.qp, &mut wr, &mut bad) };
-        if rc != 0 {
-            return Err(VerbsError::code("ibv_post_send", rc));
-        }
-        Ok(())
+        let read = sys::IBV_WR_RDMA_READ;
+        self.post_rdma(wr_id, read, mr, offset, len, remote_addr, rkey, None)
     }
 
     /// Posts a receive with no buffer: it only absorbs one write-with-immediate.
