@@ -117,6 +117,34 @@ fn the_default_allreduce_is_one_tree() {
     assert!(all.iter().all(|v| *v == want));
 }
 
+/// A coordinator that holds no input cannot size the object: one tree, and readers that wait
+/// for a plan are told so.
+#[test]
+fn a_coordinator_without_an_input_runs_one_tree_and_readers_learn_it() {
+    let c = LocalCluster::start(3, cfg(), tcp()).unwrap();
+    let size = PARTITION_MIN;
+    let inputs: Vec<Vec<u8>> = (0..2).map(|k| input(k, size, DType::I32)).collect();
+    let sources: Vec<ObjectId> = (0..2)
+        .map(|k| ObjectId::new(format!("arn/in{k}")))
+        .collect();
+    for k in 0..2 {
+        c.node(k + 1).put(sources[k].clone(), &inputs[k]).unwrap();
+    }
+    let target = ObjectId::new("arn/out");
+    let (all, parts) = run(
+        &c,
+        &target,
+        &sources,
+        size,
+        ReduceOp::Max,
+        DType::I32,
+        &[1, 2],
+    );
+    assert_eq!(parts, 1);
+    let want = reference(&inputs, ReduceOp::Max, DType::I32);
+    assert!(all.iter().all(|v| *v == want));
+}
+
 #[test]
 fn partitioned_allreduce_matches_a_serial_reference_for_every_op_and_dtype() {
     let n = 4;

@@ -81,8 +81,11 @@ fn decode_plan(b: &[u8], size: u64) -> Result<Vec<(u64, u64)>> {
         Ok(u64::from_le_bytes(s.try_into().expect("8 bytes")))
     };
     let n = word(0)? as usize;
-    if n == 0 || b.len() != 8 + 16 * n {
+    if n > b.len() / 16 || b.len() != 8 + 16 * n {
         return Err(bad());
+    }
+    if n == 0 {
+        return Ok(vec![(0, size)]); // one tree
     }
     let parts: Vec<(u64, u64)> = (0..n)
         .map(|k| Ok((word(1 + 2 * k)?, word(2 + 2 * k)?)))
@@ -125,16 +128,18 @@ impl Node {
             Some(s) if !dynamic_only && opts.range.is_none() => {
                 partitions(s, sources.len(), dtype, min)
             }
-            // Size unknown here (no input on this node), or options a partition cannot
-            // honour: one tree; participants that wait for a plan learn that too.
+            // Options a partition cannot honour, or the size unknown here (no input on this
+            // node): one tree; participants that wait for a plan learn that too.
             Some(s) => vec![(0, s)],
             None => Vec::new(),
         };
-        if size.is_some_and(|s| s >= min) || parts.len() > 1 {
-            let plan = if parts.is_empty() {
-                vec![(0, size.unwrap_or(0))]
-            } else {
+        // Readers of an object this large wait for the plan: announce it (no partitions:
+        // one tree). Without the size here, announce "one tree" whenever partitioning is on.
+        if size.map_or(min != u64::MAX, |s| s >= min) {
+            let plan = if parts.len() > 1 {
                 parts.clone()
+            } else {
+                Vec::new()
             };
             self.put(plan_id(&target), &encode_plan(&plan))?;
         }
@@ -331,7 +336,7 @@ impl Node {
         let target = target.into();
         let min = self.inner.cfg.allreduce_partition_min;
         let parts = partitions(size, num_sources, dtype, min);
-        if size >= min {
+        if min != u64::MAX {
             let _ = self.delete(plan_id(&target));
         }
         if parts.len() > 1 {
@@ -375,7 +380,7 @@ mod tests {
         assert!(decode_plan(&encode_plan(&p), 16 << 20).is_err());
         assert!(decode_plan(&[1, 2, 3], 8).is_err());
         assert!(decode_plan(&encode_plan(&[(0, 4), (8, 16)]), 16).is_err());
-        assert!(decode_plan(&encode_plan(&[]), 0).is_err());
+        assert_eq!(decode_plan(&encode_plan(&[]), 77).unwrap(), vec![(0, 77)]);
         let mut b = encode_plan(&p);
         b[0] = 200;
         assert!(decode_plan(&b, 32 << 20).is_err());
