@@ -43,6 +43,24 @@ fn input(k: usize, size: u64, dtype: DType) -> Vec<u8> {
     v
 }
 
+/// Puts input k (of `size` bytes) on node `holders[k]` as `{tag}/in{k}`.
+fn put_inputs(
+    c: &LocalCluster,
+    tag: &str,
+    holders: &[usize],
+    size: u64,
+    dtype: DType,
+) -> (Vec<Vec<u8>>, Vec<ObjectId>) {
+    let inputs: Vec<Vec<u8>> = (0..holders.len()).map(|k| input(k, size, dtype)).collect();
+    let sources: Vec<ObjectId> = (0..holders.len())
+        .map(|k| ObjectId::new(format!("{tag}/in{k}")))
+        .collect();
+    for (k, &h) in holders.iter().enumerate() {
+        c.node(h).put(sources[k].clone(), &inputs[k]).unwrap();
+    }
+    (inputs, sources)
+}
+
 fn reference(inputs: &[Vec<u8>], op: ReduceOp, dtype: DType) -> Vec<u8> {
     let mut acc = inputs[0].clone();
     for x in &inputs[1..] {
@@ -95,13 +113,7 @@ fn the_default_allreduce_is_one_tree() {
     let n = 3;
     let c = LocalCluster::start(n as u32, NodeConfig::default(), tcp()).unwrap();
     let size = PARTITION_MIN;
-    let inputs: Vec<Vec<u8>> = (0..n).map(|k| input(k, size, DType::F32)).collect();
-    let sources: Vec<ObjectId> = (0..n)
-        .map(|k| ObjectId::new(format!("ard/in{k}")))
-        .collect();
-    for k in 0..n {
-        c.node(k).put(sources[k].clone(), &inputs[k]).unwrap();
-    }
+    let (inputs, sources) = put_inputs(&c, "ard", &[0, 1, 2], size, DType::F32);
     let target = ObjectId::new("ard/out");
     let (all, parts) = run(
         &c,
@@ -123,13 +135,7 @@ fn the_default_allreduce_is_one_tree() {
 fn a_coordinator_without_an_input_runs_one_tree_and_readers_learn_it() {
     let c = LocalCluster::start(3, cfg(), tcp()).unwrap();
     let size = PARTITION_MIN;
-    let inputs: Vec<Vec<u8>> = (0..2).map(|k| input(k, size, DType::I32)).collect();
-    let sources: Vec<ObjectId> = (0..2)
-        .map(|k| ObjectId::new(format!("arn/in{k}")))
-        .collect();
-    for k in 0..2 {
-        c.node(k + 1).put(sources[k].clone(), &inputs[k]).unwrap();
-    }
+    let (inputs, sources) = put_inputs(&c, "arn", &[1, 2], size, DType::I32);
     let target = ObjectId::new("arn/out");
     let (all, parts) = run(
         &c,
@@ -154,13 +160,8 @@ fn partitioned_allreduce_matches_a_serial_reference_for_every_op_and_dtype() {
             // Uneven partitions: a few elements over the threshold.
             let size = PARTITION_MIN + 3 * dtype.size() as u64;
             let tag = format!("{dtype:?}-{op:?}");
-            let inputs: Vec<Vec<u8>> = (0..n).map(|k| input(k, size, dtype)).collect();
-            let sources: Vec<ObjectId> = (0..n)
-                .map(|k| ObjectId::new(format!("ar/{tag}/in{k}")))
-                .collect();
-            for k in 0..n {
-                c.node(k).put(sources[k].clone(), &inputs[k]).unwrap();
-            }
+            let all_nodes: Vec<usize> = (0..n).collect();
+            let (inputs, sources) = put_inputs(&c, &format!("ar/{tag}"), &all_nodes, size, dtype);
             let target = ObjectId::new(format!("ar/{tag}/out"));
             let (all, parts) = run(&c, &target, &sources, size, op, dtype, &[1, 2, 3]);
             assert_eq!(
@@ -210,13 +211,8 @@ fn a_partition_root_killed_mid_allreduce_leaves_the_survivors_correct() {
     let dtype = DType::F32;
     for seed in 1..=3u64 {
         let c = LocalCluster::start(n as u32, cfg(), tcp()).unwrap();
-        let inputs: Vec<Vec<u8>> = (0..n).map(|k| input(k, size, dtype)).collect();
-        let sources: Vec<ObjectId> = (0..n)
-            .map(|k| ObjectId::new(format!("arf/{seed}/in{k}")))
-            .collect();
-        for k in 0..n {
-            c.node(k).put(sources[k].clone(), &inputs[k]).unwrap();
-        }
+        let all_nodes: Vec<usize> = (0..n).collect();
+        let (inputs, sources) = put_inputs(&c, &format!("arf/{seed}"), &all_nodes, size, dtype);
         for k in 0..n {
             let v = c.node((k + 1) % n).get(sources[k].clone()).unwrap();
             assert!(v == inputs[k]);
