@@ -37,17 +37,22 @@ use crate::{Error, ObjectId, Result};
 /// bottleneck (the default is never: see the module).
 pub const PARTITION_MIN: u64 = 8 << 20;
 
+/// At most this many partitions (each fetched at once by every participant; a plan that
+/// names more is refused).
+pub const MAX_PARTITIONS: usize = 64;
+
 /// The partitions (byte ranges, whole elements) of an allreduce of `num_sources` inputs of
-/// `size` bytes each, all used: one per input from `min` bytes on, else a single one (the
-/// tree algorithm).
+/// `size` bytes each, all used: one per input (at most [`MAX_PARTITIONS`]) from `min` bytes
+/// on, else a single one (the tree algorithm).
 pub fn partitions(size: u64, num_sources: usize, dtype: DType, min: u64) -> Vec<(u64, u64)> {
     let esz = dtype.size() as u64;
     if size < min || num_sources < 2 || !size.is_multiple_of(esz) {
         return vec![(0, size)];
     }
+    let count = num_sources.min(MAX_PARTITIONS) as u64;
     let elems = size / esz;
-    let per = elems.div_ceil(num_sources as u64) * esz;
-    (0..num_sources as u64)
+    let per = elems.div_ceil(count) * esz;
+    (0..count)
         .map(|p| ((p * per).min(size), ((p + 1) * per).min(size)))
         .filter(|(lo, hi)| hi > lo)
         .collect()
@@ -81,7 +86,7 @@ fn decode_plan(b: &[u8], size: u64) -> Result<Vec<(u64, u64)>> {
         Ok(u64::from_le_bytes(s.try_into().expect("8 bytes")))
     };
     let n = word(0)? as usize;
-    if n > b.len() / 16 || b.len() != 8 + 16 * n {
+    if n > MAX_PARTITIONS || b.len() != 8 + 16 * n {
         return Err(bad());
     }
     if n == 0 {
@@ -384,5 +389,15 @@ mod tests {
         let mut b = encode_plan(&p);
         b[0] = 200;
         assert!(decode_plan(&b, 32 << 20).is_err());
+        // Too many partitions: refused even when well formed.
+        let many: Vec<(u64, u64)> = (0..=MAX_PARTITIONS as u64)
+            .map(|k| (k * 8, k * 8 + 8))
+            .collect();
+        let size = many.last().unwrap().1;
+        assert!(decode_plan(&encode_plan(&many), size).is_err());
+        assert_eq!(
+            partitions(64 << 20, 1000, DType::F32, 1).len(),
+            MAX_PARTITIONS
+        );
     }
 }
