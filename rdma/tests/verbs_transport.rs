@@ -837,3 +837,47 @@ fn paint(arena: &Arena, off: u64, len: u64, byte: u8) {
     // SAFETY: test-owned range, nobody else touches it.
     unsafe { arena.slice_mut(off, len) }.fill(byte);
 }
+
+/// A peer that keeps its link alive but consumes nothing (no credit comes back) stalls no
+/// one: a sender waits for a credit at most twice the heartbeat timeout, then the link fails
+/// and the send returns an error.
+#[test]
+fn a_peer_that_stops_consuming_is_dropped_not_waited_on() {
+    if !have_device("a_peer_that_stops_consuming_is_dropped_not_waited_on") {
+        return;
+    }
+    let c = cfg();
+    let (hb, blocks) = (c.heartbeat_timeout, c.ring_blocks);
+    // Node 1 plays the hostile peer: it consumes nothing but keeps the link alive (its
+    // heartbeats reach node 0, which consumes them and returns their credits).
+    let (a, b) = pair(c, 1 << 20);
+    b.t.pause_consuming(0, true).expect("pause");
+    let t0 = Instant::now();
+    let mut sent = 0;
+    let err = loop {
+        match a.t.send(1, b"are you reading?") {
+            Ok(()) => sent += 1,
+            Err(e) => break e,
+        }
+        assert!(
+            sent <= blocks + 1,
+            "{sent} messages sent into a ring of {blocks} blocks nobody consumes"
+        );
+    };
+    let took = t0.elapsed();
+    println!("{sent} sends went out, then after {took:?}: {err}");
+    assert!(
+        sent >= blocks - 1,
+        "the ring's credits were used first ({sent})"
+    );
+    assert!(
+        took >= hb && took < hb * 2 + Duration::from_secs(5),
+        "the stalled send failed after {took:?} (bound: twice {hb:?})"
+    );
+    assert!(
+        !a.t.is_connected(1),
+        "the link to the silent consumer is down"
+    );
+    a.t.shutdown();
+    b.t.shutdown();
+}

@@ -94,6 +94,9 @@ pub(super) struct Conn {
     pub(super) last_recv: AtomicU64,
     pub(super) last_send: AtomicU64,
     pub(super) installed: AtomicBool,
+    /// Test hook: the progress thread leaves this connection's ring alone (a peer that keeps
+    /// its link alive but consumes nothing).
+    pub(super) consuming_paused: AtomicBool,
 }
 
 impl Conn {

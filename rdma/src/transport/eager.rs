@@ -60,6 +60,27 @@ impl Inner {
         }
     }
 
+    /// Writes one block message, waiting for a credit at most twice the heartbeat timeout: a
+    /// peer that keeps its link alive but consumes nothing is failed then, not waited on for
+    /// ever (the verbs side of "no peer can stall a node").
+    pub(super) fn send_block_bounded(
+        &self,
+        conn: &Conn,
+        tx: &mut TxState,
+        h: &Header,
+        payload: &[u8],
+    ) -> Result<(), TransportError> {
+        let bound = self.cfg.heartbeat_timeout * 2;
+        if self.send_block(conn, tx, h, payload, Some(Instant::now() + bound))? {
+            return Ok(());
+        }
+        let current = self.by_qpn.lock().unwrap().get(&conn.qp.qpn()).cloned();
+        if let Some(c) = current {
+            self.fail_conn(&c, format!("peer not consuming: no credit for {bound:?}"));
+        }
+        Err(self.peer_failed(conn))
+    }
+
     /// Sends a control message as consecutive fragments (under the caller's send lock).
     pub(super) fn send_ctrl(
         &self,
@@ -79,7 +100,7 @@ impl Inner {
             if done + n == msg.len() {
                 h.flags |= FLAG_LAST;
             }
-            self.send_block(conn, tx, &h, &msg[done..done + n], None)?;
+            self.send_block_bounded(conn, tx, &h, &msg[done..done + n])?;
             done += n;
             if done == msg.len() {
                 break;
@@ -139,7 +160,7 @@ impl Inner {
             // SAFETY: `write` checked the bounds; the caller keeps the source range allocated
             // and unchanged until that call returns (trait contract).
             let src = unsafe { mr.arena().slice(w.src_offset + done, n) };
-            self.send_block(conn, &mut tx, &h, src, None)?;
+            self.send_block_bounded(conn, &mut tx, &h, src)?;
             counters
                 .payload_bytes_copied
                 .fetch_add(n, Ordering::Relaxed);

@@ -303,6 +303,16 @@ impl RdmaTransport {
         Ok(())
     }
 
+    /// Test hook: stop (or resume) consuming what `peer` sends, as a peer that keeps its
+    /// link alive but reads nothing would.
+    #[doc(hidden)]
+    pub fn pause_consuming(&self, peer: NodeId, paused: bool) -> Result<(), TransportError> {
+        let conn = self.inner.links.get(peer)?;
+        conn.consuming_paused.store(paused, Ordering::Relaxed);
+        self.inner.wake_progress();
+        Ok(())
+    }
+
     /// Name of the opened device.
     pub fn device_name(&self) -> &str {
         self.inner.ctx.name()

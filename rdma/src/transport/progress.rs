@@ -60,7 +60,10 @@ impl Inner {
             }
             let conns: Vec<Arc<Conn>> = self.by_qpn.lock().unwrap().values().cloned().collect();
             for c in &conns {
-                if c.installed.load(Ordering::Acquire) && !c.is_failed() {
+                if c.installed.load(Ordering::Acquire)
+                    && !c.is_failed()
+                    && !c.consuming_paused.load(Ordering::Relaxed)
+                {
                     self.scan_ring(c);
                 }
             }

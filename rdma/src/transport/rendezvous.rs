@@ -52,7 +52,7 @@ impl Inner {
                 c: w.dst.offset + w.dst_offset + done,
                 d: n,
             };
-            self.send_block(conn, &mut tx, &h, &[], None)?;
+            self.send_block_bounded(conn, &mut tx, &h, &[])?;
             drop(tx);
             in_flight.push_back(op);
             last_op = op;

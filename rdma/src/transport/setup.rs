@@ -81,6 +81,7 @@ impl Inner {
             last_recv: AtomicU64::new(now),
             last_send: AtomicU64::new(now),
             installed: AtomicBool::new(false),
+            consuming_paused: AtomicBool::new(false),
         };
         Ok(conn)
     }
