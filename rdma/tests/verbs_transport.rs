@@ -865,7 +865,7 @@ fn a_peer_that_stops_consuming_is_dropped_not_waited_on() {
         );
     };
     let took = t0.elapsed();
-    println!("{sent} sends went out, then after {took:?}: {err}");
+    println!("{sent} sends went out, then the next was refused after {took:?}: {err:?}");
     assert!(
         sent >= blocks - 1,
         "the ring's credits were used first ({sent})"
