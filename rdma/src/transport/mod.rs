@@ -479,9 +479,10 @@ impl Transport for RdmaTransport {
         };
         let grant = inner.grants.grant(peer, offset, len, keep);
         let (addr, rkey) = match bound {
-            Some((w, key)) => {
+            Some(w) => {
+                let key = (w.addr(), w.rkey);
                 inner.windows.lock().unwrap().insert(grant, w);
-                (key.addr, key.rkey)
+                key
             }
             None => (0, 0),
         };
@@ -499,9 +500,11 @@ impl Transport for RdmaTransport {
     /// writes from here on.
     fn revoke(&self, peer: NodeId, region: &RemoteRegion) {
         let mut windows = self.inner.windows.lock().unwrap();
-        let w = match windows.get(&region.grant) {
-            Some(w) if w.peer == peer => windows.remove(&region.grant),
-            _ => None,
+        let mine = windows.get(&region.grant).is_some_and(|w| w.peer == peer);
+        let w = if mine {
+            windows.remove(&region.grant)
+        } else {
+            None
         };
         drop(windows);
         drop(w);

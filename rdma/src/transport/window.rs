@@ -28,12 +28,15 @@ pub(super) struct GrantWindow {
     _mr: Arc<MemoryRegion>,
     pub(super) peer: NodeId,
     _keep: KeepAlive,
+    /// The key the grantee writes with (the window's, or the registration's without one).
+    pub(super) rkey: u32,
 }
 
-/// Address and key a grant hands its grantee.
-pub(super) struct WindowKey {
-    pub(super) addr: u64,
-    pub(super) rkey: u32,
+impl GrantWindow {
+    /// The address of the granted range's first byte.
+    pub(super) fn addr(&self) -> u64 {
+        self._mr.addr()
+    }
 }
 
 impl Inner {
@@ -48,7 +51,7 @@ impl Inner {
         offset: u64,
         len: u64,
         keep: &KeepAlive,
-    ) -> Result<Option<(GrantWindow, WindowKey)>, TransportError> {
+    ) -> Result<Option<GrantWindow>, TransportError> {
         // The progress thread completes binds: if it asked for one itself it would wait for
         // ever (nothing of Phalanx grants there today; eager is the safe answer if it did).
         if super::progress::on_progress_thread() {
@@ -77,18 +80,14 @@ impl Inner {
             .grant_registrations
             .fetch_add(1, Ordering::Relaxed);
         if !windows {
-            let key = WindowKey {
-                addr: mr.addr(),
-                rkey: mr.rkey(),
-            };
-            let grant = GrantWindow {
+            return Ok(Some(GrantWindow {
                 _mw: None,
                 _conn: None,
+                rkey: mr.rkey(),
                 _mr: mr,
                 peer,
                 _keep: keep.clone(),
-            };
-            return Ok(Some((grant, key)));
+            }));
         }
         let mut mw = MemoryWindow::alloc(&self.pd)?;
         let rkey = mw.next_rkey();
@@ -98,17 +97,13 @@ impl Inner {
         })?;
         drop(tx);
         self.wait_for(&conn, None, || conn.ops_done.load(Ordering::Acquire) > op)?;
-        let key = WindowKey {
-            addr: mr.addr(),
-            rkey,
-        };
-        let grant = GrantWindow {
+        Ok(Some(GrantWindow {
             _mw: Some(mw),
             _conn: Some(conn),
             _mr: mr,
             peer,
             _keep: keep.clone(),
-        };
-        Ok(Some((grant, key)))
+            rkey,
+        }))
     }
 }

@@ -74,11 +74,6 @@ impl Redial {
         q.due.clear();
         self.cv.notify_all();
     }
-
-    /// Peers waiting for an attempt (for tests and stats).
-    pub(super) fn pending(&self) -> usize {
-        self.q.lock().unwrap().due.len()
-    }
 }
 
 impl<C: Link> LinkTable<C> {
@@ -104,11 +99,6 @@ impl<C: Link> LinkTable<C> {
                 .spawn(move || redial_loop(table))?;
         }
         Ok(())
-    }
-
-    /// Peers queued for redial.
-    pub fn redials_pending(&self) -> usize {
-        self.redial.pending()
     }
 }
 
