@@ -281,3 +281,85 @@ fn get_view_timeout_ends_at_its_deadline_and_leaves_nothing_behind() {
         .unwrap();
     assert!(*v == data[..]);
 }
+
+/// A medium object whose directory entry is on the node that holds it comes with the answer
+/// to the lookup (no pull, no data stream); a larger one is pulled. Either way the assignment
+/// ends: the reader is listed complete and the source serves nobody.
+#[test]
+fn a_medium_object_comes_with_its_location_from_the_node_that_holds_it() {
+    use phalanx::ObjectId;
+    let c = LocalCluster::start(3, cfg(64 << 20), tcp()).unwrap();
+    for (len, with_location) in [(65536usize, true), (100_000, true), (1 << 20, false)] {
+        let id = ObjectId::homed(0, format!("medium-{len}"));
+        let data = pattern(len, len as u64);
+        c.node(0).put(id.clone(), &data).unwrap();
+        let before = c.node(1).transport_stats().data_bytes_received;
+        let got = c.node(1).get(id.clone()).unwrap();
+        assert!(got == data, "{len} bytes differ");
+        let streamed = c.node(1).transport_stats().data_bytes_received - before;
+        let expect = if with_location { 0 } else { len as u64 };
+        assert_eq!(streamed, expect, "{len} bytes: data-stream bytes");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let info = c.node(2).locate(id.clone()).unwrap().expect("entry");
+            let reader = info.locations.iter().find(|l| l.node == 1);
+            let source = info.locations.iter().find(|l| l.node == 0).expect("source");
+            if reader.is_some_and(|r| r.complete) && source.serving.is_none() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "assignment not ended: {info:?}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // The reader serves the next one like any copy: node 2 reads it from 0 or 1.
+        assert!(c.node(2).get(id.clone()).unwrap() == data);
+        c.node(0).delete(id).unwrap();
+    }
+}
+
+/// Reduces to the same target one after another, the target deleted in between: each run's
+/// intermediate results have names of their own, so the deletes of one run (which go on
+/// after it returned) never touch the next run's.
+#[test]
+fn back_to_back_reduces_to_one_target_keep_their_intermediates_apart() {
+    use phalanx::{DType, ObjectId, ReduceOp};
+    let c = LocalCluster::start(6, cfg(256 << 20), tcp()).unwrap();
+    let elems = 64 << 10; // 256 KiB of f32: pulled, not inline
+    let mut expect = vec![0f32; elems];
+    let mut sources = Vec::new();
+    for k in 0..6usize {
+        let v: Vec<f32> = (0..elems).map(|i| (i % 97) as f32 + k as f32).collect();
+        for (e, x) in expect.iter_mut().zip(&v) {
+            *e += x;
+        }
+        let id = ObjectId::new(format!("bb-in-{k}"));
+        c.node(k).put(id.clone(), bytemuck::cast_slice(&v)).unwrap();
+        sources.push(id);
+    }
+    for round in 0..8 {
+        let coord = round % 2; // both nodes 0 and 1 coordinate
+        c.node(coord)
+            .reduce("bb-out", &sources, 6, ReduceOp::Sum, DType::F32)
+            .unwrap();
+        let got = c.node(2 + round % 4).get("bb-out").unwrap();
+        assert!(got == bytemuck::cast_slice(&expect), "round {round}");
+        c.node(coord).delete("bb-out").unwrap();
+    }
+    // Once the deletes have run, no intermediate result is left anywhere: with the copies
+    // of other nodes' inputs that tasks pulled dropped, each arena holds its own input only.
+    for k in 0..6 {
+        for (j, s) in sources.iter().enumerate() {
+            if j != k {
+                c.node(k).evict_local(s.clone());
+            }
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while (0..6).any(|k| c.node(k).arena_free() != (256 << 20) - (256 << 10)) {
+        let free: Vec<u64> = (0..6).map(|k| c.node(k).arena_free()).collect();
+        assert!(
+            Instant::now() < deadline,
+            "intermediate results left behind: free {free:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

@@ -60,8 +60,10 @@ pub struct Shard {
     tombstone_order: VecDeque<ObjectId>,
     log: VecDeque<Assignment>,
     /// Claims on sources not listed yet, applied when the source publishes: by object,
-    /// (source, receiver, token). At most `PENDING_CLAIMS` in all, oldest dropped.
-    pending_claims: HashMap<ObjectId, Vec<(NodeId, NodeId, u64)>>,
+    /// (source, receiver, token, done). `done`: the receiver's pull already ended well (its
+    /// `TransferDone` overtook the source's `Publish`), so its copy is listed complete then.
+    /// At most `PENDING_CLAIMS` in all, oldest dropped.
+    pending_claims: HashMap<ObjectId, Vec<(NodeId, NodeId, u64, bool)>>,
     pending_order: VecDeque<ObjectId>,
 }
 
@@ -229,7 +231,7 @@ impl Shard {
                     self.pending_claims
                         .entry(id.clone())
                         .or_default()
-                        .push((source, receiver, token));
+                        .push((source, receiver, token, false));
                     self.pending_order.push_back(id);
                 }
             }
@@ -309,7 +311,7 @@ impl Shard {
                 token,
                 ok,
             } => {
-                self.drop_pending_claim(&id, source, receiver, token);
+                self.end_pending_claim(&id, (source, receiver, token), ok);
                 if let Some(e) = self.entries.get_mut(&id) {
                     // The receiver's copy is complete whatever the source does now.
                     if ok {
@@ -398,7 +400,7 @@ impl Shard {
             q.retain(|w| w.node != node);
         }
         for c in self.pending_claims.values_mut() {
-            c.retain(|&(src, receiver, _)| src != node && receiver != node);
+            c.retain(|&(src, receiver, _, _)| src != node && receiver != node);
         }
         self.pending_claims.retain(|_, c| !c.is_empty());
         for s in self.subscribers.values_mut() {
@@ -454,18 +456,40 @@ impl Shard {
         };
         let mine: Vec<_> = claims.iter().filter(|c| c.0 == source).copied().collect();
         claims.retain(|c| c.0 != source);
-        for (src, receiver, token) in mine {
-            self.claim(id, src, receiver, token);
+        for (src, receiver, token, done) in mine {
+            if !done {
+                self.claim(id, src, receiver, token);
+            } else if let Some(e) = self.entries.get_mut(id) {
+                // That pull is over: the receiver holds a complete copy and the source
+                // serves nobody for it.
+                e.locs.insert(
+                    receiver,
+                    Loc {
+                        complete: true,
+                        serving: None,
+                        token: 0,
+                        depends_on: None,
+                    },
+                );
+            }
         }
         if !claims.is_empty() {
             self.pending_claims.insert(id.clone(), claims);
         }
     }
 
-    /// A pull ended before its source published: its claim is void.
-    fn drop_pending_claim(&mut self, id: &ObjectId, source: NodeId, receiver: NodeId, token: u64) {
+    /// A pull ended before its source published: a failed one's claim is void; a complete
+    /// one's receiver is listed when the source publishes (else a delete would miss it).
+    fn end_pending_claim(&mut self, id: &ObjectId, claim: (NodeId, NodeId, u64), ok: bool) {
+        let (source, receiver, token) = claim;
         if let Some(c) = self.pending_claims.get_mut(id) {
-            c.retain(|&x| x != (source, receiver, token));
+            let same =
+                |x: &(NodeId, NodeId, u64, bool)| (x.0, x.1, x.2) == (source, receiver, token);
+            if ok {
+                c.iter_mut().filter(|x| same(x)).for_each(|x| x.3 = true);
+            } else {
+                c.retain(|x| !same(x));
+            }
             if c.is_empty() {
                 self.pending_claims.remove(id);
             }
@@ -763,6 +787,41 @@ mod tests {
             other.info(&"x".into()).unwrap().locations[0].serving,
             None,
             "the dead source's claim was dropped"
+        );
+    }
+
+    #[test]
+    fn a_pull_that_ends_before_its_source_publishes_still_lists_its_copy() {
+        // The receiver's claim and its TransferDone both overtake the source's Publish
+        // (they travel on another link): its complete copy must still be known, or a delete
+        // would leave it behind.
+        let mut s = Shard::new();
+        claim(&mut s, 0, 1, 7);
+        done(&mut s, 0, 1, 7, true);
+        // A failed one leaves nothing.
+        claim(&mut s, 0, 2, 8);
+        done(&mut s, 0, 2, 8, false);
+        publish(&mut s, 0, false);
+        let l1 = loc(&s, 1).expect("the early receiver is listed");
+        assert!(l1.complete && l1.depends_on.is_none(), "{l1:?}");
+        assert!(loc(&s, 2).is_none(), "a failed pull is not a copy");
+        assert_eq!(
+            loc(&s, 0).unwrap().serving,
+            None,
+            "the source serves nobody"
+        );
+        let mut out = Vec::new();
+        s.handle(
+            0,
+            DirMsg::Delete {
+                rid: 3,
+                id: "x".into(),
+            },
+            &mut out,
+        );
+        assert!(
+            out.iter().any(|(_, m)| matches!(m, Msg::Reply { reply: Reply::Deleted(n), .. } if n.contains(&0) && n.contains(&1))),
+            "the delete evicts both copies: {out:?}"
         );
     }
 

@@ -135,9 +135,12 @@ impl Inner {
         match msg {
             Msg::Reply { rid, reply } => self.rpc.complete_from(from, rid, reply),
             Msg::Dir(m) => {
+                let id = m.id().clone();
                 let mut out = Vec::new();
                 self.shard.lock().unwrap().handle(from, m, &mut out);
                 for (to, m) in out {
+                    // Every location answer of this message is about `id`.
+                    let m = self.transfers.with_local_bytes(&id, to, m);
                     self.deliver(to, m, thread);
                 }
             }

@@ -111,8 +111,14 @@ impl Node {
                 inner.store.delete(&id);
             });
         }
-        inner.dir.publish(&id, size, false)?;
-        for piece in data.chunks(inner.cfg.put_step.max(4096) as usize) {
+        let step = inner.cfg.put_step.max(4096);
+        // Published partial first only when the copy-in takes more than one step: readers
+        // then stream it while it is written. A single step is done before a reader could
+        // act on the partial entry, so one message announces it complete.
+        if size > step {
+            inner.dir.publish(&id, size, false)?;
+        }
+        for piece in data.chunks(step as usize) {
             copy.append(piece)?;
         }
         inner.dir.publish(&id, size, true)

@@ -10,11 +10,22 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Located {
     /// A small object, served by the directory itself.
-    Inline(Vec<u8>),
+    Inline(#[serde(with = "serde_bytes")] Vec<u8>),
     /// Pull `size` bytes from `node`; the requester is now listed as a partial copy. `token`
     /// names this assignment: the matching `TransferDone` releases the source, a stale one
     /// does not.
     Source { node: NodeId, size: u64, token: u64 },
+    /// [`Located::Source`] answered by the source itself: the shard's node holds a complete
+    /// copy of a medium object and sends its bytes with the answer (no pull round trip).
+    /// The assignment is the same: the requester is a partial copy until its
+    /// `TransferDone` under `token`, which also frees the source.
+    SourceData {
+        node: NodeId,
+        size: u64,
+        token: u64,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
     /// The requester itself holds a copy (a local producer, or a concurrent local get).
     Local,
     /// Deleted, or the requester asked not to wait and nothing is there.
@@ -54,6 +65,7 @@ pub enum DirMsg {
         rid: Rid,
         id: ObjectId,
         node: NodeId,
+        #[serde(with = "serde_bytes")]
         data: Vec<u8>,
     },
     /// Hands the requester one source (reserving it) or the inline bytes; with `wait`, held
@@ -101,4 +113,23 @@ pub enum DirMsg {
     /// reduce target recomputed after a failure): like `Delete`, but readers and subscribers
     /// keep waiting for the new copy instead of being told it is gone.
     Reset { rid: Rid, id: ObjectId },
+}
+
+impl DirMsg {
+    /// The object the message is about (every directory message is about one).
+    pub fn id(&self) -> &ObjectId {
+        match self {
+            DirMsg::Publish { id, .. }
+            | DirMsg::PutInline { id, .. }
+            | DirMsg::Locate { id, .. }
+            | DirMsg::Claim { id, .. }
+            | DirMsg::CancelLocate { id, .. }
+            | DirMsg::TransferDone { id, .. }
+            | DirMsg::Withdraw { id, .. }
+            | DirMsg::Query { id, .. }
+            | DirMsg::Subscribe { id, .. }
+            | DirMsg::Delete { id, .. }
+            | DirMsg::Reset { id, .. } => id,
+        }
+    }
 }

@@ -34,4 +34,8 @@ pub struct ReduceTask {
     pub dtype: DType,
     /// Bytes combined per step (a multiple of the element size).
     pub chunk: u64,
+    /// `out` is the reduce's result (the root): the task answers only once the directory
+    /// has its completion, so a reader anywhere finds it as soon as the reduce returns
+    /// (the shard may be a third node, and the name may have been deleted just before).
+    pub result: bool,
 }

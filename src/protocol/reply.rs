@@ -10,7 +10,7 @@ pub enum Reply {
     Located(Located),
     Info(Option<ObjectInfo>),
     /// A subscription's answer for a small object: the entry and the object's bytes.
-    InfoInline(ObjectInfo, Vec<u8>),
+    InfoInline(ObjectInfo, #[serde(with = "serde_bytes")] Vec<u8>),
     /// Nodes that held a copy of a deleted object.
     Deleted(Vec<NodeId>),
     Error(String),

@@ -100,6 +100,7 @@ impl Reducer {
         let mut later: Vec<(usize, Instant)> = Vec::new();
         let link = (self.measure_latency(), self.transfers.bandwidth_estimate());
         let mut run = Run::new(target.clone(), sources, num, (op, dtype), opts, link);
+        run.scratch = (self.rpc.fresh_token(), Some(self.id));
         loop {
             if run.finished() {
                 break;
@@ -255,10 +256,24 @@ impl Reducer {
         }
         let done = Instant::now();
         let tree = run.tree.take().expect("at least one source");
-        // Intermediate results are not needed any more.
-        for p in 1..num {
-            if run.has_task(&tree, p) && !run.local {
-                let _ = self.dir.delete(&run.out_of(&tree, p));
+        // Intermediate results are not needed any more. Deleted after the reduce returns:
+        // their names are this run's own (`Run::scratch`), so nothing waits for them.
+        let scratch: Vec<ObjectId> = (1..num)
+            .filter(|&p| run.has_task(&tree, p) && !run.local)
+            .map(|p| run.out_of(&tree, p))
+            .collect();
+        if !scratch.is_empty() {
+            let dir = self.dir.clone();
+            let ids = scratch.clone();
+            let delete_all = move || {
+                for id in &ids {
+                    let _ = dir.delete(id);
+                }
+            };
+            if self.workers.spawn(delete_all).is_err() {
+                for id in &scratch {
+                    let _ = self.dir.delete(id);
+                }
             }
         }
         let used = run.used_in_arrival_order();

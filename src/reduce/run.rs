@@ -58,6 +58,12 @@ pub(super) struct Run {
     pub(super) slots: Vec<Option<(usize, NodeId)>>,
     /// Per position: generation of its output (bumped on recompute).
     pub(super) gen: Vec<u32>,
+    /// What names this run's intermediate outputs apart from every other run's (a number
+    /// the coordinator does not reuse), and the node that keeps their directory entries
+    /// (the coordinator: it deletes them when the run is over). Unique names let that
+    /// delete go on after the reduce returns: a later run to the same target cannot lose
+    /// its outputs to it.
+    pub(super) scratch: (u64, Option<NodeId>),
     pub(super) tasks: Vec<Option<Receiver<Result<Reply>>>>,
     pub(super) done: Vec<bool>,
     pub(super) dispatches: Vec<u32>,
@@ -105,6 +111,7 @@ impl Run {
             rotate: opts.rotate,
             slots: Vec::new(),
             gen: Vec::new(),
+            scratch: (0, None),
             tasks: Vec::new(),
             done: Vec::new(),
             dispatches: Vec::new(),
@@ -162,11 +169,16 @@ impl Run {
         } else if !self.has_task(tree, p) {
             self.sources[self.slots[p].expect("placed").0].clone()
         } else {
-            ObjectId::new(format!(
-                "{}#reduce-{p}.{}",
+            let (run, home) = self.scratch;
+            let name = format!(
+                "{}#reduce-{run:x}.{p}.{}",
                 self.target.as_str(),
                 self.gen[p]
-            ))
+            );
+            match home {
+                Some(h) => ObjectId::homed(h, name),
+                None => ObjectId::new(name),
+            }
         }
     }
 
@@ -345,6 +357,7 @@ impl Run {
                     op: self.op,
                     dtype: self.dtype,
                     chunk: self.chunk,
+                    result: p == 0,
                 },
             ));
         }

@@ -72,7 +72,7 @@ impl Reducer {
         let me = self.clone();
         let spawned = self.workers.spawn(move || {
             hop!(me.id, "task running");
-            let reply = match me.run_task(&task, &cancel) {
+            let reply = match me.run_task(&task, &cancel, from) {
                 Ok(()) => Reply::Ack,
                 Err(e) => Reply::Error(e.to_string()),
             };
@@ -114,7 +114,7 @@ impl Reducer {
     }
 
     /// Runs one tree position; called on the node that holds `task.own`.
-    fn run_task(&self, t: &ReduceTask, cancel: &AtomicBool) -> Result<()> {
+    fn run_task(&self, t: &ReduceTask, cancel: &AtomicBool, coordinator: NodeId) -> Result<()> {
         let cancelled = || Error::InvalidArgument(format!("reduce task for {} cancelled", t.out));
         // The coordinator checks these; a task from elsewhere is checked again (a size that is
         // not a whole number of elements would never finish combining).
@@ -164,8 +164,16 @@ impl Reducer {
             // Readers of the partial output (local ones and the pulls it serves) get an error
             // now instead of waiting for bytes that will not come.
             out.fail();
+            return r;
         }
-        r
+        // The result's completion went to its shard without a reply. A shard on this node,
+        // or on the coordinator (our answer follows the same link), has it before the
+        // reduce returns; a shard elsewhere is asked once, which it answers after it.
+        let shard = self.dir.shard_of(&t.out);
+        if t.result && shard != self.id && shard != coordinator {
+            self.dir.query_at(shard, &t.out)?;
+        }
+        Ok(())
     }
 
     /// Streams `own ⊕ children` into `out` chunk by chunk as the inputs fill.
@@ -206,6 +214,7 @@ impl Reducer {
                 avail = avail.min(got.saturating_sub(shift));
             }
             let end = (off + chunk).min(off + (avail - off) / esz * esz);
+            hop!(self.id, "reduce inputs ready", off = off, end = end);
             out.fill_with(end - off, |dst| match children.split_first() {
                 Some((first, rest)) => {
                     combine_into(

@@ -73,7 +73,7 @@ impl Transfers {
         driver: Driver,
         deadline: Instant,
     ) -> Result<Fetched> {
-        let (node, size, token) = loop {
+        let (node, size, token, data) = loop {
             if let Some(c) = self.store.lookup(id) {
                 return Ok(Fetched::Copy(c));
             }
@@ -100,7 +100,13 @@ impl Transfers {
                 }
                 Located::Inline(data) => return Ok(Fetched::Owned(data)),
                 Located::NotFound => return Err(Error::NotFound(id.clone())),
-                Located::Source { node, size, token } => break (node, size, token),
+                Located::Source { node, size, token } => break (node, size, token, None),
+                Located::SourceData {
+                    node,
+                    size,
+                    token,
+                    data,
+                } => break (node, size, token, Some(data)),
             }
         };
         let copy = match self.new_copy(id, size) {
@@ -118,8 +124,56 @@ impl Transfers {
                 return Err(e);
             }
         };
+        if let Some(data) = data {
+            let shard = self.dir.shard_of(id);
+            if let Err(e) = self.fill_sent(id, &copy, (node, token), &data) {
+                self.abandon_pull(shard, id, &copy);
+                return Err(e);
+            }
+            return Ok(Fetched::Copy(copy));
+        }
         self.start_driver(id, copy.clone(), (node, token), exclude, driver);
         Ok(Fetched::Copy(copy))
+    }
+
+    /// The bytes came with the location (`Located::SourceData`): the rest of `copy` is filled
+    /// from them, and the assignment ends as a pull's would.
+    fn fill_sent(
+        &self,
+        id: &ObjectId,
+        copy: &CopyRef,
+        (source, token): (NodeId, u64),
+        data: &[u8],
+    ) -> Result<()> {
+        let start = Instant::now();
+        let from = copy.watermark();
+        let fits = data.len() as u64 == copy.size() && from <= copy.size();
+        let filled = match fits {
+            true => copy.append(&data[from as usize..]),
+            false => Err(Error::Protocol {
+                peer: source,
+                what: format!(
+                    "{} bytes of {id} with its location, expected {}",
+                    data.len(),
+                    copy.size()
+                ),
+            }),
+        };
+        let ok = filled.is_ok();
+        hop!(self.id, "bytes came with the location", source = source);
+        self.recv_log.lock().unwrap().push(TransferRecord {
+            id: id.clone(),
+            source,
+            receiver: self.id,
+            from,
+            bytes: copy.watermark() - from,
+            start,
+            end: Instant::now(),
+            ok,
+        });
+        self.dir
+            .transfer_done(self.dir.shard_of(id), id, source, token, ok);
+        filled
     }
 
     /// A new local copy of `id` to pull into (the copies evicted for it withdrawn), or `None`
@@ -295,6 +349,22 @@ impl Transfers {
                 Ok(Located::Source { node, token: t, .. }) => {
                     source = node;
                     token = t;
+                }
+                Ok(Located::SourceData {
+                    node,
+                    token: t,
+                    data,
+                    ..
+                }) => {
+                    if copy.is_detached() || self.fill_sent(&id, &copy, (node, t), &data).is_err() {
+                        if !copy.is_detached() {
+                            warn!(node = self.id, %id, source = node, "bytes with the location refused");
+                        } else {
+                            self.dir.transfer_done(shard, &id, node, t, false);
+                        }
+                        self.abandon_pull(shard, &id, &copy);
+                    }
+                    return;
                 }
                 Ok(Located::Inline(_) | Located::NotFound | Located::Local) | Err(_) => {
                     self.abandon_pull(shard, &id, &copy);
@@ -506,6 +576,7 @@ fn located_kind(l: &Located) -> &'static str {
     match l {
         Located::Inline(_) => "inline",
         Located::Source { .. } => "source",
+        Located::SourceData { .. } => "source with the bytes",
         Located::Local => "local",
         Located::NotFound => "not found",
     }

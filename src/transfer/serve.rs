@@ -4,7 +4,7 @@
 
 use super::{ServeRecord, Transfers};
 use crate::hop::hop;
-use crate::protocol::PullMsg;
+use crate::protocol::{Located, Msg, PullMsg, Reply};
 use crate::store::CopyStatus;
 use crate::{Error, ObjectId, Result};
 use phalanx_transport::{NodeId, RemoteRegion, StreamId};
@@ -83,6 +83,50 @@ impl Transfers {
         let done = PullMsg::PullEnd { stream, ok: true };
         self.rpc.send_from_transport_thread(receiver, done.into());
         true
+    }
+
+    /// A location answer of the shard on this node that names this node as the source of a
+    /// medium object it holds complete carries the bytes (`Located::SourceData`): the
+    /// requester has them one round trip earlier, without a pull. The assignment stands as
+    /// the shard made it (the requester reports `TransferDone`), so a copy still serves one
+    /// receiver at a time. Any other message is returned as it is.
+    pub(crate) fn with_local_bytes(&self, id: &ObjectId, to: NodeId, msg: Msg) -> Msg {
+        let Msg::Reply {
+            rid,
+            reply: Reply::Located(Located::Source { node, size, token }),
+        } = msg
+        else {
+            return msg;
+        };
+        let plain = |rid| Msg::Reply {
+            rid,
+            reply: Reply::Located(Located::Source { node, size, token }),
+        };
+        if node != self.id || to == self.id || size > LOCATE_DATA_MAX {
+            return plain(rid);
+        }
+        let Some(copy) = self.store.lookup(id) else {
+            return plain(rid);
+        };
+        if copy.status() != CopyStatus::Complete
+            || copy.size() != size
+            || self.fault.budget(id, 0).is_some()
+        {
+            return plain(rid);
+        }
+        let start = Instant::now();
+        let data = copy.filled(0, size).to_vec();
+        hop!(self.id, "bytes with the location", to = to, len = size);
+        self.record_serve(id, to, size, start);
+        Msg::Reply {
+            rid,
+            reply: Reply::Located(Located::SourceData {
+                node,
+                size,
+                token,
+                data,
+            }),
+        }
     }
 
     /// Logs a finished serve.
@@ -188,6 +232,10 @@ impl Transfers {
         }
     }
 }
+
+/// The largest object whose bytes go with a location answer (`Transfers::with_local_bytes`):
+/// up to here one message costs less than a pull's extra round trip.
+pub(crate) const LOCATE_DATA_MAX: u64 = 256 << 10;
 
 /// The largest rest of a complete copy served on the transport thread (one frame).
 const SERVE_HERE_MAX: u64 = 64 << 10;
