@@ -14,6 +14,9 @@ pub struct TcpConfig {
     pub socket_buffer: usize,
     /// Largest data frame; larger writes are split so control messages can interleave.
     pub max_frame: usize,
+    /// Reader threads (each waits on its share of the connections with epoll): the node's
+    /// reading threads whatever the number of peers.
+    pub readers: usize,
     /// Who may link (cluster secret, members) and the handshake's time bound; see
     /// [`crate::auth`].
     pub auth: AuthConfig,
@@ -26,6 +29,9 @@ impl Default for TcpConfig {
             connect_timeout: Duration::from_secs(30),
             socket_buffer: 0,
             max_frame: 1 << 20,
+            readers: std::thread::available_parallelism()
+                .map_or(2, |n| n.get())
+                .clamp(1, 4),
             auth: AuthConfig::default(),
         }
     }

@@ -1,11 +1,11 @@
-//! The TCP transport: one connection per pair of nodes, a reader thread per connection that
-//! reads payloads straight into the registered arena, `writev` for header + payload, and
+//! The TCP transport: one connection per pair of nodes, a fixed set of reader threads (epoll)
+//! that read payloads straight into the registered arena, `writev` for header + payload, and
 //! heartbeats that bound how long a dead peer goes unnoticed.
 //!
 //! - `config`: [`TcpConfig`];
 //! - `setup`: dial, the acceptor's hello, installing a link;
 //! - `conn`: a connection and its sending side (frames, non-blocking control, the flusher);
-//! - `reader`: the reader thread of a connection;
+//! - `reader`: the reader threads and the reading of a connection's frames;
 //! - `heartbeat`: the heartbeat thread;
 //! - here: [`TcpTransport`] and its [`Transport`] implementation.
 
@@ -40,6 +40,8 @@ struct Inner {
     links: Arc<LinkTable<Conn>>,
     /// Connections whose writer has a tail for the flusher thread to send.
     flush_tx: Sender<Arc<Conn>>,
+    /// Where installed connections are read.
+    readers: OnceLock<reader::Readers>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -73,8 +75,11 @@ impl TcpTransport {
             grants: GrantTable::new(),
             links: Arc::new(links),
             flush_tx,
+            readers: OnceLock::new(),
             threads: Mutex::new(Vec::new()),
         });
+        let readers = reader::Readers::start(&inner, inner.cfg.readers)?;
+        let _ = inner.readers.set(readers);
         let acc = inner.clone();
         let t = std::thread::Builder::new()
             .name(format!("phx-accept-{id}"))

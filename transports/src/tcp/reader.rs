@@ -1,29 +1,215 @@
-//! The reader thread of a connection: frames in order, payloads straight into the arena.
+//! The reading side of every connection: a fixed set of reader threads, each waiting on an
+//! epoll set of connections and reading frames as their bytes arrive (payloads straight into
+//! the arena). A node has [`TcpConfig::readers`](super::TcpConfig) of them whatever the
+//! number of peers; a peer's frames are always read by the same thread, in order.
+//!
+//! Reads are non-blocking (`MSG_DONTWAIT` on each call: the socket itself stays blocking for
+//! its writers). A connection that has more to read after [`READ_BUDGET`] bytes waits for the
+//! next turn (epoll is level-triggered), so one busy peer does not starve the others of its
+//! thread. A connection silent for the heartbeat timeout is failed by its reader thread's
+//! periodic scan.
 
 use super::conn::Conn;
 use super::Inner;
 use crate::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
+use crate::grant::Admitted;
 use crate::{Event, Link, NodeId, TransportError, PEER_LEFT};
-use std::io::{BufReader, ErrorKind, Read};
+use nix::errno::Errno;
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
+use nix::sys::socket::{recv, MsgFlags};
+use std::collections::HashMap;
+use std::io::ErrorKind;
 use std::net::TcpStream;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tracing::error;
 
-impl Inner {
-    /// Reads frames until a goodbye or an error, then fails the link with the reason.
-    pub(super) fn read_loop(self: Arc<Self>, conn: Arc<Conn>, s: TcpStream) {
-        let peer = conn.peer();
-        // Small frames come out of the buffer (one read syscall for many of them); payloads
-        // larger than the buffer bypass it and land straight in the arena.
-        let mut s = BufReader::with_capacity(64 << 10, s);
-        let reason = loop {
-            match self.read_frame(peer, &mut s) {
-                Ok(true) => continue,
-                Ok(false) => break None,
-                Err(e) => break Some(e),
-            }
+/// Bytes read from one connection before the thread turns to the others.
+const READ_BUDGET: usize = 1 << 20;
+
+/// The read-ahead buffer of a connection: small frames come out of it (one `recv` for many);
+/// the rest of a payload at least this large is read straight into its destination.
+const BUFFER: usize = 64 << 10;
+
+/// Longest wait for events: how often a thread looks for silent connections and for the
+/// transport's closing.
+const TICK: Duration = Duration::from_millis(50);
+
+/// The reader threads of one transport and the connections each one reads.
+pub(super) struct Readers {
+    sets: Vec<Arc<PollSet>>,
+}
+
+/// The connections of one reader thread.
+pub(super) struct PollSet {
+    epoll: Epoll,
+    /// By token (the epoll event's data).
+    conns: Mutex<HashMap<u64, Reading>>,
+    next_token: AtomicU64,
+}
+
+/// One connection as its reader thread sees it.
+struct Reading {
+    conn: Arc<Conn>,
+    /// The reader's handle of the socket (a clone of the connection's).
+    stream: TcpStream,
+    buf: Box<[u8]>,
+    /// Unread bytes are `buf[start..end]`.
+    start: usize,
+    end: usize,
+    frame: Frame,
+    last_rx: Instant,
+    /// A read this turn got less than it asked for: the socket is empty, so the turn ends
+    /// when the buffer is, without a `recv` that would find nothing.
+    drained: bool,
+}
+
+/// Where a connection is in its current frame.
+enum Frame {
+    Header,
+    Ctrl {
+        msg: Vec<u8>,
+        got: usize,
+    },
+    /// `held` keeps the granted range allocated until the payload is in.
+    Data {
+        h: FrameHeader,
+        _held: Admitted,
+        got: u64,
+    },
+}
+
+/// How a turn at a connection ended.
+enum Turn {
+    /// Nothing more to read now (or the budget is spent).
+    Later,
+    /// The peer said goodbye.
+    Bye,
+    Failed(TransportError),
+}
+
+impl Readers {
+    /// `n` reader threads for `inner`'s connections.
+    pub(super) fn start(inner: &Arc<Inner>, n: usize) -> Result<Readers, TransportError> {
+        let mut sets = Vec::new();
+        for k in 0..n.max(1) {
+            let set = Arc::new(PollSet {
+                epoll: Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(std::io::Error::from)?,
+                conns: Mutex::new(HashMap::new()),
+                next_token: AtomicU64::new(0),
+            });
+            let (me, s) = (inner.clone(), set.clone());
+            let h = std::thread::Builder::new()
+                .name(format!("phx-rx-{}-{k}", inner.id))
+                .spawn(move || me.poll_loop(&s))?;
+            inner.threads.lock().unwrap().push(h);
+            sets.push(set);
+        }
+        Ok(Readers { sets })
+    }
+
+    /// Starts reading `conn` from `stream` (its reader's handle of the socket).
+    pub(super) fn add(&self, conn: Arc<Conn>, stream: TcpStream) -> Result<(), TransportError> {
+        let set = &self.sets[conn.peer() as usize % self.sets.len()];
+        let token = set.next_token.fetch_add(1, Ordering::Relaxed);
+        set.conns.lock().unwrap().insert(
+            token,
+            Reading {
+                conn,
+                stream,
+                buf: vec![0u8; BUFFER].into_boxed_slice(),
+                start: 0,
+                end: 0,
+                frame: Frame::Header,
+                last_rx: Instant::now(),
+                drained: false,
+            },
+        );
+        // The socket stays open while its `Reading` (which owns this handle) lives; it leaves
+        // the epoll set before that is dropped.
+        let ev = EpollEvent::new(EpollFlags::EPOLLIN | EpollFlags::EPOLLRDHUP, token);
+        let added = {
+            let map = set.conns.lock().unwrap();
+            let r = map.get(&token).expect("just inserted");
+            set.epoll.add(&r.stream, ev)
         };
+        if let Err(e) = added {
+            set.conns.lock().unwrap().remove(&token);
+            return Err(std::io::Error::from(e).into());
+        }
+        Ok(())
+    }
+}
+
+impl Inner {
+    /// One reader thread: waits for readable connections and reads their frames, until the
+    /// transport closes.
+    fn poll_loop(self: Arc<Self>, set: &PollSet) {
+        let mut events = vec![EpollEvent::empty(); 64];
+        let mut last_scan = Instant::now();
+        let period = (self.cfg.heartbeat_timeout / 4).min(TICK);
+        while !self.links.is_closing() {
+            let n = match set.epoll.wait(&mut events, TICK.as_millis() as u16) {
+                Ok(n) => n,
+                Err(Errno::EINTR) => 0,
+                Err(e) => {
+                    error!(node = self.id, "epoll_wait failed: {e}");
+                    std::thread::sleep(TICK);
+                    0
+                }
+            };
+            for ev in &events[..n] {
+                let token = ev.data();
+                // Taken out while it is read: the handlers of its events run on this thread
+                // and may install connections (into this set) meanwhile.
+                let Some(mut r) = set.conns.lock().unwrap().remove(&token) else {
+                    continue;
+                };
+                match self.read_some(&mut r) {
+                    Turn::Later => {
+                        set.conns.lock().unwrap().insert(token, r);
+                    }
+                    Turn::Bye => self.end(set, r, None),
+                    Turn::Failed(e) => self.end(set, r, Some(e)),
+                }
+            }
+            if last_scan.elapsed() >= period {
+                last_scan = Instant::now();
+                self.fail_silent(set);
+            }
+        }
+        // Closing: every connection was shut down; drop them.
+        let all: Vec<Reading> = set.conns.lock().unwrap().drain().map(|(_, r)| r).collect();
+        for r in all {
+            let _ = set.epoll.delete(&r.stream);
+        }
+    }
+
+    /// Fails the connections of `set` that sent nothing for the heartbeat timeout.
+    fn fail_silent(&self, set: &PollSet) {
+        let timeout = self.cfg.heartbeat_timeout;
+        let silent: Vec<Reading> = {
+            let mut map = set.conns.lock().unwrap();
+            let tokens: Vec<u64> = map
+                .iter()
+                .filter(|(_, r)| r.last_rx.elapsed() >= timeout)
+                .map(|(&t, _)| t)
+                .collect();
+            tokens.iter().filter_map(|t| map.remove(t)).collect()
+        };
+        for r in silent {
+            let e = std::io::Error::new(ErrorKind::TimedOut, "silent");
+            self.end(set, r, Some(e.into()));
+        }
+    }
+
+    /// A connection's reading is over: out of the epoll set, and its link failed with the
+    /// reason (`None`: a goodbye).
+    fn end(&self, set: &PollSet, r: Reading, reason: Option<TransportError>) {
+        let _ = set.epoll.delete(&r.stream);
+        let peer = r.conn.peer();
         let reason = match reason {
             None => PEER_LEFT.to_string(),
             Some(TransportError::Io(e))
@@ -52,54 +238,235 @@ impl Inner {
             }
             Some(e) => e.to_string(),
         };
-        self.links.fail(&conn, reason);
+        self.links.fail(&r.conn, reason);
     }
 
-    /// Reads one frame; `Ok(false)` on a goodbye.
-    fn read_frame(
+    /// Reads what `r`'s socket has (up to the budget) and handles the frames it completes.
+    fn read_some(&self, r: &mut Reading) -> Turn {
+        let mut read = 0usize;
+        r.drained = false;
+        let turn = self.read_frames(r, &mut read);
+        if read > 0 {
+            r.last_rx = Instant::now();
+        }
+        turn
+    }
+
+    /// [`Inner::read_some`]'s loop; `read` counts the bytes taken from the socket.
+    fn read_frames(&self, r: &mut Reading, read: &mut usize) -> Turn {
+        let peer = r.conn.peer();
+        loop {
+            if *read >= READ_BUDGET {
+                return Turn::Later;
+            }
+            let step = match &mut r.frame {
+                Frame::Header => {
+                    if r.end - r.start < FRAME_HEADER_LEN {
+                        match fill(r) {
+                            Ok(0) => return Turn::Later,
+                            Ok(n) => {
+                                *read += n;
+                                continue;
+                            }
+                            Err(e) => return Turn::Failed(e),
+                        }
+                    }
+                    let mut b = [0u8; FRAME_HEADER_LEN];
+                    b.copy_from_slice(&r.buf[r.start..r.start + FRAME_HEADER_LEN]);
+                    r.start += FRAME_HEADER_LEN;
+                    match self.start_frame(peer, &b) {
+                        Ok(Some(f)) => {
+                            r.frame = f;
+                            None
+                        }
+                        Ok(None) => None, // a heartbeat
+                        Err(Some(e)) => return Turn::Failed(e),
+                        Err(None) => return Turn::Bye,
+                    }
+                }
+                Frame::Ctrl { msg, got } if *got < msg.len() => {
+                    if r.start == r.end && msg.len() - *got < BUFFER {
+                        match fill(r) {
+                            Ok(0) => return Turn::Later,
+                            Ok(n) => {
+                                *read += n;
+                                continue;
+                            }
+                            Err(e) => return Turn::Failed(e),
+                        }
+                    }
+                    match take(
+                        r.start,
+                        r.end,
+                        &r.buf,
+                        (&r.stream, &mut r.drained),
+                        &mut msg[*got..],
+                    ) {
+                        Ok((from_buf, n)) => {
+                            r.start += from_buf;
+                            *got += n;
+                            *read += n - from_buf;
+                            if n == 0 {
+                                return Turn::Later;
+                            }
+                        }
+                        Err(e) => return Turn::Failed(e),
+                    }
+                    continue;
+                }
+                Frame::Ctrl { msg, .. } => {
+                    let msg = std::mem::take(msg);
+                    self.links
+                        .counters
+                        .ctrl_received
+                        .fetch_add(1, Ordering::Relaxed);
+                    Some(Event::Ctrl { peer, msg })
+                }
+                Frame::Data { h, got, .. } if *got < h.len => {
+                    if r.start == r.end && h.len - *got < BUFFER as u64 {
+                        match fill(r) {
+                            Ok(0) => return Turn::Later,
+                            Ok(n) => {
+                                *read += n;
+                                continue;
+                            }
+                            Err(e) => return Turn::Failed(e),
+                        }
+                    }
+                    let Some(arena) = self.arena.get() else {
+                        return Turn::Failed(TransportError::NoArena);
+                    };
+                    // SAFETY: inside the arena (checked when the frame started) and inside a
+                    // range granted to `peer` for one pull, whose copy the frame's `Admitted`
+                    // keeps allocated; nothing else writes a range while it is granted, and
+                    // readers only look below the watermark, which moves past these bytes
+                    // after the Data event below.
+                    let dst = unsafe { arena.slice_mut(h.dst + *got, h.len - *got) };
+                    match take(r.start, r.end, &r.buf, (&r.stream, &mut r.drained), dst) {
+                        Ok((from_buf, n)) => {
+                            r.start += from_buf;
+                            *got += n as u64;
+                            *read += n - from_buf;
+                            if n == 0 {
+                                return Turn::Later;
+                            }
+                        }
+                        Err(e) => return Turn::Failed(e),
+                    }
+                    continue;
+                }
+                Frame::Data { h, .. } => {
+                    self.links
+                        .counters
+                        .data_bytes_received
+                        .fetch_add(h.len, Ordering::Relaxed);
+                    Some(Event::Data {
+                        peer,
+                        stream: h.stream,
+                        offset: h.rel,
+                        len: h.len,
+                    })
+                }
+            };
+            if let Some(ev) = step {
+                // The frame is whole: its grant hold (if any) is released before the event.
+                r.frame = Frame::Header;
+                self.links.emit(ev);
+            }
+        }
+    }
+
+    /// A frame header from `peer`: what to read next (`None`: nothing, a heartbeat), or the
+    /// end of the connection (`Err(None)`: a goodbye).
+    fn start_frame(
         &self,
         peer: NodeId,
-        s: &mut BufReader<TcpStream>,
-    ) -> Result<bool, TransportError> {
-        let mut b = [0u8; FRAME_HEADER_LEN];
-        s.read_exact(&mut b)?;
-        let h = FrameHeader::decode(&b)?;
-        let counters = &self.links.counters;
+        b: &[u8; FRAME_HEADER_LEN],
+    ) -> Result<Option<Frame>, Option<TransportError>> {
+        let h = FrameHeader::decode(b).map_err(Some)?;
         match h.kind {
-            FrameKind::Heartbeat => Ok(true),
-            FrameKind::Bye => Ok(false),
-            FrameKind::Hello => Err(TransportError::Malformed("hello on a live link".into())),
-            FrameKind::Ctrl => {
-                let mut msg = vec![0u8; h.len as usize];
-                s.read_exact(&mut msg)?;
-                counters.ctrl_received.fetch_add(1, Ordering::Relaxed);
-                self.links.emit(Event::Ctrl { peer, msg });
-                Ok(true)
-            }
+            FrameKind::Heartbeat => Ok(None),
+            FrameKind::Bye => Err(None),
+            FrameKind::Hello => Err(Some(TransportError::Malformed(
+                "hello on a live link".into(),
+            ))),
+            FrameKind::Ctrl => Ok(Some(Frame::Ctrl {
+                msg: vec![0u8; h.len as usize],
+                got: 0,
+            })),
             FrameKind::Data => {
-                let arena = self.arena.get().ok_or(TransportError::NoArena)?;
-                arena.check(h.dst, h.len)?;
-                // Nothing lands outside a range this node granted to this peer; `held` keeps
+                let arena = self.arena.get().ok_or(Some(TransportError::NoArena))?;
+                arena.check(h.dst, h.len).map_err(Some)?;
+                // Nothing lands outside a range this node granted to this peer; the hold keeps
                 // the range allocated until the bytes are in, even if the grant is revoked.
-                let held = self.grants.admit(peer, h.dst, h.rel, h.len)?;
-                // SAFETY: inside the arena (checked) and inside a range granted to `peer` for
-                // one pull, whose copy `held` keeps allocated; nothing else writes a range
-                // while it is granted, and readers only look below the watermark, which moves
-                // past these bytes after the Data event below.
-                let dst = unsafe { arena.slice_mut(h.dst, h.len) };
-                s.read_exact(dst)?;
-                drop(held);
-                counters
-                    .data_bytes_received
-                    .fetch_add(h.len, Ordering::Relaxed);
-                self.links.emit(Event::Data {
-                    peer,
-                    stream: h.stream,
-                    offset: h.rel,
-                    len: h.len,
-                });
-                Ok(true)
+                let held = self.grants.admit(peer, h.dst, h.rel, h.len).map_err(Some)?;
+                Ok(Some(Frame::Data {
+                    h,
+                    _held: held,
+                    got: 0,
+                }))
             }
+        }
+    }
+}
+
+/// Reads more into `r`'s buffer (moving the unread rest to its front first): the bytes
+/// read, 0 when the socket has none now.
+fn fill(r: &mut Reading) -> Result<usize, TransportError> {
+    if r.start > 0 {
+        r.buf.copy_within(r.start..r.end, 0);
+        r.end -= r.start;
+        r.start = 0;
+    }
+    let end = r.end;
+    let n = recv_now((&r.stream, &mut r.drained), &mut r.buf[end..])?;
+    r.end += n;
+    Ok(n)
+}
+
+/// Fills as much of `dst` as is buffered (`buf[start..end]`); with nothing buffered, reads
+/// straight into `dst` (the caller fills the buffer first for a rest smaller than it).
+/// Returns (bytes taken from the buffer, bytes in all); (0, 0): the socket has none now.
+fn take(
+    start: usize,
+    end: usize,
+    buf: &[u8],
+    socket: (&TcpStream, &mut bool),
+    dst: &mut [u8],
+) -> Result<(usize, usize), TransportError> {
+    if start == end {
+        return Ok((0, recv_now(socket, dst)?));
+    }
+    let n = (end - start).min(dst.len());
+    dst[..n].copy_from_slice(&buf[start..start + n]);
+    Ok((n, n))
+}
+
+/// One `recv` with `MSG_DONTWAIT`: the bytes read, 0 when the socket has none now (or had
+/// less than asked for earlier in this turn: `drained`); the end of the stream is an error (a
+/// peer leaves with a goodbye frame).
+fn recv_now(
+    (stream, drained): (&TcpStream, &mut bool),
+    dst: &mut [u8],
+) -> Result<usize, TransportError> {
+    if *drained {
+        return Ok(0);
+    }
+    loop {
+        match recv(stream.as_raw_fd(), dst, MsgFlags::MSG_DONTWAIT) {
+            Ok(0) if !dst.is_empty() => {
+                return Err(std::io::Error::from(ErrorKind::UnexpectedEof).into())
+            }
+            Ok(n) => {
+                *drained = n < dst.len();
+                return Ok(n);
+            }
+            Err(Errno::EAGAIN) => {
+                *drained = true;
+                return Ok(0);
+            }
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(std::io::Error::from(e).into()),
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Link setup: dialling (the authenticated stream comes from the link table, see
 //! [`crate::auth`]), the acceptor's side once the table has admitted the peer, and installing
-//! the connection with its reader thread.
+//! the connection (read by one of the transport's reader threads).
 
 use super::conn::{Conn, Writer};
 use super::Inner;
@@ -49,9 +49,8 @@ impl Inner {
     }
 
     /// Makes `s` the link to `peer` (on the dialling side, a new link replaces an old one,
-    /// which is reported down) and starts its reader thread.
+    /// which is reported down) and hands it to a reader thread.
     fn install(self: &Arc<Self>, peer: NodeId, s: TcpStream) -> Result<(), TransportError> {
-        s.set_read_timeout(Some(self.cfg.heartbeat_timeout))?;
         s.set_write_timeout(Some(self.cfg.heartbeat_timeout * 2))?;
         let conn = Arc::new(Conn {
             link: LinkState::new(peer),
@@ -72,13 +71,9 @@ impl Inner {
         }
         info!(node = self.id, peer, "link up");
         self.links.emit(Event::PeerUp { peer });
-        let me = self.clone();
-        let h = std::thread::Builder::new()
-            .name(format!("phx-rx-{}-{peer}", self.id))
-            .spawn(move || me.read_loop(conn, reader))?;
-        let mut threads = self.threads.lock().unwrap();
-        threads.retain(|t| !t.is_finished());
-        threads.push(h);
-        Ok(())
+        self.readers
+            .get()
+            .expect("readers start with the transport")
+            .add(conn, reader)
     }
 }
