@@ -35,6 +35,9 @@ struct CopyState {
     /// Detached from the name index (deleted, failed or evicted); freed when unused.
     detached: bool,
     last_use: u64,
+    /// Readers waiting for this copy's bytes (`CopyRef::wait_beyond`) wait here, woken by its
+    /// own progress only: a chunk landing in one copy does not wake every waiter of the node.
+    progress: Arc<Condvar>,
 }
 
 impl CopyState {
@@ -68,6 +71,8 @@ pub struct CopyInfo {
 pub struct Store {
     arena: Arc<Arena>,
     state: Mutex<State>,
+    /// Copies created, deleted or released (what `wait_lookup` and a waiting allocation look
+    /// for); a copy's progress has its own condition variable.
     changed: Condvar,
 }
 
@@ -198,6 +203,7 @@ impl Store {
                 users: 0,
                 detached: false,
                 last_use: 0,
+                progress: Arc::new(Condvar::new()),
             },
         );
         st.by_id.insert(id.clone(), key);
@@ -264,6 +270,7 @@ impl Store {
         let Some(k) = st.by_id.remove(id) else {
             return false;
         };
+        st.copies[&k].progress.notify_all();
         Self::detach(&mut st, k);
         self.changed.notify_all();
         true
@@ -395,7 +402,7 @@ impl CopyRef {
         if c.watermark == c.size && c.status == CopyStatus::Filling {
             c.status = CopyStatus::Complete;
         }
-        self.store.changed.notify_all();
+        c.progress.notify_all();
     }
 
     /// Marks the copy failed and detaches it; readers waiting on it get an error.
@@ -407,6 +414,7 @@ impl CopyRef {
         if st.by_id.get(&id) == Some(&self.key) {
             st.by_id.remove(&id);
         }
+        st.copies[&self.key].progress.notify_all();
         Store::detach(&mut st, self.key);
         self.store.changed.notify_all();
     }
@@ -431,12 +439,8 @@ impl CopyRef {
             if now >= deadline {
                 return Err(Error::Timeout(timeout, format!("bytes of {}", c.id)));
             }
-            st = self
-                .store
-                .changed
-                .wait_timeout(st, deadline - now)
-                .unwrap()
-                .0;
+            let progress = c.progress.clone();
+            st = progress.wait_timeout(st, deadline - now).unwrap().0;
         }
     }
 

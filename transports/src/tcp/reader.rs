@@ -262,7 +262,11 @@ impl Inner {
             let step = match &mut r.frame {
                 Frame::Header => {
                     if r.end - r.start < FRAME_HEADER_LEN {
-                        match fill(r) {
+                        // Only the header's bytes: a data payload behind it then goes straight
+                        // into the arena instead of through the buffer. (The payload of a
+                        // control frame fills the buffer, with the frames that follow it.)
+                        let want = FRAME_HEADER_LEN - (r.end - r.start);
+                        match fill(r, want) {
                             Ok(0) => return Turn::Later,
                             Ok(n) => {
                                 *read += n;
@@ -286,7 +290,7 @@ impl Inner {
                 }
                 Frame::Ctrl { msg, got } if *got < msg.len() => {
                     if r.start == r.end && msg.len() - *got < BUFFER {
-                        match fill(r) {
+                        match fill(r, BUFFER) {
                             Ok(0) => return Turn::Later,
                             Ok(n) => {
                                 *read += n;
@@ -324,7 +328,7 @@ impl Inner {
                 }
                 Frame::Data { h, got, .. } if *got < h.len => {
                     if r.start == r.end && h.len - *got < BUFFER as u64 {
-                        match fill(r) {
+                        match fill(r, BUFFER) {
                             Ok(0) => return Turn::Later,
                             Ok(n) => {
                                 *read += n;
@@ -410,16 +414,17 @@ impl Inner {
     }
 }
 
-/// Reads more into `r`'s buffer (moving the unread rest to its front first): the bytes
-/// read, 0 when the socket has none now.
-fn fill(r: &mut Reading) -> Result<usize, TransportError> {
+/// Reads up to `most` more bytes into `r`'s buffer (moving the unread rest to its front
+/// first): the bytes read, 0 when the socket has none now.
+fn fill(r: &mut Reading, most: usize) -> Result<usize, TransportError> {
     if r.start > 0 {
         r.buf.copy_within(r.start..r.end, 0);
         r.end -= r.start;
         r.start = 0;
     }
     let end = r.end;
-    let n = recv_now((&r.stream, &mut r.drained), &mut r.buf[end..])?;
+    let to = (end + most).min(r.buf.len());
+    let n = recv_now((&r.stream, &mut r.drained), &mut r.buf[end..to])?;
     r.end += n;
     Ok(n)
 }
