@@ -1,6 +1,7 @@
-//! A node reads all its links on a fixed set of threads (`TcpConfig::readers`, epoll): the
-//! threads of a cluster grow with the number of nodes, not with the number of links (a full
-//! mesh of n nodes has n(n - 1) connection ends), and every link still carries its traffic.
+//! A node reads its links on a bounded set of threads (`TcpConfig::dedicated_readers` links
+//! with a thread of their own, the rest on `TcpConfig::readers` epoll threads): the threads of
+//! a cluster grow with the number of nodes, not with the number of links (a full mesh of n
+//! nodes has n(n - 1) connection ends), and every link, read either way, carries its traffic.
 
 use phalanx::transport::TcpConfig;
 use phalanx::{LocalCluster, NodeConfig, TransportSettings};
@@ -16,6 +17,7 @@ fn threads() -> u64 {
 fn threads_with(n: u32) -> u64 {
     let tcp = TcpConfig {
         heartbeat_timeout: Duration::from_secs(5),
+        dedicated_readers: 4,
         readers: 2,
         ..TcpConfig::default()
     };

@@ -39,4 +39,51 @@ impl Harness for Tcp {
     }
 }
 
-phalanx_transport::transport_contract_tests!(Tcp);
+/// Links read by threads of their own (the default for up to
+/// `TcpConfig::dedicated_readers` links).
+mod own_readers {
+    use super::*;
+
+    phalanx_transport::transport_contract_tests!(Tcp);
+}
+
+/// The same suite with every link read by the shared epoll threads (no link has a thread of
+/// its own), two of them: the reading path of a node with more links than
+/// `TcpConfig::dedicated_readers`.
+mod shared_readers {
+    use super::*;
+
+    struct TcpShared;
+
+    impl Harness for TcpShared {
+        type T = TcpTransport;
+
+        fn heartbeat() -> Duration {
+            Tcp::heartbeat()
+        }
+
+        fn bind(id: NodeId, heartbeat: Duration) -> Result<TcpTransport, TransportError> {
+            let cfg = TcpConfig {
+                heartbeat_timeout: heartbeat,
+                dedicated_readers: 0,
+                readers: 2,
+                auth: AuthConfig {
+                    secret: Some(ClusterSecret::parse("the TCP contract suite's secret").unwrap()),
+                    ..AuthConfig::default()
+                },
+                ..TcpConfig::default()
+            };
+            TcpTransport::bind(id, "127.0.0.1:0".parse().expect("address"), cfg)
+        }
+
+        fn connect(
+            t: &TcpTransport,
+            peers: &[(NodeId, SocketAddr)],
+            dial_all: bool,
+        ) -> Result<(), TransportError> {
+            t.connect(peers, dial_all)
+        }
+    }
+
+    phalanx_transport::transport_contract_tests!(TcpShared);
+}

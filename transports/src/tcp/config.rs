@@ -14,8 +14,12 @@ pub struct TcpConfig {
     pub socket_buffer: usize,
     /// Largest data frame; larger writes are split so control messages can interleave.
     pub max_frame: usize,
-    /// Reader threads (each waits on its share of the connections with epoll): the node's
-    /// reading threads whatever the number of peers.
+    /// Links read by a thread of their own (a blocking `recv`: one system call per wake-up,
+    /// the lowest latency). Links beyond these share the `readers` threads.
+    pub dedicated_readers: usize,
+    /// Threads that read the links beyond `dedicated_readers`, each waiting on its share of
+    /// them with epoll. With the dedicated ones, a node's reading threads whatever the number
+    /// of its peers.
     pub readers: usize,
     /// Who may link (cluster secret, members) and the handshake's time bound; see
     /// [`crate::auth`].
@@ -29,6 +33,7 @@ impl Default for TcpConfig {
             connect_timeout: Duration::from_secs(30),
             socket_buffer: 0,
             max_frame: 1 << 20,
+            dedicated_readers: 8,
             readers: std::thread::available_parallelism()
                 .map_or(2, |n| n.get())
                 .clamp(1, 4),

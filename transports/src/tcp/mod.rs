@@ -78,7 +78,8 @@ impl TcpTransport {
             readers: OnceLock::new(),
             threads: Mutex::new(Vec::new()),
         });
-        let readers = reader::Readers::start(&inner, inner.cfg.readers)?;
+        let readers =
+            reader::Readers::start(&inner, inner.cfg.readers, inner.cfg.dedicated_readers)?;
         let _ = inner.readers.set(readers);
         let acc = inner.clone();
         let t = std::thread::Builder::new()

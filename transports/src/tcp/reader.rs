@@ -1,13 +1,16 @@
-//! The reading side of every connection: a fixed set of reader threads, each waiting on an
-//! epoll set of connections and reading frames as their bytes arrive (payloads straight into
-//! the arena). A node has [`TcpConfig::readers`](super::TcpConfig) of them whatever the
-//! number of peers; a peer's frames are always read by the same thread, in order.
+//! The reading side of every connection, payloads straight into the arena. The first
+//! [`TcpConfig::dedicated_readers`](super::TcpConfig) links each get a thread of their own that
+//! waits in a blocking `recv` (one system call per wake-up: the lowest latency); every further
+//! link is read by one of a fixed set of [`TcpConfig::readers`](super::TcpConfig) threads,
+//! each waiting on an epoll set of connections. So a node's reading threads are bounded
+//! whatever the number of its peers, and a peer's frames are always read by one thread, in
+//! order.
 //!
-//! Reads are non-blocking (`MSG_DONTWAIT` on each call: the socket itself stays blocking for
-//! its writers). A connection that has more to read after [`READ_BUDGET`] bytes waits for the
-//! next turn (epoll is level-triggered), so one busy peer does not starve the others of its
-//! thread. A connection silent for the heartbeat timeout is failed by its reader thread's
-//! periodic scan.
+//! Epoll reads are non-blocking (`MSG_DONTWAIT` on each call: the socket itself stays blocking
+//! for its writers). A connection that has more to read after [`READ_BUDGET`] bytes waits for
+//! the next turn (epoll is level-triggered), so one busy peer does not starve the others of
+//! its thread. A connection silent for the heartbeat timeout is failed: by its epoll thread's
+//! periodic scan, or by the receive timeout of its own thread's socket.
 
 use super::conn::Conn;
 use super::Inner;
@@ -40,6 +43,9 @@ const TICK: Duration = Duration::from_millis(50);
 /// The reader threads of one transport and the connections each one reads.
 pub(super) struct Readers {
     sets: Vec<Arc<PollSet>>,
+    /// Links with a thread of their own now, and the most there may be.
+    dedicated: Arc<std::sync::atomic::AtomicUsize>,
+    max_dedicated: usize,
 }
 
 /// The connections of one reader thread.
@@ -64,6 +70,12 @@ struct Reading {
     /// A read this turn got less than it asked for: the socket is empty, so the turn ends
     /// when the buffer is, without a `recv` that would find nothing.
     drained: bool,
+    /// Read by a thread of its own: `recv` waits (up to the socket's receive timeout).
+    blocking: bool,
+    /// The last frame was a large data frame: the next header is read alone, so that a data
+    /// payload behind it goes straight into the arena rather than through the buffer. After
+    /// anything else the buffer is filled, for the small frames that tend to follow.
+    bulk: bool,
 }
 
 /// Where a connection is in its current frame.
@@ -91,8 +103,13 @@ enum Turn {
 }
 
 impl Readers {
-    /// `n` reader threads for `inner`'s connections.
-    pub(super) fn start(inner: &Arc<Inner>, n: usize) -> Result<Readers, TransportError> {
+    /// `n` epoll reader threads for `inner`'s connections, and up to `dedicated` links with a
+    /// thread of their own.
+    pub(super) fn start(
+        inner: &Arc<Inner>,
+        n: usize,
+        dedicated: usize,
+    ) -> Result<Readers, TransportError> {
         let mut sets = Vec::new();
         for k in 0..n.max(1) {
             let set = Arc::new(PollSet {
@@ -107,26 +124,66 @@ impl Readers {
             inner.threads.lock().unwrap().push(h);
             sets.push(set);
         }
-        Ok(Readers { sets })
+        Ok(Readers {
+            sets,
+            dedicated: Default::default(),
+            max_dedicated: dedicated,
+        })
     }
 
     /// Starts reading `conn` from `stream` (its reader's handle of the socket).
-    pub(super) fn add(&self, conn: Arc<Conn>, stream: TcpStream) -> Result<(), TransportError> {
-        let set = &self.sets[conn.peer() as usize % self.sets.len()];
+    pub(super) fn add(
+        &self,
+        inner: &Arc<Inner>,
+        conn: Arc<Conn>,
+        stream: TcpStream,
+    ) -> Result<(), TransportError> {
+        let peer = conn.peer();
+        let mut r = Reading {
+            conn,
+            stream,
+            buf: vec![0u8; BUFFER].into_boxed_slice(),
+            start: 0,
+            end: 0,
+            frame: Frame::Header,
+            last_rx: Instant::now(),
+            drained: false,
+            blocking: false,
+            bulk: false,
+        };
+        let own = self
+            .dedicated
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max_dedicated).then_some(n + 1)
+            })
+            .is_ok();
+        if own {
+            r.blocking = true;
+            r.stream
+                .set_read_timeout(Some(inner.cfg.heartbeat_timeout))?;
+            let (me, count) = (inner.clone(), self.dedicated.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("phx-rx-{}-{peer}", inner.id))
+                .spawn(move || {
+                    me.read_alone(r);
+                    count.fetch_sub(1, Ordering::AcqRel);
+                });
+            return match spawned {
+                Ok(h) => {
+                    let mut threads = inner.threads.lock().unwrap();
+                    threads.retain(|t| !t.is_finished());
+                    threads.push(h);
+                    Ok(())
+                }
+                Err(e) => {
+                    self.dedicated.fetch_sub(1, Ordering::AcqRel);
+                    Err(e.into())
+                }
+            };
+        }
+        let set = &self.sets[peer as usize % self.sets.len()];
         let token = set.next_token.fetch_add(1, Ordering::Relaxed);
-        set.conns.lock().unwrap().insert(
-            token,
-            Reading {
-                conn,
-                stream,
-                buf: vec![0u8; BUFFER].into_boxed_slice(),
-                start: 0,
-                end: 0,
-                frame: Frame::Header,
-                last_rx: Instant::now(),
-                drained: false,
-            },
-        );
+        set.conns.lock().unwrap().insert(token, r);
         // The socket stays open while its `Reading` (which owns this handle) lives; it leaves
         // the epoll set before that is dropped.
         let ev = EpollEvent::new(EpollFlags::EPOLLIN | EpollFlags::EPOLLRDHUP, token);
@@ -144,7 +201,22 @@ impl Readers {
 }
 
 impl Inner {
-    /// One reader thread: waits for readable connections and reads their frames, until the
+    /// The thread of a link of its own: reads until the link ends.
+    fn read_alone(&self, mut r: Reading) {
+        let turn = loop {
+            match self.read_some(&mut r) {
+                Turn::Later => continue,
+                end => break end,
+            }
+        };
+        match turn {
+            Turn::Bye => self.end_reading(r, None),
+            Turn::Failed(e) => self.end_reading(r, Some(e)),
+            Turn::Later => unreachable!("the loop goes on"),
+        }
+    }
+
+    /// One epoll reader thread: waits for readable connections and reads their frames, until the
     /// transport closes.
     fn poll_loop(self: Arc<Self>, set: &PollSet) {
         let mut events = vec![EpollEvent::empty(); 64];
@@ -209,6 +281,11 @@ impl Inner {
     /// reason (`None`: a goodbye).
     fn end(&self, set: &PollSet, r: Reading, reason: Option<TransportError>) {
         let _ = set.epoll.delete(&r.stream);
+        self.end_reading(r, reason);
+    }
+
+    /// A connection's reading is over: its link fails with the reason (`None`: a goodbye).
+    fn end_reading(&self, r: Reading, reason: Option<TransportError>) {
         let peer = r.conn.peer();
         let reason = match reason {
             None => PEER_LEFT.to_string(),
@@ -262,10 +339,10 @@ impl Inner {
             let step = match &mut r.frame {
                 Frame::Header => {
                     if r.end - r.start < FRAME_HEADER_LEN {
-                        // Only the header's bytes: a data payload behind it then goes straight
-                        // into the arena instead of through the buffer. (The payload of a
-                        // control frame fills the buffer, with the frames that follow it.)
-                        let want = FRAME_HEADER_LEN - (r.end - r.start);
+                        let want = match r.bulk {
+                            true => FRAME_HEADER_LEN - (r.end - r.start),
+                            false => BUFFER,
+                        };
                         match fill(r, want) {
                             Ok(0) => return Turn::Later,
                             Ok(n) => {
@@ -303,7 +380,11 @@ impl Inner {
                         r.start,
                         r.end,
                         &r.buf,
-                        (&r.stream, &mut r.drained),
+                        Sock {
+                            stream: &r.stream,
+                            drained: &mut r.drained,
+                            blocking: r.blocking,
+                        },
                         &mut msg[*got..],
                     ) {
                         Ok((from_buf, n)) => {
@@ -319,6 +400,7 @@ impl Inner {
                     continue;
                 }
                 Frame::Ctrl { msg, .. } => {
+                    r.bulk = false;
                     let msg = std::mem::take(msg);
                     self.links
                         .counters
@@ -346,7 +428,17 @@ impl Inner {
                     // readers only look below the watermark, which moves past these bytes
                     // after the Data event below.
                     let dst = unsafe { arena.slice_mut(h.dst + *got, h.len - *got) };
-                    match take(r.start, r.end, &r.buf, (&r.stream, &mut r.drained), dst) {
+                    match take(
+                        r.start,
+                        r.end,
+                        &r.buf,
+                        Sock {
+                            stream: &r.stream,
+                            drained: &mut r.drained,
+                            blocking: r.blocking,
+                        },
+                        dst,
+                    ) {
                         Ok((from_buf, n)) => {
                             r.start += from_buf;
                             *got += n as u64;
@@ -360,6 +452,7 @@ impl Inner {
                     continue;
                 }
                 Frame::Data { h, .. } => {
+                    r.bulk = h.len >= BUFFER as u64;
                     self.links
                         .counters
                         .data_bytes_received
@@ -424,7 +517,14 @@ fn fill(r: &mut Reading, most: usize) -> Result<usize, TransportError> {
     }
     let end = r.end;
     let to = (end + most).min(r.buf.len());
-    let n = recv_now((&r.stream, &mut r.drained), &mut r.buf[end..to])?;
+    let n = recv_now(
+        Sock {
+            stream: &r.stream,
+            drained: &mut r.drained,
+            blocking: r.blocking,
+        },
+        &mut r.buf[end..to],
+    )?;
     r.end += n;
     Ok(n)
 }
@@ -436,7 +536,7 @@ fn take(
     start: usize,
     end: usize,
     buf: &[u8],
-    socket: (&TcpStream, &mut bool),
+    socket: Sock<'_>,
     dst: &mut [u8],
 ) -> Result<(usize, usize), TransportError> {
     if start == end {
@@ -447,27 +547,41 @@ fn take(
     Ok((n, n))
 }
 
-/// One `recv` with `MSG_DONTWAIT`: the bytes read, 0 when the socket has none now (or had
-/// less than asked for earlier in this turn: `drained`); the end of the stream is an error (a
-/// peer leaves with a goodbye frame).
-fn recv_now(
-    (stream, drained): (&TcpStream, &mut bool),
-    dst: &mut [u8],
-) -> Result<usize, TransportError> {
-    if *drained {
+/// A connection's socket as its reader reads it.
+struct Sock<'a> {
+    stream: &'a TcpStream,
+    /// See `Reading::drained`.
+    drained: &'a mut bool,
+    /// See `Reading::blocking`.
+    blocking: bool,
+}
+
+/// One `recv`: the bytes read. Non-blocking (`MSG_DONTWAIT`): 0 when the socket has none now
+/// (or had less than asked for earlier in this turn: `drained`). Blocking: waits, and the
+/// socket's receive timeout (the heartbeat timeout) is an error. The end of the stream is an
+/// error (a peer leaves with a goodbye frame).
+fn recv_now(sock: Sock<'_>, dst: &mut [u8]) -> Result<usize, TransportError> {
+    if *sock.drained {
         return Ok(0);
     }
+    let flags = match sock.blocking {
+        true => MsgFlags::empty(),
+        false => MsgFlags::MSG_DONTWAIT,
+    };
     loop {
-        match recv(stream.as_raw_fd(), dst, MsgFlags::MSG_DONTWAIT) {
+        match recv(sock.stream.as_raw_fd(), dst, flags) {
             Ok(0) if !dst.is_empty() => {
                 return Err(std::io::Error::from(ErrorKind::UnexpectedEof).into())
             }
             Ok(n) => {
-                *drained = n < dst.len();
+                *sock.drained = !sock.blocking && n < dst.len();
                 return Ok(n);
             }
+            Err(Errno::EAGAIN) if sock.blocking => {
+                return Err(std::io::Error::from(ErrorKind::TimedOut).into())
+            }
             Err(Errno::EAGAIN) => {
-                *drained = true;
+                *sock.drained = true;
                 return Ok(0);
             }
             Err(Errno::EINTR) => continue,

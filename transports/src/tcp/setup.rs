@@ -74,6 +74,6 @@ impl Inner {
         self.readers
             .get()
             .expect("readers start with the transport")
-            .add(conn, reader)
+            .add(self, conn, reader)
     }
 }
