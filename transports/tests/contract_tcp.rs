@@ -10,6 +10,22 @@ use std::time::Duration;
 
 struct Tcp;
 
+/// The suite's settings: every node knows the secret (the authenticated setup path).
+fn config(heartbeat: Duration) -> TcpConfig {
+    TcpConfig {
+        heartbeat_timeout: heartbeat,
+        auth: AuthConfig {
+            secret: Some(ClusterSecret::parse("the TCP contract suite's secret").unwrap()),
+            ..AuthConfig::default()
+        },
+        ..TcpConfig::default()
+    }
+}
+
+fn bind_with(id: NodeId, cfg: TcpConfig) -> Result<TcpTransport, TransportError> {
+    TcpTransport::bind(id, "127.0.0.1:0".parse().expect("address"), cfg)
+}
+
 impl Harness for Tcp {
     type T = TcpTransport;
 
@@ -18,16 +34,7 @@ impl Harness for Tcp {
     }
 
     fn bind(id: NodeId, heartbeat: Duration) -> Result<TcpTransport, TransportError> {
-        let cfg = TcpConfig {
-            heartbeat_timeout: heartbeat,
-            // Every node of the suite knows the secret: the authenticated setup path.
-            auth: AuthConfig {
-                secret: Some(ClusterSecret::parse("the TCP contract suite's secret").unwrap()),
-                ..AuthConfig::default()
-            },
-            ..TcpConfig::default()
-        };
-        TcpTransport::bind(id, "127.0.0.1:0".parse().expect("address"), cfg)
+        bind_with(id, config(heartbeat))
     }
 
     fn connect(
@@ -64,16 +71,11 @@ mod shared_readers {
 
         fn bind(id: NodeId, heartbeat: Duration) -> Result<TcpTransport, TransportError> {
             let cfg = TcpConfig {
-                heartbeat_timeout: heartbeat,
                 dedicated_readers: 0,
                 readers: 2,
-                auth: AuthConfig {
-                    secret: Some(ClusterSecret::parse("the TCP contract suite's secret").unwrap()),
-                    ..AuthConfig::default()
-                },
-                ..TcpConfig::default()
+                ..config(heartbeat)
             };
-            TcpTransport::bind(id, "127.0.0.1:0".parse().expect("address"), cfg)
+            bind_with(id, cfg)
         }
 
         fn connect(
@@ -81,7 +83,7 @@ mod shared_readers {
             peers: &[(NodeId, SocketAddr)],
             dial_all: bool,
         ) -> Result<(), TransportError> {
-            t.connect(peers, dial_all)
+            Tcp::connect(t, peers, dial_all)
         }
     }
 

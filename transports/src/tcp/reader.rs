@@ -59,23 +59,28 @@ pub(super) struct PollSet {
 /// One connection as its reader thread sees it.
 struct Reading {
     conn: Arc<Conn>,
+    input: Input,
+    frame: Frame,
+    last_rx: Instant,
+    /// The last frame was a large data frame: the next header is read alone, so that a data
+    /// payload behind it goes straight into the arena rather than through the buffer. After
+    /// anything else the buffer is filled, for the small frames that tend to follow.
+    bulk: bool,
+}
+
+/// A connection's socket and read-ahead buffer.
+struct Input {
     /// The reader's handle of the socket (a clone of the connection's).
     stream: TcpStream,
     buf: Box<[u8]>,
     /// Unread bytes are `buf[start..end]`.
     start: usize,
     end: usize,
-    frame: Frame,
-    last_rx: Instant,
     /// A read this turn got less than it asked for: the socket is empty, so the turn ends
     /// when the buffer is, without a `recv` that would find nothing.
     drained: bool,
     /// Read by a thread of its own: `recv` waits (up to the socket's receive timeout).
     blocking: bool,
-    /// The last frame was a large data frame: the next header is read alone, so that a data
-    /// payload behind it goes straight into the arena rather than through the buffer. After
-    /// anything else the buffer is filled, for the small frames that tend to follow.
-    bulk: bool,
 }
 
 /// Where a connection is in its current frame.
@@ -141,14 +146,16 @@ impl Readers {
         let peer = conn.peer();
         let mut r = Reading {
             conn,
-            stream,
-            buf: vec![0u8; BUFFER].into_boxed_slice(),
-            start: 0,
-            end: 0,
+            input: Input {
+                stream,
+                buf: vec![0u8; BUFFER].into_boxed_slice(),
+                start: 0,
+                end: 0,
+                drained: false,
+                blocking: false,
+            },
             frame: Frame::Header,
             last_rx: Instant::now(),
-            drained: false,
-            blocking: false,
             bulk: false,
         };
         let own = self
@@ -158,8 +165,9 @@ impl Readers {
             })
             .is_ok();
         if own {
-            r.blocking = true;
-            r.stream
+            r.input.blocking = true;
+            r.input
+                .stream
                 .set_read_timeout(Some(inner.cfg.heartbeat_timeout))?;
             let (me, count) = (inner.clone(), self.dedicated.clone());
             let spawned = std::thread::Builder::new()
@@ -190,7 +198,7 @@ impl Readers {
         let added = {
             let map = set.conns.lock().unwrap();
             let r = map.get(&token).expect("just inserted");
-            set.epoll.add(&r.stream, ev)
+            set.epoll.add(&r.input.stream, ev)
         };
         if let Err(e) = added {
             set.conns.lock().unwrap().remove(&token);
@@ -255,7 +263,7 @@ impl Inner {
         // Closing: every connection was shut down; drop them.
         let all: Vec<Reading> = set.conns.lock().unwrap().drain().map(|(_, r)| r).collect();
         for r in all {
-            let _ = set.epoll.delete(&r.stream);
+            let _ = set.epoll.delete(&r.input.stream);
         }
     }
 
@@ -280,7 +288,7 @@ impl Inner {
     /// A connection's reading is over: out of the epoll set, and its link failed with the
     /// reason (`None`: a goodbye).
     fn end(&self, set: &PollSet, r: Reading, reason: Option<TransportError>) {
-        let _ = set.epoll.delete(&r.stream);
+        let _ = set.epoll.delete(&r.input.stream);
         self.end_reading(r, reason);
     }
 
@@ -321,7 +329,7 @@ impl Inner {
     /// Reads what `r`'s socket has (up to the budget) and handles the frames it completes.
     fn read_some(&self, r: &mut Reading) -> Turn {
         let mut read = 0usize;
-        r.drained = false;
+        r.input.drained = false;
         let turn = self.read_frames(r, &mut read);
         if read > 0 {
             r.last_rx = Instant::now();
@@ -338,12 +346,13 @@ impl Inner {
             }
             let step = match &mut r.frame {
                 Frame::Header => {
-                    if r.end - r.start < FRAME_HEADER_LEN {
+                    let buffered = r.input.end - r.input.start;
+                    if buffered < FRAME_HEADER_LEN {
                         let want = match r.bulk {
-                            true => FRAME_HEADER_LEN - (r.end - r.start),
+                            true => FRAME_HEADER_LEN - buffered,
                             false => BUFFER,
                         };
-                        match fill(r, want) {
+                        match r.input.fill(want) {
                             Ok(0) => return Turn::Later,
                             Ok(n) => {
                                 *read += n;
@@ -353,8 +362,9 @@ impl Inner {
                         }
                     }
                     let mut b = [0u8; FRAME_HEADER_LEN];
-                    b.copy_from_slice(&r.buf[r.start..r.start + FRAME_HEADER_LEN]);
-                    r.start += FRAME_HEADER_LEN;
+                    let at = r.input.start;
+                    b.copy_from_slice(&r.input.buf[at..at + FRAME_HEADER_LEN]);
+                    r.input.start += FRAME_HEADER_LEN;
                     match self.start_frame(peer, &b) {
                         Ok(Some(f)) => {
                             r.frame = f;
@@ -366,35 +376,9 @@ impl Inner {
                     }
                 }
                 Frame::Ctrl { msg, got } if *got < msg.len() => {
-                    if r.start == r.end && msg.len() - *got < BUFFER {
-                        match fill(r, BUFFER) {
-                            Ok(0) => return Turn::Later,
-                            Ok(n) => {
-                                *read += n;
-                                continue;
-                            }
-                            Err(e) => return Turn::Failed(e),
-                        }
-                    }
-                    match take(
-                        r.start,
-                        r.end,
-                        &r.buf,
-                        Sock {
-                            stream: &r.stream,
-                            drained: &mut r.drained,
-                            blocking: r.blocking,
-                        },
-                        &mut msg[*got..],
-                    ) {
-                        Ok((from_buf, n)) => {
-                            r.start += from_buf;
-                            *got += n;
-                            *read += n - from_buf;
-                            if n == 0 {
-                                return Turn::Later;
-                            }
-                        }
+                    match r.input.read_into(&mut msg[*got..], read) {
+                        Ok(0) => return Turn::Later,
+                        Ok(n) => *got += n,
                         Err(e) => return Turn::Failed(e),
                     }
                     continue;
@@ -409,16 +393,6 @@ impl Inner {
                     Some(Event::Ctrl { peer, msg })
                 }
                 Frame::Data { h, got, .. } if *got < h.len => {
-                    if r.start == r.end && h.len - *got < BUFFER as u64 {
-                        match fill(r, BUFFER) {
-                            Ok(0) => return Turn::Later,
-                            Ok(n) => {
-                                *read += n;
-                                continue;
-                            }
-                            Err(e) => return Turn::Failed(e),
-                        }
-                    }
                     let Some(arena) = self.arena.get() else {
                         return Turn::Failed(TransportError::NoArena);
                     };
@@ -428,25 +402,9 @@ impl Inner {
                     // readers only look below the watermark, which moves past these bytes
                     // after the Data event below.
                     let dst = unsafe { arena.slice_mut(h.dst + *got, h.len - *got) };
-                    match take(
-                        r.start,
-                        r.end,
-                        &r.buf,
-                        Sock {
-                            stream: &r.stream,
-                            drained: &mut r.drained,
-                            blocking: r.blocking,
-                        },
-                        dst,
-                    ) {
-                        Ok((from_buf, n)) => {
-                            r.start += from_buf;
-                            *got += n as u64;
-                            *read += n - from_buf;
-                            if n == 0 {
-                                return Turn::Later;
-                            }
-                        }
+                    match r.input.read_into(dst, read) {
+                        Ok(0) => return Turn::Later,
+                        Ok(n) => *got += n as u64,
                         Err(e) => return Turn::Failed(e),
                     }
                     continue;
@@ -507,44 +465,53 @@ impl Inner {
     }
 }
 
-/// Reads up to `most` more bytes into `r`'s buffer (moving the unread rest to its front
-/// first): the bytes read, 0 when the socket has none now.
-fn fill(r: &mut Reading, most: usize) -> Result<usize, TransportError> {
-    if r.start > 0 {
-        r.buf.copy_within(r.start..r.end, 0);
-        r.end -= r.start;
-        r.start = 0;
+impl Input {
+    /// Reads up to `most` more bytes into the buffer (moving the unread rest to its front
+    /// first): the bytes read, 0 when the socket has none now.
+    fn fill(&mut self, most: usize) -> Result<usize, TransportError> {
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        let (end, to) = (self.end, (self.end + most).min(self.buf.len()));
+        let sock = Sock {
+            stream: &self.stream,
+            drained: &mut self.drained,
+            blocking: self.blocking,
+        };
+        let n = recv_now(sock, &mut self.buf[end..to])?;
+        self.end += n;
+        Ok(n)
     }
-    let end = r.end;
-    let to = (end + most).min(r.buf.len());
-    let n = recv_now(
-        Sock {
-            stream: &r.stream,
-            drained: &mut r.drained,
-            blocking: r.blocking,
-        },
-        &mut r.buf[end..to],
-    )?;
-    r.end += n;
-    Ok(n)
-}
 
-/// Fills as much of `dst` as is buffered (`buf[start..end]`); with nothing buffered, reads
-/// straight into `dst` (the caller fills the buffer first for a rest smaller than it).
-/// Returns (bytes taken from the buffer, bytes in all); (0, 0): the socket has none now.
-fn take(
-    start: usize,
-    end: usize,
-    buf: &[u8],
-    socket: Sock<'_>,
-    dst: &mut [u8],
-) -> Result<(usize, usize), TransportError> {
-    if start == end {
-        return Ok((0, recv_now(socket, dst)?));
+    /// Reads into `dst` (the rest of a frame's payload): what is buffered; with nothing
+    /// buffered, a rest as large as the buffer straight from the socket, a smaller one
+    /// through the buffer (with the frames behind it). Returns the bytes put into `dst`, 0
+    /// when the socket has none now; `read` counts the bytes taken from the socket.
+    fn read_into(&mut self, dst: &mut [u8], read: &mut usize) -> Result<usize, TransportError> {
+        if self.start == self.end {
+            if dst.len() >= BUFFER {
+                let sock = Sock {
+                    stream: &self.stream,
+                    drained: &mut self.drained,
+                    blocking: self.blocking,
+                };
+                let n = recv_now(sock, dst)?;
+                *read += n;
+                return Ok(n);
+            }
+            let n = self.fill(BUFFER)?;
+            *read += n;
+            if n == 0 {
+                return Ok(0);
+            }
+        }
+        let n = (self.end - self.start).min(dst.len());
+        dst[..n].copy_from_slice(&self.buf[self.start..self.start + n]);
+        self.start += n;
+        Ok(n)
     }
-    let n = (end - start).min(dst.len());
-    dst[..n].copy_from_slice(&buf[start..start + n]);
-    Ok((n, n))
 }
 
 /// A connection's socket as its reader reads it.
