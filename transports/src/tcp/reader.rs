@@ -211,21 +211,18 @@ impl Readers {
 impl Inner {
     /// The thread of a link of its own: reads until the link ends.
     fn read_alone(&self, mut r: Reading) {
-        let turn = loop {
+        let reason = loop {
             match self.read_some(&mut r) {
                 Turn::Later => continue,
-                end => break end,
+                Turn::Bye => break None,
+                Turn::Failed(e) => break Some(e),
             }
         };
-        match turn {
-            Turn::Bye => self.end_reading(r, None),
-            Turn::Failed(e) => self.end_reading(r, Some(e)),
-            Turn::Later => unreachable!("the loop goes on"),
-        }
+        self.end_reading(r, reason);
     }
 
-    /// One epoll reader thread: waits for readable connections and reads their frames, until the
-    /// transport closes.
+    /// One epoll reader thread: waits for readable connections and reads their frames, until
+    /// the transport closes.
     fn poll_loop(self: Arc<Self>, set: &PollSet) {
         let mut events = vec![EpollEvent::empty(); 64];
         let mut last_scan = Instant::now();
