@@ -5,9 +5,10 @@
 //! blocking `send`/`write` call: a non-blocking frame that finds the writer busy (another
 //! thread is in the middle of a frame to that peer) goes to the connection's overflow queue,
 //! which the next holder of the writer lock sends first; the flusher only ever writes with
-//! `MSG_DONTWAIT`. What waits for one peer (its unsent tail, its overflow) is bounded by
-//! [`MAX_QUEUED`] each: a peer that lets more pile up is not reading and its link is failed, as is
-//! one whose socket takes nothing for twice the heartbeat timeout (the socket's send timeout).
+//! `MSG_DONTWAIT`. What waits for one peer (its unsent tail and its overflow together) is
+//! bounded by [`MAX_QUEUED`]: a peer that lets more pile up is not reading and its link is
+//! failed, as is one whose socket takes nothing for twice the heartbeat timeout (the socket's
+//! send timeout).
 
 use super::Inner;
 use crate::frame::{FrameHeader, FrameKind};
@@ -19,8 +20,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// Most bytes that may wait for one peer, in its unsent tail or in its overflow queue, before
-/// its link is failed.
+/// Most bytes that may wait for one peer, in its unsent tail and its overflow queue together,
+/// before its link is failed.
 pub(super) const MAX_QUEUED: usize = 64 << 20;
 
 pub(super) struct Conn {
@@ -32,6 +33,9 @@ pub(super) struct Conn {
     /// Whole frames queued while another thread held the writer; sent, in order, by the next
     /// holder of the writer lock before anything else.
     pub(super) overflow: Mutex<Vec<u8>>,
+    /// Bytes in the writer's tail as its last holder left it: what the overflow queues behind,
+    /// counted against [`MAX_QUEUED`] without waiting for the writer lock.
+    pub(super) tail_len: std::sync::atomic::AtomicUsize,
 }
 
 impl Link for Conn {
@@ -76,6 +80,7 @@ impl Writer {
             self.stream.write_all(&self.tail)?;
             self.written += self.tail.len() as u64;
             self.tail.clear();
+            conn.tail_len.store(0, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -94,6 +99,7 @@ impl Writer {
                 Err(e) => return Err(e),
             }
         }
+        conn.tail_len.store(self.tail.len(), Ordering::Relaxed);
         Ok(!self.tail.is_empty())
     }
 }
@@ -234,7 +240,7 @@ impl Inner {
                 let mut o = conn.overflow.lock().unwrap();
                 o.extend_from_slice(&head);
                 o.extend_from_slice(msg);
-                o.len()
+                o.len() + conn.tail_len.load(Ordering::Relaxed)
             };
             let _ = self.flush_tx.send(conn.clone());
             return self.check_queued(conn, queued);
@@ -263,6 +269,7 @@ impl Inner {
             w.tail.extend_from_slice(msg);
         }
         let queued = w.tail.len();
+        conn.tail_len.store(queued, Ordering::Relaxed);
         drop(w);
         conn.last_send.store(self.links.now_ns(), Ordering::Relaxed);
         if queued > 0 {

@@ -62,6 +62,7 @@ impl Inner {
             socket: s,
             last_send: AtomicU64::new(self.links.now_ns()),
             overflow: Mutex::new(Vec::new()),
+            tail_len: Default::default(),
         });
         let reader = conn.socket.try_clone()?;
         if self.links.install(conn.clone()).is_some() {
