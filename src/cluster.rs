@@ -47,6 +47,25 @@ impl TransportSettings {
 }
 
 impl TransportSettings {
+    /// Makes links on first use (`true`) or as a full mesh at start.
+    pub fn set_on_demand(&mut self, on: bool) {
+        match self {
+            TransportSettings::Tcp(c) if on => *c = c.clone().on_demand(),
+            TransportSettings::Tcp(c) => c.on_demand = false,
+            #[cfg(feature = "rdma")]
+            TransportSettings::Rdma(c) => c.on_demand = on,
+        }
+    }
+
+    /// Whether links are made on first use.
+    pub fn on_demand(&self) -> bool {
+        match self {
+            TransportSettings::Tcp(c) => c.on_demand,
+            #[cfg(feature = "rdma")]
+            TransportSettings::Rdma(c) => c.on_demand,
+        }
+    }
+
     /// Who may link, and the handshake bound (see `phalanx_transport::auth`).
     pub fn auth_mut(&mut self) -> &mut AuthConfig {
         match self {
@@ -73,6 +92,7 @@ impl TransportSettings {
         if let TransportSettings::Rdma(r) = &mut settings {
             r.busy_poll = cfg.busy_poll.unwrap_or(r.busy_poll);
             r.numa_placement = cfg.numa_placement.unwrap_or(r.numa_placement);
+            r.on_demand = cfg.connect() == crate::Connect::OnDemand;
         }
         Ok(settings)
     }
@@ -129,6 +149,8 @@ pub struct LocalCluster {
     pub nodes: Vec<Node>,
     /// The members and secret every node (and a restarted one) links with.
     auth: AuthConfig,
+    /// Whether links are made on first use (a restarted node links the same way).
+    on_demand: bool,
 }
 
 impl LocalCluster {
@@ -138,9 +160,14 @@ impl LocalCluster {
     }
 
     /// N nodes on the given transport; out-of-band and TCP links use 127.0.0.1 (verbs traffic
-    /// goes through the chosen device).
+    /// goes through the chosen device). Links are made on demand when the settings say so or
+    /// the cluster is larger than [`crate::MESH_MAX_NODES`].
     pub fn start_with(n: u32, cfg: NodeConfig, t: TransportSettings) -> Result<LocalCluster> {
         let mut t = t;
+        if crate::Connect::default_for(n) == crate::Connect::OnDemand {
+            t.set_on_demand(true);
+        }
+        let on_demand = t.on_demand();
         let auth = t.auth_mut();
         if auth.secret.is_none() {
             auth.secret = Some(ClusterSecret::random().map_err(TransportError::from)?);
@@ -169,7 +196,11 @@ impl LocalCluster {
             .enumerate()
             .map(|(i, b)| Node::start(i as NodeId, n, b.into_transport(), cfg.clone()))
             .collect::<Result<Vec<_>>>()?;
-        Ok(LocalCluster { nodes, auth })
+        Ok(LocalCluster {
+            nodes,
+            auth,
+            on_demand,
+        })
     }
 
     /// Restarts node `k` (after it was killed) as a new incarnation on the same address; it
@@ -181,6 +212,7 @@ impl LocalCluster {
             tcp.auth.secret = self.auth.secret.clone();
         }
         tcp.auth.members = self.auth.members;
+        tcp.on_demand |= self.on_demand;
         let addr = self.nodes[k]
             .listen_addr()
             .ok_or_else(|| Error::Config("no address".into()))?;

@@ -62,6 +62,31 @@ pub enum TransportKind {
     Rdma,
 }
 
+/// How a node links to its peers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Connect {
+    /// Every node links to every other at start.
+    Mesh,
+    /// A link is made on its first use: a node keeps links only to the peers it talks to.
+    OnDemand,
+}
+
+impl Connect {
+    /// The default for a cluster of `nodes`: a mesh up to [`MESH_MAX_NODES`], on demand
+    /// beyond (a mesh of n nodes is n(n-1)/2 connections, each read and heartbeated).
+    pub fn default_for(nodes: u32) -> Connect {
+        if nodes > MESH_MAX_NODES {
+            Connect::OnDemand
+        } else {
+            Connect::Mesh
+        }
+    }
+}
+
+/// Largest cluster linked as a full mesh by default (see [`Connect::default_for`]).
+pub const MESH_MAX_NODES: u32 = 32;
+
 #[derive(Debug, Clone, Deserialize)]
 pub struct NodeEntry {
     pub id: NodeId,
@@ -136,6 +161,8 @@ pub struct ClusterConfig {
     /// Allreduces of objects this large or larger (all inputs used) are reduced partition by
     /// partition, e.g. 8388608 (default and 0: never; one tree, then a broadcast).
     pub allreduce_partition_min: Option<u64>,
+    /// `"mesh"` or `"on_demand"`; default: a mesh up to 32 nodes, on demand beyond.
+    pub connect: Option<Connect>,
     pub nodes: Vec<NodeEntry>,
     /// Directory of the file the config was loaded from (for `secret_file`).
     #[serde(skip)]
@@ -202,7 +229,7 @@ impl ClusterConfig {
 
     pub fn tcp_config(&self) -> TcpConfig {
         let d = TcpConfig::default();
-        TcpConfig {
+        let c = TcpConfig {
             heartbeat_timeout: self
                 .heartbeat_ms
                 .map_or(d.heartbeat_timeout, Duration::from_millis),
@@ -211,7 +238,18 @@ impl ClusterConfig {
                 .map_or(d.connect_timeout, Duration::from_secs),
             socket_buffer: self.socket_buffer.unwrap_or(d.socket_buffer),
             ..d
+        };
+        if self.connect() == Connect::OnDemand {
+            c.on_demand()
+        } else {
+            c
         }
+    }
+
+    /// How the nodes link (`connect`, else the default for the cluster's size).
+    pub fn connect(&self) -> Connect {
+        self.connect
+            .unwrap_or_else(|| Connect::default_for(self.nodes.len() as u32))
     }
 
     /// Who may link to a node of this cluster: the secret (`secret`, else `secret_file`,

@@ -24,7 +24,7 @@ mod view;
 mod workers;
 
 pub use cluster::{LocalCluster, TransportSettings};
-pub use config::{ClusterConfig, NodeConfig, TransportKind, INLINE_LIMIT};
+pub use config::{ClusterConfig, Connect, NodeConfig, TransportKind, INLINE_LIMIT, MESH_MAX_NODES};
 pub use error::{Error, Result};
 pub use fault::{FaultAction, FaultPlan};
 pub use id::ObjectId;

@@ -16,7 +16,7 @@ const IDLE_EXIT: Duration = Duration::from_secs(10);
 type Job = Box<dyn FnOnce() + Send>;
 
 pub(crate) struct Workers {
-    name: String,
+    node: phalanx_transport::NodeId,
     /// Jobs for idle workers; a job is sent only when a worker is known to be waiting.
     jobs: Sender<Job>,
     job_rx: Receiver<Job>,
@@ -32,10 +32,10 @@ struct Counts {
 }
 
 impl Workers {
-    pub fn new(name: impl Into<String>) -> Workers {
+    pub fn new(node: phalanx_transport::NodeId) -> Workers {
         let (jobs, job_rx) = crossbeam_channel::unbounded();
         Workers {
-            name: name.into(),
+            node,
             jobs,
             job_rx,
             state: Arc::new(Counts::default()),
@@ -60,9 +60,9 @@ impl Workers {
         let state = self.state.clone();
         state.alive.fetch_add(1, Ordering::AcqRel);
         let first: Job = Box::new(job);
-        let spawned = std::thread::Builder::new()
-            .name(self.name.clone())
-            .spawn(move || worker(first, rx, state.clone()));
+        let spawned = phalanx_transport::threads::spawn(self.node, "worker", move || {
+            worker(first, rx, state.clone())
+        });
         if spawned.is_err() {
             self.state.alive.fetch_sub(1, Ordering::AcqRel);
         }
@@ -111,7 +111,7 @@ mod tests {
 
     #[test]
     fn idle_workers_are_reused_and_busy_ones_never_block_a_job() {
-        let w = Workers::new("test-worker");
+        let w = Workers::new(4_000_000_000);
         let (tx, rx) = crossbeam_channel::unbounded();
         for i in 0..3 {
             let tx = tx.clone();

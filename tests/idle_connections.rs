@@ -1,7 +1,7 @@
-//! A thousand connections that never say anything cost a node a bounded number of threads
-//! and little memory, and the node keeps working meanwhile: handshakes run on at most 128
-//! threads at once, each bounded by the handshake timeout; connections beyond that are
-//! refused at once; none gets a link or a buffer before it proves the cluster secret.
+//! A thousand connections that never say anything cost a node no thread and little memory,
+//! and the node keeps working meanwhile: handshakes run on the accept thread (epoll), each
+//! bounded by the handshake timeout; none gets a link, a thread or a buffer before it proves
+//! the cluster secret.
 
 use phalanx::transport::{AuthConfig, ClusterSecret, TcpConfig};
 use phalanx::{LocalCluster, NodeConfig, TransportSettings};
@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 
 const IDLE: usize = 1000;
 const HANDSHAKE: Duration = Duration::from_millis(1500);
-/// The accept loop's bound on handshakes in progress (transports/src/link/net.rs).
-const MAX_HANDSHAKES: usize = 128;
+/// Threads the silent connections may add: none (a margin of 2 for the cluster's own
+/// short-lived threads, such as an idle worker's).
+const MORE_THREADS: u64 = 2;
 
 fn status(field: &str) -> u64 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap();
@@ -54,11 +55,11 @@ fn a_thousand_idle_connections_cost_bounded_threads_and_memory() {
     assert_eq!(c.node(1).get("during").unwrap(), vec![2u8; 1 << 20]);
     let during = t.elapsed();
     println!(
-        "{IDLE} idle connections: threads {threads0} -> {threads1} (bound +{MAX_HANDSHAKES}), \
+        "{IDLE} idle connections: threads {threads0} -> {threads1} (bound +{MORE_THREADS}), \
          RSS {rss0} -> {rss1} KiB; a 1 MiB put+get meanwhile took {during:?}"
     );
     assert!(
-        threads1 <= threads0 + MAX_HANDSHAKES as u64,
+        threads1 <= threads0 + MORE_THREADS,
         "threads {threads0} -> {threads1}"
     );
     assert!(

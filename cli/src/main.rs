@@ -313,7 +313,11 @@ fn bench_cmd(a: BenchArgs) -> Result<()> {
             if n < 2 {
                 bail!("--local needs at least 2 nodes");
             }
-            let arena = sizes.iter().max().copied().unwrap_or(0) * (n as u64 + 4) + (64 << 20);
+            raise_open_files_limit();
+            // Gather's root holds every rank's object; the other collectives a few per node.
+            let gather = a.collective.contains(&Collective::Gather);
+            let copies = if gather { n as u64 + 4 } else { 8 };
+            let arena = sizes.iter().max().copied().unwrap_or(0) * copies + (64 << 20);
             let d = NodeConfig::default();
             let cfg = NodeConfig {
                 arena_size: arena,
@@ -347,7 +351,9 @@ fn bench_cmd(a: BenchArgs) -> Result<()> {
                     rank0 = r;
                 }
             }
-            rank0
+            print_records(&rank0, a.json);
+            print_scale(&c.nodes, a.json);
+            return Ok(());
         }
         (None, Some(path)) => {
             let mut cfg = ClusterConfig::load(path)?;
@@ -387,6 +393,80 @@ fn bench_cmd(a: BenchArgs) -> Result<()> {
     };
     print_records(&records, a.json);
     Ok(())
+}
+
+/// Raises the soft limit on open files to the hard limit: an in-process cluster holds both
+/// ends of every link.
+fn raise_open_files_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard {
+            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                tracing::warn!("cannot raise the open files limit to {hard}: {e}");
+            }
+        }
+    }
+}
+
+/// What each node of an in-process cluster used: the most threads it ran at once, and its
+/// links (open at the end, most at once). The process's thread count is printed beside the
+/// sum of the nodes' as a check of the accounting.
+fn print_scale(nodes: &[Node], json: bool) {
+    let counts = phalanx::transport::threads::counts();
+    let rows: Vec<(u32, usize, usize, usize, usize)> = nodes
+        .iter()
+        .map(|n| {
+            let t = counts.get(&n.id()).copied().unwrap_or_default();
+            let (open, peak) = n.transport().link_counts().unwrap_or((0, 0));
+            (n.id(), t.peak, t.live, open, peak)
+        })
+        .collect();
+    let process = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Threads:").map(|v| v.trim().to_string()))
+        })
+        .unwrap_or_else(|| "?".into());
+    let live: usize = rows.iter().map(|r| r.2).sum();
+    if json {
+        for (id, peak, live, open, links_peak) in &rows {
+            println!(
+                "{}",
+                serde_json::json!({"scale_node": id, "nodes": nodes.len(), "peak_threads": peak,
+                    "threads_now": live, "links_open": open, "links_peak": links_peak})
+            );
+        }
+        return;
+    }
+    let stat = |f: fn(&(u32, usize, usize, usize, usize)) -> usize| {
+        let mut v: Vec<usize> = rows.iter().map(f).collect();
+        v.sort_unstable();
+        (v[0], v[v.len() / 2], v[v.len() - 1])
+    };
+    let (t0, t1, t2) = stat(|r| r.1);
+    let (l0, l1, l2) = stat(|r| r.4);
+    println!(
+        "# per node, {} nodes: peak threads min/median/max {t0}/{t1}/{t2}; links at most open \
+         min/median/max {l0}/{l1}/{l2} (of {} peers); threads now: nodes {live}, process {process}",
+        rows.len(),
+        rows.len() - 1
+    );
+    if let Some(busiest) = rows.iter().max_by_key(|r| r.1) {
+        let roles: Vec<String> = phalanx::transport::threads::roles(busiest.0)
+            .into_iter()
+            .map(|(r, c)| format!("{r} {}", c.peak))
+            .collect();
+        println!(
+            "# node {} ran the most threads, peaks by role: {}",
+            busiest.0,
+            roles.join(", ")
+        );
+    }
+    println!("#   node  peak threads  threads now  links open  links at most");
+    for (id, peak, live, open, links_peak) in &rows {
+        println!("{id:>8} {peak:>13} {live:>12} {open:>11} {links_peak:>14}");
+    }
 }
 
 fn print_records(groups: &[Vec<BenchRecord>], json: bool) {

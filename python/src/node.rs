@@ -335,7 +335,7 @@ impl Node {
 
     /// Whether node `peer` is up, as far as this node knows (itself always is).
     fn is_alive(&self, peer: u32) -> bool {
-        peer == self.node.id() || self.node.transport().is_connected(peer)
+        peer == self.node.id() || self.node.transport().is_up(peer)
     }
 
     /// The node's arena: (base address, length in bytes).

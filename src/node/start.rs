@@ -40,11 +40,12 @@ impl Node {
             cfg.spin_wait,
             cfg.op_timeout,
         ));
-        // A (re)joining node treats peers it could not reach as down until they link up.
-        let unreachable = (0..nodes).filter(|&p| p != id && !transport.is_connected(p));
+        // A (re)joining node treats peers it could not reach as down until they link up
+        // (with links made on demand, a starting node believes every peer up).
+        let unreachable = (0..nodes).filter(|&p| p != id && !transport.is_up(p));
         let members = Arc::new(Membership::new(id, nodes, unreachable));
         let dir = Arc::new(DirClient::new(rpc.clone(), members.clone(), store.clone()));
-        let workers = Arc::new(Workers::new(format!("phx-worker-{id}")));
+        let workers = Arc::new(Workers::new(id));
         let inner = Arc::new_cyclic(|me: &Weak<Inner>| {
             // The fault hook's DropLinks closes this node; weak, so it never keeps it alive.
             let me = me.clone();
@@ -95,9 +96,7 @@ impl Node {
             }
         }));
         let d = inner.clone();
-        let h = std::thread::Builder::new()
-            .name(format!("phx-node-{id}"))
-            .spawn(move || d.dispatch(queue_rx))
+        let h = phalanx_transport::threads::spawn(id, "node", move || d.dispatch(queue_rx))
             .map_err(|e| Error::Config(format!("spawn: {e}")))?;
         // Replies and data events are handled on the transport's threads (no hand-off);
         // everything that may send goes to the dispatcher. Weak: the transport must not keep
@@ -110,14 +109,12 @@ impl Node {
         });
         if !inner.transport.set_event_handler(handler.clone()) {
             let events = inner.transport.events();
-            std::thread::Builder::new()
-                .name(format!("phx-events-{id}"))
-                .spawn(move || {
-                    for ev in events {
-                        handler(ev);
-                    }
-                })
-                .map_err(|e| Error::Config(format!("spawn: {e}")))?;
+            phalanx_transport::threads::spawn(id, "events", move || {
+                for ev in events {
+                    handler(ev);
+                }
+            })
+            .map_err(|e| Error::Config(format!("spawn: {e}")))?;
         }
         Ok(Node {
             inner,

@@ -237,19 +237,17 @@ impl Reducer {
         let (done_tx, done) = crossbeam_channel::bounded(1);
         let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = finished.clone();
-        std::thread::Builder::new()
-            .name(format!("reduce {target}"))
-            .spawn(move || {
-                let hooks = Hooks {
-                    placed: Some(tx),
-                    on_tree: None,
-                };
-                let r = me.coordinate_reduce(target, &sources, num, kind, &opts, hooks);
-                // The handle may be gone: nobody waits for the result then.
-                let _ = done_tx.send(r);
-                flag.store(true, std::sync::atomic::Ordering::Release);
-            })
-            .map_err(|e| Error::Config(format!("spawn a reduce coordinator: {e}")))?;
+        phalanx_transport::threads::spawn(self.id, "reduce", move || {
+            let hooks = Hooks {
+                placed: Some(tx),
+                on_tree: None,
+            };
+            let r = me.coordinate_reduce(target, &sources, num, kind, &opts, hooks);
+            // The handle may be gone: nobody waits for the result then.
+            let _ = done_tx.send(r);
+            flag.store(true, std::sync::atomic::Ordering::Release);
+        })
+        .map_err(|e| Error::Config(format!("spawn a reduce coordinator: {e}")))?;
         Ok(ReduceHandle {
             placed: rx,
             done,

@@ -433,67 +433,159 @@ impl Admitted {
     }
 }
 
-/// The acceptor's side, up to the verdict: reads the challenge, checks it is addressed to
-/// node `me` from a member, answers with its proof, reads and checks the dialler's proof. On
-/// failure a refusal status is sent back (best effort) and the error returned.
+/// The acceptor's side, up to the verdict, on a blocking stream: reads the challenge,
+/// checks it is addressed to node `me` from a member, answers with its proof, reads and
+/// checks the dialler's proof. On failure a refusal status is sent back (best effort) and the
+/// error returned. [`Acceptor`] is the same exchange for a non-blocking stream.
 pub fn accept(
     s: &mut TcpStream,
     cfg: &AuthConfig,
     channel: Channel,
     me: NodeId,
 ) -> Result<Admitted, AuthError> {
-    let deadline = Instant::now() + cfg.handshake_timeout;
-    // The header first: garbage is refused as soon as its first 16 bytes are in.
-    let mut c = [0u8; CHALLENGE_LEN];
-    read_by(s, &mut c[..16], deadline)?;
-    let (version, from, to) = parse_header(&c, channel)?;
-    if version != VERSION {
-        return Err(AuthError::Malformed(format!("version {version}")));
+    let mut a = Acceptor::new(cfg, channel, me);
+    loop {
+        let mut buf = [0u8; CHALLENGE_LEN];
+        let want = a.wanted();
+        read_by(s, &mut buf[..want], a.deadline)?;
+        if let Some(admitted) = a.take(s, &buf[..want])? {
+            return Ok(admitted);
+        }
     }
-    read_by(s, &mut c[16..], deadline)?;
-    let refuse = |s: &mut TcpStream, why: AuthError| {
-        let mut r = [0u8; RESPONSE_LEN];
-        header(&mut r, why.status() as u8, channel, me, from);
-        let _ = write_by(s, &r, deadline);
-        why
-    };
-    if to != me {
-        return Err(refuse(
-            s,
-            AuthError::WrongNode {
-                expected: me,
-                got: to,
-            },
-        ));
-    }
-    if !cfg.is_member(me, from) {
-        return Err(refuse(s, AuthError::NotMember { id: from }));
-    }
-    let mut t = Transcript {
-        channel,
-        dialler: from,
-        acceptor: me,
-        dialler_nonce: [0; NONCE_LEN],
-        acceptor_nonce: [0; NONCE_LEN],
-    };
-    t.dialler_nonce.copy_from_slice(&c[16..]);
-    fill_random(&mut t.acceptor_nonce)?;
-    let mut r = [0u8; RESPONSE_LEN];
-    header(&mut r, Status::Accepted as u8, channel, me, from);
-    r[16..16 + NONCE_LEN].copy_from_slice(&t.acceptor_nonce);
-    r[16 + NONCE_LEN..].copy_from_slice(&t.tag(cfg.key(), Role::Acceptor));
-    write_by(s, &r, deadline)?;
+}
 
-    let mut p = [0u8; PROOF_LEN];
-    read_by(s, &mut p, deadline)?;
-    let admitted = Admitted {
-        peer: from,
-        deadline,
-    };
-    if !t.verify(cfg.key(), Role::Dialler, &p) {
-        return Err(admitted.refuse(s, AuthError::BadProof));
+/// The acceptor's side of the handshake as a state machine fed with bytes as they arrive,
+/// so that one thread can hold many handshakes (silent or trickling peers cost it nothing
+/// but a slot until the deadline). [`Acceptor::advance`] reads what a non-blocking stream
+/// has; the outcome is that of [`accept`].
+pub struct Acceptor {
+    cfg: AuthConfig,
+    channel: Channel,
+    me: NodeId,
+    /// The handshake's bound, from the accepted connection.
+    pub deadline: Instant,
+    /// The challenge, then the dialler's proof, as far as received.
+    buf: [u8; CHALLENGE_LEN],
+    got: usize,
+    /// Set once the challenge is answered: the exchange to check the proof against.
+    transcript: Option<Transcript>,
+}
+
+impl Acceptor {
+    pub fn new(cfg: &AuthConfig, channel: Channel, me: NodeId) -> Acceptor {
+        Acceptor {
+            cfg: cfg.clone(),
+            channel,
+            me,
+            deadline: Instant::now() + cfg.handshake_timeout,
+            buf: [0; CHALLENGE_LEN],
+            got: 0,
+            transcript: None,
+        }
     }
-    Ok(admitted)
+
+    /// Bytes needed to complete the current step (the challenge's header, its nonce, or the
+    /// proof); reading no more than this never swallows the dialler's next message.
+    fn wanted(&self) -> usize {
+        match (&self.transcript, self.got < 16) {
+            (Some(_), _) => PROOF_LEN - self.got,
+            (None, true) => 16 - self.got,
+            (None, false) => CHALLENGE_LEN - self.got,
+        }
+    }
+
+    /// Reads what the non-blocking stream `s` has for this handshake and moves it on. Ok(None):
+    /// more is needed (wait until `s` is readable again, or the deadline); Ok(Some): the
+    /// dialler proved the secret. Errors as [`accept`]'s (a refusal is sent back first).
+    pub fn advance(&mut self, s: &mut TcpStream) -> Result<Option<Admitted>, AuthError> {
+        loop {
+            if Instant::now() >= self.deadline {
+                return Err(AuthError::Timeout);
+            }
+            let mut buf = [0u8; CHALLENGE_LEN];
+            let want = self.wanted();
+            let n = match s.read(&mut buf[..want]) {
+                Ok(0) => return Err(AuthError::Closed),
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(None),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(AuthError::Io(e)),
+            };
+            if let Some(admitted) = self.take(s, &buf[..n])? {
+                return Ok(Some(admitted));
+            }
+        }
+    }
+
+    /// Takes `bytes` (at most [`Acceptor::wanted`]) and acts on every completed step: parses
+    /// the header, answers the challenge (or refuses it), checks the proof.
+    fn take(&mut self, s: &mut TcpStream, bytes: &[u8]) -> Result<Option<Admitted>, AuthError> {
+        self.buf[self.got..self.got + bytes.len()].copy_from_slice(bytes);
+        self.got += bytes.len();
+        let channel = self.channel;
+        if let Some(t) = &self.transcript {
+            if self.got < PROOF_LEN {
+                return Ok(None);
+            }
+            let admitted = Admitted {
+                peer: t.dialler,
+                deadline: self.deadline,
+            };
+            if !t.verify(self.cfg.key(), Role::Dialler, &self.buf[..PROOF_LEN]) {
+                return Err(admitted.refuse(s, AuthError::BadProof));
+            }
+            return Ok(Some(admitted));
+        }
+        // The header first: garbage is refused as soon as its first 16 bytes are in.
+        if self.got < 16 {
+            return Ok(None);
+        }
+        let (version, from, to) = parse_header(&self.buf, channel)?;
+        if version != VERSION {
+            return Err(AuthError::Malformed(format!("version {version}")));
+        }
+        if self.got < CHALLENGE_LEN {
+            return Ok(None);
+        }
+        let (me, deadline) = (self.me, self.deadline);
+        let refuse = |s: &mut TcpStream, why: AuthError| {
+            let mut r = [0u8; RESPONSE_LEN];
+            header(&mut r, why.status() as u8, channel, me, from);
+            let _ = write_by(s, &r, deadline);
+            why
+        };
+        if to != me {
+            return Err(refuse(
+                s,
+                AuthError::WrongNode {
+                    expected: me,
+                    got: to,
+                },
+            ));
+        }
+        if !self.cfg.is_member(me, from) {
+            return Err(refuse(s, AuthError::NotMember { id: from }));
+        }
+        let mut t = Transcript {
+            channel,
+            dialler: from,
+            acceptor: me,
+            dialler_nonce: [0; NONCE_LEN],
+            acceptor_nonce: [0; NONCE_LEN],
+        };
+        t.dialler_nonce
+            .copy_from_slice(&self.buf[16..CHALLENGE_LEN]);
+        fill_random(&mut t.acceptor_nonce)?;
+        let mut r = [0u8; RESPONSE_LEN];
+        header(&mut r, Status::Accepted as u8, channel, me, from);
+        r[16..16 + NONCE_LEN].copy_from_slice(&t.acceptor_nonce);
+        r[16 + NONCE_LEN..].copy_from_slice(&t.tag(self.cfg.key(), Role::Acceptor));
+        // 80 bytes on a connection that has sent nothing yet: the socket takes them at once.
+        write_by(s, &r, deadline)?;
+        self.transcript = Some(t);
+        self.got = 0;
+        Ok(None)
+    }
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@ pub mod grant;
 pub mod link;
 mod memory;
 pub mod tcp;
+pub mod threads;
 
 pub use auth::{AuthConfig, ClusterSecret};
 pub use error::TransportError;
@@ -190,6 +191,18 @@ pub trait Transport: Send + Sync + 'static {
 
     /// Whether a live link to `peer` exists.
     fn is_connected(&self, peer: NodeId) -> bool;
+
+    /// Whether `peer` is believed reachable: a live link, or, where links are made on first
+    /// use, no failure reported since it was last linked. Default: [`Transport::is_connected`].
+    fn is_up(&self, peer: NodeId) -> bool {
+        self.is_connected(peer)
+    }
+
+    /// Links open now and the most that were open at once (for scale figures); None if not
+    /// known.
+    fn link_counts(&self) -> Option<(usize, usize)> {
+        None
+    }
 
     /// Counters since start.
     fn stats(&self) -> TransportStats;

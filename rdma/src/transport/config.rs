@@ -26,8 +26,11 @@ pub struct RdmaConfig {
     pub write_window: usize,
     /// A peer silent for this long is reported down; heartbeats go out at a quarter of it.
     pub heartbeat_timeout: Duration,
-    /// How long `connect` waits for the whole mesh to come up.
+    /// How long `connect` waits for the whole mesh to come up (with `on_demand`: how long
+    /// after `connect` a dial keeps trying, while the cluster starts).
     pub connect_timeout: Duration,
+    /// Links (queue pairs, rings) made on first use instead of a full mesh at start.
+    pub on_demand: bool,
     /// Spin on the CQ and the rings instead of sleeping on the completion channel.
     pub busy_poll: bool,
     /// NIC-local placement: bind registered memory to the device's NUMA node and (with
@@ -59,6 +62,7 @@ impl Default for RdmaConfig {
             write_window: 8,
             heartbeat_timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(30),
+            on_demand: false,
             busy_poll: false,
             numa_placement: true,
             cq_entries: 16384,

@@ -227,32 +227,26 @@ impl RdmaTransport {
             rendezvous_threshold: AtomicU64::new(cfg_threshold),
         });
         let p = inner.clone();
-        let progress = std::thread::Builder::new()
-            .name(format!("phx-verbs-{id}"))
-            .spawn(move || {
-                if let Some(core) = p.placement.progress_core {
-                    match topology::pin_current_thread(core) {
-                        Ok(()) => info!(node = p.id, core, "verbs progress thread pinned"),
-                        Err(e) => tracing::warn!(node = p.id, core, "cannot pin: {e}"),
-                    }
+        let progress = phalanx_transport::threads::spawn(id, "verbs", move || {
+            if let Some(core) = p.placement.progress_core {
+                match topology::pin_current_thread(core) {
+                    Ok(()) => info!(node = p.id, core, "verbs progress thread pinned"),
+                    Err(e) => tracing::warn!(node = p.id, core, "cannot pin: {e}"),
                 }
-                let _ = p.progress_cpus.set(topology::allowed_cpus());
-                p.progress_loop()
-            })?;
+            }
+            let _ = p.progress_cpus.set(topology::allowed_cpus());
+            p.progress_loop()
+        })?;
         let h = inner.clone();
-        let hb = std::thread::Builder::new()
-            .name(format!("phx-vheartbeat-{id}"))
-            .spawn(move || h.heartbeat_loop())?;
+        let hb = phalanx_transport::threads::spawn(id, "vhb", move || h.heartbeat_loop())?;
         let a = inner.clone();
-        let acc = std::thread::Builder::new()
-            .name(format!("phx-vaccept-{id}"))
-            .spawn(move || {
-                let links = a.links.clone();
-                let failed = "verbs connection setup failed";
-                links.accept_loop(listener, "phx-vhello", failed, move |s, peer| {
-                    a.handshake(s, peer)
-                })
-            })?;
+        let acc = phalanx_transport::threads::spawn(id, "vaccept", move || {
+            let links = a.links.clone();
+            let failed = "verbs connection setup failed";
+            links.accept_loop(listener, "vhello", failed, move |s, peer| {
+                a.handshake(s, peer)
+            })
+        })?;
         inner.threads.lock().unwrap().extend([progress, hb, acc]);
         Ok(RdmaTransport { inner })
     }
@@ -514,7 +508,7 @@ impl Transport for RdmaTransport {
     fn send(&self, peer: NodeId, msg: &[u8]) -> Result<(), TransportError> {
         check_ctrl_len(msg)?;
         let inner = &self.inner;
-        let conn = inner.links.get(peer)?;
+        let conn = inner.links.link(peer)?;
         let mut tx = inner.lock_tx(&conn)?;
         inner.send_ctrl(&conn, &mut tx, msg)
     }
@@ -534,7 +528,7 @@ impl Transport for RdmaTransport {
         let mr = inner.arena_mr()?;
         mr.arena().check(src_offset, len)?;
         dst.check(dst_offset, len)?;
-        let conn = inner.links.get(peer)?;
+        let conn = inner.links.link(peer)?;
         if len == 0 {
             return Ok(());
         }
@@ -557,7 +551,9 @@ impl Transport for RdmaTransport {
 
     fn send_nonblocking(&self, peer: NodeId, msg: &[u8]) -> Result<bool, TransportError> {
         check_ctrl_len(msg)?;
-        let conn = self.inner.links.get(peer)?;
+        let Some(conn) = self.inner.links.link_nonblocking(peer)? else {
+            return Ok(false);
+        };
         self.inner.try_send_ctrl(&conn, msg)
     }
 }

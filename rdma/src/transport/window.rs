@@ -57,7 +57,7 @@ impl Inner {
         if super::progress::on_progress_thread() {
             return Ok(None);
         }
-        let conn = self.links.get(peer)?;
+        let conn = self.links.link(peer)?;
         let windows = self.windows_ok.load(Ordering::Relaxed);
         let access = if windows {
             Access::WindowsOnly

@@ -30,6 +30,14 @@ macro_rules! transport_link_methods {
             self.$inner.links.contains(peer)
         }
 
+        fn is_up(&self, peer: $crate::NodeId) -> bool {
+            self.$inner.links.is_up(peer)
+        }
+
+        fn link_counts(&self) -> ::std::option::Option<(usize, usize)> {
+            ::std::option::Option::Some(self.$inner.links.link_counts())
+        }
+
         fn stats(&self) -> $crate::TransportStats {
             self.$inner.links.counters.stats()
         }
@@ -46,7 +54,9 @@ macro_rules! transport_link_methods {
 
 /// Inside `impl T { ... }` of a transport handle: writes the public `connect` and `dial`.
 /// `self.<inner>` (the field named) must be an `Arc` of a type with a `links` field (the
-/// [`crate::LinkTable`]), a `cfg.connect_timeout` (a `Duration`) and a method
+/// [`crate::LinkTable`]), a `cfg.connect_timeout` and `cfg.heartbeat_timeout` (`Duration`s),
+/// a `cfg.on_demand` (`bool`: links made on first use, see [`crate::LinkTable::link`]) and
+/// a method
 /// `dial(self: &Arc<Self>, peer, addr, deadline: Instant) -> Result<(), TransportError>`
 /// that links one peer, trying until the deadline.
 #[macro_export]
@@ -54,7 +64,9 @@ macro_rules! connect_methods {
     ($inner:ident) => {
         /// Connects to `peers`: dials those with a lower id (all of them with `dial_all`, as
         /// a restarted node does to rejoin) and waits until every peer is linked, up to the
-        /// connect timeout. From then on a failed link to a lower id is dialled again.
+        /// connect timeout. From then on a failed link to a lower id is dialled again. With
+        /// `cfg.on_demand` it only learns where the peers listen (a rejoining node still
+        /// dials them all): each link is made on its first use.
         pub fn connect(
             &self,
             peers: &[($crate::NodeId, ::std::net::SocketAddr)],
@@ -70,6 +82,13 @@ macro_rules! connect_methods {
                     }
                 });
             inner.links.enable_redial(peers, redial)?;
+            if inner.cfg.on_demand {
+                inner.links.enable_on_demand(
+                    inner.cfg.connect_timeout,
+                    inner.cfg.heartbeat_timeout.saturating_mul(2)
+                        + ::std::time::Duration::from_secs(1),
+                );
+            }
             inner.links.connect_mesh(
                 peers,
                 dial_all,

@@ -10,7 +10,8 @@ impl<C: Link> LinkTable<C> {
     /// Links this node to `peers`. Node k dials every peer with a lower id and waits, up to
     /// `timeout`, until the ones with a higher id have dialled it (they show up in the
     /// table). A rejoining node (`dial_all`) dials every peer it can reach within a couple
-    /// of seconds and skips dead ones: they dial it when they come back. `dial` links one
+    /// of seconds and skips dead ones: they dial it when they come back. With links on
+    /// demand (see `demand`) a starting node dials nobody. `dial` links one
     /// peer (the transport's dial and handshake), giving up at the deadline it is passed.
     pub fn connect_mesh(
         &self,
@@ -21,6 +22,9 @@ impl<C: Link> LinkTable<C> {
     ) -> Result<(), TransportError> {
         let me = self.node;
         let deadline = Instant::now() + timeout;
+        if self.is_on_demand() && !dial_all {
+            return Ok(()); // linked on first use
+        }
         if dial_all {
             let short = Instant::now() + Duration::from_secs(2).min(timeout);
             for &(peer, addr) in peers.iter().filter(|p| p.0 != me) {

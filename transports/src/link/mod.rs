@@ -11,6 +11,7 @@
 
 mod counters;
 mod delegate;
+mod demand;
 mod events;
 mod mesh;
 mod net;
@@ -24,7 +25,7 @@ pub use redial::DialFn;
 
 use crate::auth::{AuthConfig, Channel};
 use crate::{Event, NodeId, TransportError, PEER_LEFT};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -128,10 +129,14 @@ pub struct LinkTable<C> {
     /// How long the acceptor waits for a peer's live link to be detected dead before it
     /// refuses a new link from that peer.
     dead_wait: Duration,
-    /// Peers between admission and install on the accepting side.
-    admitting: Mutex<HashSet<NodeId>>,
-    /// Handshakes in progress on the accepting side.
-    handshakes: AtomicUsize,
+    /// Links being set up (admitted, dialled) and peers held off after a failure.
+    setups: Mutex<demand::Setups>,
+    /// The most links open at once.
+    links_peak: AtomicUsize,
+    /// Woken when `setups` or the links change.
+    setup_cv: Condvar,
+    /// Links made on first use instead of as a full mesh at start (see `demand`).
+    on_demand: demand::OnDemand,
     /// Lost peers to dial again (see `redial`).
     redial: redial::Redial,
 }
@@ -153,8 +158,10 @@ impl<C: Link> LinkTable<C> {
             auth: AuthConfig::default(),
             channel: Channel::Tcp,
             dead_wait: Duration::from_secs(2),
-            admitting: Mutex::new(HashSet::new()),
-            handshakes: AtomicUsize::new(0),
+            setups: Mutex::new(demand::Setups::default()),
+            setup_cv: Condvar::new(),
+            links_peak: AtomicUsize::new(0),
+            on_demand: demand::OnDemand::default(),
             redial: redial::Redial::default(),
         }
     }
@@ -249,12 +256,15 @@ impl<C: Link> LinkTable<C> {
     /// Makes `link` the current link of its peer and wakes the mesh waiters. A link it
     /// replaces (the peer restarted and dialled again) is shut, with no event, and returned.
     pub fn install(&self, link: Arc<C>) -> Option<Arc<C>> {
+        let peer = link.peer();
         let old = {
             let mut links = self.links.lock().unwrap();
-            let old = links.insert(link.peer(), link);
+            let old = links.insert(peer, link);
+            self.links_peak.fetch_max(links.len(), Ordering::Relaxed);
             self.changed.notify_all();
             old
         };
+        self.linked(peer);
         if let Some(old) = &old {
             old.shut();
         }
@@ -279,14 +289,18 @@ impl<C: Link> LinkTable<C> {
             current
         };
         link.wake();
+        if current {
+            self.unlinked(peer);
+        }
         if current && !self.leaving.load(Ordering::Acquire) {
             let (node, label) = (self.node, self.label);
             if reason == PEER_LEFT {
                 info!(node, peer, "{label} closed: {reason}");
             } else {
                 warn!(node, peer, "{label} down: {reason}");
-                // The side that dialled it when the mesh formed dials it again.
-                if peer < node {
+                // The side that dialled it when the mesh formed dials it again (with links on
+                // demand, the next use does).
+                if peer < node && !self.on_demand.enabled() {
                     self.redial.schedule(peer);
                 }
             }

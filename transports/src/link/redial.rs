@@ -68,6 +68,13 @@ impl Redial {
         true
     }
 
+    /// Where `peer` listens and how to dial it, once known.
+    pub(super) fn dialer(&self, peer: NodeId) -> Option<(SocketAddr, DialFn)> {
+        let q = self.q.lock().unwrap();
+        let (addrs, dial) = q.dial.as_ref()?;
+        Some((*addrs.get(&peer)?, dial.clone()))
+    }
+
     pub(super) fn close(&self) {
         let mut q = self.q.lock().unwrap();
         q.closed = true;
@@ -94,9 +101,7 @@ impl<C: Link> LinkTable<C> {
         };
         if first {
             let table = Arc::downgrade(self);
-            std::thread::Builder::new()
-                .name(format!("phx-redial-{}", self.node))
-                .spawn(move || redial_loop(table))?;
+            crate::threads::spawn(self.node, "redial", move || redial_loop(table))?;
         }
         Ok(())
     }

@@ -8,8 +8,12 @@ use std::time::Duration;
 pub struct TcpConfig {
     /// A peer silent for this long is reported down. Heartbeats go out at a quarter of it.
     pub heartbeat_timeout: Duration,
-    /// How long `connect` waits for the whole mesh to come up.
+    /// How long `connect` waits for the whole mesh to come up (with `on_demand`: how long
+    /// after `connect` a dial keeps trying, while the cluster starts).
     pub connect_timeout: Duration,
+    /// Links made on first use instead of a full mesh at start (see
+    /// [`crate::LinkTable::link`]).
+    pub on_demand: bool,
     /// SO_SNDBUF / SO_RCVBUF in bytes; 0 keeps the kernel's autotuning.
     pub socket_buffer: usize,
     /// Largest data frame; larger writes are split so control messages can interleave.
@@ -26,11 +30,30 @@ pub struct TcpConfig {
     pub auth: AuthConfig,
 }
 
+impl TcpConfig {
+    /// These settings with links made on demand, for a large cluster: a node then has at most
+    /// [`TcpConfig::ON_DEMAND_DEDICATED_READERS`] links with a reader of their own (the rest
+    /// share the epoll readers), so its threads stay few whatever the number of its links.
+    pub fn on_demand(self) -> TcpConfig {
+        TcpConfig {
+            on_demand: true,
+            dedicated_readers: self
+                .dedicated_readers
+                .min(Self::ON_DEMAND_DEDICATED_READERS),
+            ..self
+        }
+    }
+
+    /// Links read by a thread of their own when links are made on demand.
+    pub const ON_DEMAND_DEDICATED_READERS: usize = 2;
+}
+
 impl Default for TcpConfig {
     fn default() -> Self {
         TcpConfig {
             heartbeat_timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(30),
+            on_demand: false,
             socket_buffer: 0,
             max_frame: 1 << 20,
             dedicated_readers: 8,

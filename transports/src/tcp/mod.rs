@@ -82,23 +82,17 @@ impl TcpTransport {
             reader::Readers::start(&inner, inner.cfg.readers, inner.cfg.dedicated_readers)?;
         let _ = inner.readers.set(readers);
         let acc = inner.clone();
-        let t = std::thread::Builder::new()
-            .name(format!("phx-accept-{id}"))
-            .spawn(move || {
-                let links = acc.links.clone();
-                let failed = "cannot install connection";
-                links.accept_loop(listener, "phx-hello", failed, move |s, peer| {
-                    acc.handshake(s, peer)
-                })
-            })?;
+        let t = crate::threads::spawn(id, "accept", move || {
+            let links = acc.links.clone();
+            let failed = "cannot install connection";
+            links.accept_loop(listener, "hello", failed, move |s, peer| {
+                acc.handshake(s, peer)
+            })
+        })?;
         let hb = inner.clone();
-        let h = std::thread::Builder::new()
-            .name(format!("phx-heartbeat-{id}"))
-            .spawn(move || hb.heartbeat_loop())?;
+        let h = crate::threads::spawn(id, "hb", move || hb.heartbeat_loop())?;
         let fl = inner.clone();
-        let f = std::thread::Builder::new()
-            .name(format!("phx-flush-{id}"))
-            .spawn(move || fl.flush_loop(flush_rx))?;
+        let f = crate::threads::spawn(id, "flush", move || fl.flush_loop(flush_rx))?;
         inner.threads.lock().unwrap().extend([t, h, f]);
         Ok(TcpTransport { inner })
     }
@@ -167,7 +161,7 @@ impl Transport for TcpTransport {
 
     fn send(&self, peer: NodeId, msg: &[u8]) -> Result<(), TransportError> {
         check_ctrl_len(msg)?;
-        let conn = self.inner.links.get(peer)?;
+        let conn = self.inner.links.link(peer)?;
         let h = FrameHeader::control(FrameKind::Ctrl, msg.len() as u64);
         self.inner.send_frame(&conn, &h, msg)?;
         let counters = &self.inner.links.counters;
@@ -177,7 +171,9 @@ impl Transport for TcpTransport {
 
     fn send_nonblocking(&self, peer: NodeId, msg: &[u8]) -> Result<bool, TransportError> {
         check_ctrl_len(msg)?;
-        let conn = self.inner.links.get(peer)?;
+        let Some(conn) = self.inner.links.link_nonblocking(peer)? else {
+            return Ok(false);
+        };
         let sent = self.inner.send_nonblocking(&conn, msg)?;
         if sent {
             let counters = &self.inner.links.counters;
@@ -198,7 +194,7 @@ impl Transport for TcpTransport {
         let arena = self.inner.arena.get().ok_or(TransportError::NoArena)?;
         arena.check(src_offset, len)?;
         dst.check(dst_offset, len)?;
-        let conn = self.inner.links.get(peer)?;
+        let conn = self.inner.links.link(peer)?;
         let max = self.inner.cfg.max_frame.max(4096) as u64;
         let counters = &self.inner.links.counters;
         let mut done = 0;
@@ -236,7 +232,9 @@ impl Transport for TcpTransport {
         if len > self.inner.cfg.max_frame as u64 {
             return Ok(false); // one frame or nothing
         }
-        let conn = self.inner.links.get(peer)?;
+        let Some(conn) = self.inner.links.link_nonblocking(peer)? else {
+            return Ok(false);
+        };
         let h = FrameHeader {
             kind: FrameKind::Data,
             len,

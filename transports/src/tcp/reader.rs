@@ -123,9 +123,7 @@ impl Readers {
                 next_token: AtomicU64::new(0),
             });
             let (me, s) = (inner.clone(), set.clone());
-            let h = std::thread::Builder::new()
-                .name(format!("phx-rx-{}-{k}", inner.id))
-                .spawn(move || me.poll_loop(&s))?;
+            let h = crate::threads::spawn(inner.id, &format!("rx{k}"), move || me.poll_loop(&s))?;
             inner.threads.lock().unwrap().push(h);
             sets.push(set);
         }
@@ -170,12 +168,10 @@ impl Readers {
                 .stream
                 .set_read_timeout(Some(inner.cfg.heartbeat_timeout))?;
             let (me, count) = (inner.clone(), self.dedicated.clone());
-            let spawned = std::thread::Builder::new()
-                .name(format!("phx-rx-{}-{peer}", inner.id))
-                .spawn(move || {
-                    me.read_alone(r);
-                    count.fetch_sub(1, Ordering::AcqRel);
-                });
+            let spawned = crate::threads::spawn(inner.id, &format!("rx{peer}"), move || {
+                me.read_alone(r);
+                count.fetch_sub(1, Ordering::AcqRel);
+            });
             return match spawned {
                 Ok(h) => {
                     let mut threads = inner.threads.lock().unwrap();
