@@ -81,7 +81,6 @@ macro_rules! connect_methods {
                         ::std::result::Result::Err($crate::TransportError::Shutdown)
                     }
                 });
-            inner.links.enable_redial(peers, redial)?;
             if inner.cfg.on_demand {
                 inner.links.enable_on_demand(
                     inner.cfg.connect_timeout,
@@ -89,6 +88,7 @@ macro_rules! connect_methods {
                         + ::std::time::Duration::from_secs(1),
                 );
             }
+            inner.links.enable_redial(peers, redial)?;
             inner.links.connect_mesh(
                 peers,
                 dial_all,

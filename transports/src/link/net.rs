@@ -348,7 +348,15 @@ impl<C: Link> LinkTable<C> {
             return Err(a.refuse(s, AuthError::Busy(peer)));
         }
         let admitting = Admitting { table: self, peer };
-        if !self.wait_vacant(peer, Instant::now() + self.dead_wait) {
+        // With links on demand a dialler whose link exists is one that crossed ours (refused
+        // at once: its dial sees our link and stops) or a restarted peer (it dials again
+        // until its old link is detected dead, within its dial's bound).
+        let wait = if self.on_demand.enabled() {
+            Duration::ZERO
+        } else {
+            self.dead_wait
+        };
+        if !self.wait_vacant(peer, Instant::now() + wait) {
             return Err(a.refuse(s, AuthError::Busy(peer)));
         }
         a.accept(s)?;

@@ -85,7 +85,8 @@ impl Redial {
 
 impl<C: Link> LinkTable<C> {
     /// Enables redial (see the module): remembers where `peers` listen and how to dial one,
-    /// and starts the table's redial thread (once).
+    /// and starts the table's redial thread (once; none when links are made on demand, which
+    /// must then be enabled first).
     pub fn enable_redial(
         self: &Arc<Self>,
         peers: &[(NodeId, SocketAddr)],
@@ -99,7 +100,8 @@ impl<C: Link> LinkTable<C> {
             q.dial = Some((addrs, dial));
             first
         };
-        if first {
+        // With links on demand a lost link is made again by its next use: no thread here.
+        if first && !self.is_on_demand() {
             let table = Arc::downgrade(self);
             crate::threads::spawn(self.node, "redial", move || redial_loop(table))?;
         }

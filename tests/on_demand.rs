@@ -1,0 +1,108 @@
+//! A cluster whose links are made on demand: broadcast, reduce and a source's death work as
+//! with a mesh, and a node that takes no part keeps no link.
+
+use phalanx::transport::TcpConfig;
+use phalanx::{DType, LocalCluster, NodeConfig, ObjectId, ReduceOp};
+use std::time::Duration;
+
+const N: u32 = 8;
+/// Takes part in nothing: the collectives below run on nodes 0..IDLE.
+const IDLE: usize = 7;
+
+fn cluster() -> LocalCluster {
+    let cfg = NodeConfig {
+        arena_size: 256 << 20,
+        op_timeout: Duration::from_secs(60),
+        ..NodeConfig::default()
+    };
+    let tcp = TcpConfig {
+        heartbeat_timeout: Duration::from_secs(2),
+        ..TcpConfig::default()
+    }
+    .on_demand();
+    LocalCluster::start(N, cfg, tcp).unwrap()
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+fn links(c: &LocalCluster, k: usize) -> (usize, usize) {
+    c.node(k).transport().link_counts().unwrap()
+}
+
+#[test]
+fn collectives_run_over_links_made_on_demand() {
+    let c = cluster();
+    for k in 0..N as usize {
+        assert_eq!(links(&c, k), (0, 0), "node {k} linked before any use");
+    }
+    // Broadcast: every entry lives on node 0 (homed names), every other node but the idle
+    // one gets the object, staggered so they form a tree.
+    let data = pattern(8 << 20, 7);
+    let id = ObjectId::homed(0, "bcast");
+    c.node(0).put(id.clone(), &data).unwrap();
+    std::thread::scope(|s| {
+        for k in 1..IDLE {
+            let (c, id, data) = (&c, id.clone(), &data);
+            s.spawn(move || {
+                std::thread::sleep(Duration::from_millis(5 * k as u64));
+                assert!(c.node(k).get(id).unwrap() == *data, "node {k}'s copy");
+            });
+        }
+    });
+    // Reduce: inputs on nodes 0..IDLE, coordinated by node 0.
+    let elems = 1 << 18;
+    let inputs: Vec<ObjectId> = (0..IDLE)
+        .map(|k| {
+            let id = ObjectId::homed(0, format!("in{k}"));
+            let v: Vec<u8> = (0..elems)
+                .flat_map(|i| ((i % 97) as f32 + k as f32).to_le_bytes())
+                .collect();
+            c.node(k).put(id.clone(), &v).unwrap();
+            id
+        })
+        .collect();
+    let out = ObjectId::homed(0, "sum");
+    let o = c
+        .node(0)
+        .reduce(out.clone(), &inputs, IDLE, ReduceOp::Sum, DType::F32)
+        .unwrap();
+    assert_eq!(o.used.len(), IDLE);
+    let got = c.node(3).get(out).unwrap();
+    for (i, x) in got.chunks_exact(4).enumerate() {
+        let want: f32 = (0..IDLE).map(|k| (i % 97) as f32 + k as f32).sum();
+        assert_eq!(
+            f32::from_le_bytes(x.try_into().unwrap()),
+            want,
+            "element {i}"
+        );
+    }
+    // The idle node has no link; every other node did not need all of its peers either
+    // (the directory is on node 0, each source served a few).
+    assert_eq!(links(&c, IDLE), (0, 0));
+    let most: Vec<usize> = (0..IDLE).map(|k| links(&c, k).1).collect();
+    assert!(most.iter().all(|&l| l >= 1 && l < N as usize), "{most:?}");
+    println!("links at most open per node: {most:?} (idle node: 0)");
+}
+
+#[test]
+fn a_source_killed_mid_transfer_is_replaced_over_links_made_on_demand() {
+    let c = cluster();
+    let data = pattern(48 << 20, 3);
+    let id = ObjectId::homed(0, "big");
+    c.node(0).put(id.clone(), &data).unwrap();
+    // Node 1 takes a complete copy, then node 0 is the one left to fail over to.
+    assert!(c.node(1).get(id.clone()).unwrap() == data);
+    std::thread::scope(|s| {
+        let getter = s.spawn(|| c.node(2).get(id.clone()).unwrap());
+        std::thread::sleep(Duration::from_millis(3));
+        c.node(1).kill();
+        assert!(getter.join().unwrap() == data, "node 2's copy");
+    });
+    // A node that never talked to node 1 learns of its death on first use, not before.
+    assert!(c.node(5).transport().is_up(1));
+    assert!(c.node(5).get(id).unwrap() == data);
+}
