@@ -26,7 +26,8 @@ pub(super) const MAX_QUEUED: usize = 64 << 20;
 
 pub(super) struct Conn {
     pub(super) link: LinkState,
-    pub(super) socket: TcpStream,
+    /// The connection's one socket, shared by its writer and its reader.
+    pub(super) socket: Arc<TcpStream>,
     pub(super) writer: Mutex<Writer>,
     /// Nanoseconds since the transport's epoch of the last frame sent.
     pub(super) last_send: AtomicU64,
@@ -53,7 +54,7 @@ impl Link for Conn {
 /// [`crate::Transport::send_nonblocking`]; every writer sends it first, so frames stay whole
 /// and in order.
 pub(super) struct Writer {
-    pub(super) stream: TcpStream,
+    pub(super) stream: Arc<TcpStream>,
     pub(super) tail: Vec<u8>,
     /// Bytes handed to the socket so far (the flusher's measure of progress).
     pub(super) written: u64,
@@ -77,7 +78,7 @@ impl Writer {
     pub(super) fn flush_tail(&mut self, conn: &Conn) -> std::io::Result<()> {
         self.absorb(conn);
         if !self.tail.is_empty() {
-            self.stream.write_all(&self.tail)?;
+            (&*self.stream).write_all(&self.tail)?;
             self.written += self.tail.len() as u64;
             self.tail.clear();
             conn.tail_len.store(0, Ordering::Relaxed);
@@ -146,7 +147,7 @@ impl Inner {
             }
             let r = w
                 .flush_tail(conn)
-                .and_then(|_| write_all_vectored(&mut w.stream, &head, payload));
+                .and_then(|_| write_all_vectored(&w.stream, &head, payload));
             if r.is_ok() {
                 w.written += (head.len() + payload.len()) as u64;
             }
@@ -289,7 +290,8 @@ impl Inner {
 }
 
 /// `write_all` for a header and a payload with as few `writev` calls as the kernel allows.
-fn write_all_vectored(w: &mut TcpStream, head: &[u8], payload: &[u8]) -> std::io::Result<()> {
+fn write_all_vectored(w: &TcpStream, head: &[u8], payload: &[u8]) -> std::io::Result<()> {
+    let mut w = w;
     let mut bufs = [IoSlice::new(head), IoSlice::new(payload)];
     let mut bufs: &mut [IoSlice<'_>] = &mut bufs;
     IoSlice::advance_slices(&mut bufs, 0);

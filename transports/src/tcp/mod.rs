@@ -109,7 +109,7 @@ impl Inner {
         for c in conns {
             if goodbye {
                 if let Ok(mut w) = c.writer.lock() {
-                    let _ = w.flush_tail(&c).and_then(|_| w.stream.write_all(&bye));
+                    let _ = w.flush_tail(&c).and_then(|_| (&*w.stream).write_all(&bye));
                 }
             }
             c.shut();

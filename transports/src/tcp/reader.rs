@@ -70,8 +70,8 @@ struct Reading {
 
 /// A connection's socket and read-ahead buffer.
 struct Input {
-    /// The reader's handle of the socket (a clone of the connection's).
-    stream: TcpStream,
+    /// The connection's socket.
+    stream: Arc<TcpStream>,
     buf: Box<[u8]>,
     /// Unread bytes are `buf[start..end]`.
     start: usize,
@@ -139,7 +139,7 @@ impl Readers {
         &self,
         inner: &Arc<Inner>,
         conn: Arc<Conn>,
-        stream: TcpStream,
+        stream: Arc<TcpStream>,
     ) -> Result<(), TransportError> {
         let peer = conn.peer();
         let mut r = Reading {

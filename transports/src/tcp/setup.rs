@@ -52,19 +52,21 @@ impl Inner {
     /// which is reported down) and hands it to a reader thread.
     fn install(self: &Arc<Self>, peer: NodeId, s: TcpStream) -> Result<(), TransportError> {
         s.set_write_timeout(Some(self.cfg.heartbeat_timeout * 2))?;
+        // One descriptor per connection: the writer and the reader share it.
+        let s = Arc::new(s);
         let conn = Arc::new(Conn {
             link: LinkState::new(peer),
             writer: Mutex::new(Writer {
-                stream: s.try_clone()?,
+                stream: s.clone(),
                 tail: Vec::new(),
                 written: 0,
             }),
-            socket: s,
+            socket: s.clone(),
             last_send: AtomicU64::new(self.links.now_ns()),
             overflow: Mutex::new(Vec::new()),
             tail_len: Default::default(),
         });
-        let reader = conn.socket.try_clone()?;
+        let reader = s;
         if self.links.install(conn.clone()).is_some() {
             // A restarted peer replaces its old link: the old incarnation is dead even if we
             // had not noticed yet. Its reader exits silently; we report the death here.
