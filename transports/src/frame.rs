@@ -24,6 +24,9 @@ pub enum FrameKind {
     Data = 3,
     Heartbeat = 4,
     Bye = 5,
+    /// The sender closes this link for being idle and sends nothing more on it; the receiver
+    /// closes it too. Neither reports the peer down; the next use makes a new link.
+    Idle = 6,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,6 +78,7 @@ impl FrameHeader {
             3 => FrameKind::Data,
             4 => FrameKind::Heartbeat,
             5 => FrameKind::Bye,
+            6 => FrameKind::Idle,
             k => return Err(TransportError::Malformed(format!("unknown frame kind {k}"))),
         };
         let h = FrameHeader {
@@ -91,9 +95,14 @@ impl FrameHeader {
                     max: MAX_CTRL_LEN,
                 })
             }
-            FrameKind::Hello | FrameKind::Heartbeat | FrameKind::Bye if h.len != 0 => Err(
-                TransportError::Malformed(format!("{kind:?} frame with payload {}", h.len)),
-            ),
+            FrameKind::Hello | FrameKind::Heartbeat | FrameKind::Bye | FrameKind::Idle
+                if h.len != 0 =>
+            {
+                Err(TransportError::Malformed(format!(
+                    "{kind:?} frame with payload {}",
+                    h.len
+                )))
+            }
             _ => Ok(h),
         }
     }

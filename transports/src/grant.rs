@@ -124,6 +124,11 @@ impl GrantTable {
         }
     }
 
+    /// Whether `peer` holds a grant.
+    pub fn has(&self, peer: NodeId) -> bool {
+        self.by_peer.lock().unwrap().contains_key(&peer)
+    }
+
     /// Number of live grants (for tests and stats).
     pub fn len(&self) -> usize {
         self.by_peer.lock().unwrap().values().map(Vec::len).sum()

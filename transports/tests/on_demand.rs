@@ -181,3 +181,80 @@ fn an_unreachable_peer_is_reported_down_once_held_off_then_linked() {
     t0.shutdown();
     t1.shutdown();
 }
+
+/// Two nodes talk in bursts with pauses around the idle timeout, both ways at once: links are
+/// closed between bursts and made again, and every message arrives once, in order, with no
+/// peer ever reported down.
+#[test]
+fn idle_links_close_without_loss_or_failure_and_come_back_on_use() {
+    let cfg = TcpConfig {
+        idle_timeout: Duration::from_millis(150),
+        ..config(Duration::from_millis(400), Duration::from_secs(10))
+    };
+    let (ts, _) = cluster(2, &cfg);
+    let ts = Arc::new(ts);
+    const MSGS: u32 = 40;
+    let senders: Vec<_> = (0..2u32)
+        .map(|me| {
+            let ts = ts.clone();
+            std::thread::spawn(move || {
+                let mut x = 0x9e37_79b9u32.wrapping_mul(me + 1);
+                for k in 0..MSGS {
+                    ts[me as usize].send(1 - me, &k.to_le_bytes()).unwrap();
+                    // A pause of 0 to 300 ms: often past the idle timeout, often not.
+                    x ^= x << 13;
+                    x ^= x >> 17;
+                    x ^= x << 5;
+                    if k % 3 == 2 {
+                        std::thread::sleep(Duration::from_millis((x % 300) as u64));
+                    }
+                }
+            })
+        })
+        .collect();
+    let receivers: Vec<_> = (0..2u32)
+        .map(|me| {
+            let ts = ts.clone();
+            std::thread::spawn(move || {
+                let rx = ts[me as usize].events();
+                let deadline = Instant::now() + Duration::from_secs(30);
+                let mut got = Vec::new();
+                while got.len() < MSGS as usize {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    match rx.recv_timeout(left) {
+                        Ok(Event::Ctrl { msg, .. }) => {
+                            got.push(u32::from_le_bytes(msg.try_into().unwrap()))
+                        }
+                        Ok(Event::PeerDown { peer, reason }) => {
+                            panic!("node {me}: peer {peer} down: {reason}")
+                        }
+                        Ok(_) => {}
+                        Err(_) => break,
+                    }
+                }
+                got
+            })
+        })
+        .collect();
+    for s in senders {
+        s.join().unwrap();
+    }
+    for (me, r) in receivers.into_iter().enumerate() {
+        let got = r.join().unwrap();
+        assert_eq!(got, (0..MSGS).collect::<Vec<_>>(), "node {me} received");
+    }
+    // Quiet now: both sides end with no link, and closes did happen along the way.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while ts.iter().any(|t| t.link_counts().unwrap().0 > 0) {
+        assert!(Instant::now() < deadline, "links still open when idle");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let closed: u64 = ts.iter().map(|t| t.idle_closed()).sum();
+    assert!(closed >= 2, "only {closed} idle closes");
+    assert!(ts.iter().all(|t| t.stats().peers_down == 0));
+    assert!(ts.iter().all(|t| t.is_up(0) && t.is_up(1)));
+    println!("idle closes: {closed}");
+    for t in ts.iter() {
+        t.shutdown();
+    }
+}

@@ -24,6 +24,9 @@ pub struct Counters {
     pub peers_down: AtomicU64,
     pub malformed_frames: AtomicU64,
     pub hellos_refused: AtomicU64,
+    /// Links closed for being idle (not in [`crate::TransportStats`]; see
+    /// [`crate::LinkTable::idle_closed`]).
+    pub links_idle_closed: AtomicU64,
 }
 
 impl Counters {

@@ -48,6 +48,9 @@ pub(super) struct Setups {
     dialing: HashSet<NodeId>,
     /// Peers reported down and not linked since.
     down: HashMap<NodeId, Holdoff>,
+    /// Peers whose link is closing for being idle and may still bring frames: no new link
+    /// until it ends, so that the peer's frames keep their order.
+    draining: HashSet<NodeId>,
 }
 
 /// Whether links are made on demand, and the dials' deadlines.
@@ -96,6 +99,11 @@ impl<C: Link> LinkTable<C> {
             return true;
         }
         self.on_demand.enabled() && !self.setups.lock().unwrap().down.contains_key(&peer)
+    }
+
+    /// Links closed for being idle so far.
+    pub fn idle_closed(&self) -> u64 {
+        self.counters.links_idle_closed.load(Ordering::Relaxed)
     }
 
     /// Links open now, and the most that were open at once.
@@ -164,7 +172,9 @@ impl<C: Link> LinkTable<C> {
             if held.is_some_and(|h| h.until > now) {
                 return Err(TransportError::PeerUnavailable(peer));
             }
-            let busy = setups.dialing.contains(&peer) || setups.admitting.contains(&peer);
+            let busy = setups.dialing.contains(&peer)
+                || setups.admitting.contains(&peer)
+                || setups.draining.contains(&peer);
             if !busy && setups.dialing.len() < MAX_DIALS {
                 setups.dialing.insert(peer);
                 break held.is_some();
@@ -212,7 +222,7 @@ impl<C: Link> LinkTable<C> {
     /// its setup ends.
     pub(super) fn may_admit(&self, peer: NodeId) -> bool {
         let mut setups = self.setups.lock().unwrap();
-        if setups.admitting.contains(&peer) {
+        if setups.admitting.contains(&peer) || setups.draining.contains(&peer) {
             return false;
         }
         if self.node < peer && setups.dialing.contains(&peer) {
@@ -220,6 +230,39 @@ impl<C: Link> LinkTable<C> {
         }
         setups.admitting.insert(peer);
         true
+    }
+
+    /// Closes `link` for being idle, without an event: it leaves the table (the next use of
+    /// its peer makes a new one), and is flagged retiring so nothing more is sent on it.
+    /// `drain`: frames from the peer may still come on it (we asked to close it), so no new
+    /// link to that peer is made or admitted until it ends. False if it was no longer current.
+    pub fn retire(&self, link: &Arc<C>, drain: bool) -> bool {
+        let peer = link.peer();
+        let mut setups = self.setups.lock().unwrap();
+        {
+            let mut links = self.links.lock().unwrap();
+            if !links.get(&peer).is_some_and(|c| Arc::ptr_eq(c, link)) {
+                return false;
+            }
+            links.remove(&peer);
+            self.changed.notify_all();
+        }
+        link.state().retiring.store(true, Ordering::Release);
+        if drain {
+            setups.draining.insert(peer);
+        }
+        self.counters
+            .links_idle_closed
+            .fetch_add(1, Ordering::Relaxed);
+        drop(setups);
+        self.setup_cv.notify_all();
+        true
+    }
+
+    /// A retiring link to `peer` has ended.
+    pub(super) fn drained(&self, peer: NodeId) {
+        self.setups.lock().unwrap().draining.remove(&peer);
+        self.setup_cv.notify_all();
     }
 
     /// A link to `peer` was installed: it is no longer held off.

@@ -39,6 +39,9 @@ use tracing::{info, warn};
 pub struct LinkState {
     peer: NodeId,
     failed: AtomicBool,
+    /// Closed for being idle (see `demand`): nothing more is sent on it, and its end is no
+    /// failure.
+    retiring: AtomicBool,
 }
 
 impl LinkState {
@@ -47,6 +50,7 @@ impl LinkState {
         LinkState {
             peer,
             failed: AtomicBool::new(false),
+            retiring: AtomicBool::new(false),
         }
     }
 }
@@ -74,6 +78,12 @@ pub trait Link: Send + Sync + 'static {
     /// Whether the link is flagged failed.
     fn is_failed(&self) -> bool {
         self.state().failed.load(Ordering::Acquire)
+    }
+
+    /// Whether the link is being closed for being idle: nothing may be sent on it any more
+    /// (a sender takes the next link of its peer instead).
+    fn is_retiring(&self) -> bool {
+        self.state().retiring.load(Ordering::Acquire)
     }
 
     /// Flags the link failed; true if this call did it (it was alive until now).
@@ -289,7 +299,9 @@ impl<C: Link> LinkTable<C> {
             current
         };
         link.wake();
-        if current {
+        if link.is_retiring() {
+            self.drained(peer);
+        } else if current {
             self.unlinked(peer);
         }
         if current && !self.leaving.load(Ordering::Acquire) {

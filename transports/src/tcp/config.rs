@@ -14,6 +14,9 @@ pub struct TcpConfig {
     /// Links made on first use instead of a full mesh at start (see
     /// [`crate::LinkTable::link`]).
     pub on_demand: bool,
+    /// With `on_demand`: a link that carried no control or data frame for this long (and
+    /// through which the peer holds no grant) is closed; zero never closes one.
+    pub idle_timeout: Duration,
     /// SO_SNDBUF / SO_RCVBUF in bytes; 0 keeps the kernel's autotuning.
     pub socket_buffer: usize,
     /// Largest data frame; larger writes are split so control messages can interleave.
@@ -37,12 +40,20 @@ impl TcpConfig {
     pub fn on_demand(self) -> TcpConfig {
         TcpConfig {
             on_demand: true,
+            idle_timeout: if self.idle_timeout.is_zero() {
+                Self::ON_DEMAND_IDLE_TIMEOUT
+            } else {
+                self.idle_timeout
+            },
             dedicated_readers: self
                 .dedicated_readers
                 .min(Self::ON_DEMAND_DEDICATED_READERS),
             ..self
         }
     }
+
+    /// Default idle timeout of links made on demand.
+    pub const ON_DEMAND_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
     /// Links read by a thread of their own when links are made on demand.
     pub const ON_DEMAND_DEDICATED_READERS: usize = 2;
@@ -54,6 +65,7 @@ impl Default for TcpConfig {
             heartbeat_timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(30),
             on_demand: false,
+            idle_timeout: Duration::ZERO,
             socket_buffer: 0,
             max_frame: 1 << 20,
             dedicated_readers: 8,

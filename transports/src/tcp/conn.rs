@@ -31,6 +31,9 @@ pub(super) struct Conn {
     pub(super) writer: Mutex<Writer>,
     /// Nanoseconds since the transport's epoch of the last frame sent.
     pub(super) last_send: AtomicU64,
+    /// ... of the last control or data frame sent or received (heartbeats do not count): how
+    /// long the link has been idle.
+    pub(super) last_used: AtomicU64,
     /// Whole frames queued while another thread held the writer; sent, in order, by the next
     /// holder of the writer lock before anything else.
     pub(super) overflow: Mutex<Vec<u8>>,
@@ -142,7 +145,7 @@ impl Inner {
         let head = h.encode();
         let res = {
             let mut w = conn.writer.lock().unwrap();
-            if conn.is_failed() {
+            if conn.is_failed() || conn.is_retiring() {
                 return Err(TransportError::PeerUnavailable(conn.peer()));
             }
             let r = w
@@ -153,7 +156,11 @@ impl Inner {
             }
             r
         };
-        conn.last_send.store(self.links.now_ns(), Ordering::Relaxed);
+        let now = self.links.now_ns();
+        conn.last_send.store(now, Ordering::Relaxed);
+        if h.kind != FrameKind::Heartbeat {
+            conn.last_used.store(now, Ordering::Relaxed);
+        }
         res.map_err(|e| self.send_failed(conn, format!("send failed: {e}")))
     }
 
@@ -234,11 +241,22 @@ impl Inner {
         if conn.is_failed() {
             return Err(TransportError::PeerUnavailable(conn.peer()));
         }
+        if conn.is_retiring() {
+            return Ok(false); // the next link of the peer takes it
+        }
+        if h.kind != FrameKind::Heartbeat {
+            conn.last_used.store(self.links.now_ns(), Ordering::Relaxed);
+        }
         let head = h.encode();
         let Ok(mut w) = conn.writer.try_lock() else {
             // Someone is writing to this peer: queue behind them, never wait.
             let queued = {
                 let mut o = conn.overflow.lock().unwrap();
+                // Checked under the overflow lock, which the closing side holds while it
+                // makes sure nothing is queued: a frame is queued before or not at all.
+                if conn.is_retiring() {
+                    return Ok(false);
+                }
                 o.extend_from_slice(&head);
                 o.extend_from_slice(msg);
                 o.len() + conn.tail_len.load(Ordering::Relaxed)
@@ -246,6 +264,9 @@ impl Inner {
             let _ = self.flush_tx.send(conn.clone());
             return self.check_queued(conn, queued);
         };
+        if conn.is_retiring() {
+            return Ok(false);
+        }
         w.absorb(conn);
         if w.tail.is_empty() {
             let iov = [IoSlice::new(&head), IoSlice::new(msg)];

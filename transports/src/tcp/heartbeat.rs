@@ -17,6 +17,7 @@ impl Inner {
             let conns = self.links.snapshot();
             let now = self.links.now_ns();
             for c in conns {
+                self.close_if_idle(&c);
                 if now.saturating_sub(c.last_send.load(Ordering::Relaxed))
                     < period.as_nanos() as u64
                 {

@@ -12,6 +12,7 @@
 mod config;
 mod conn;
 mod heartbeat;
+mod idle;
 mod reader;
 mod setup;
 
@@ -98,9 +99,31 @@ impl TcpTransport {
     }
 
     crate::connect_methods!(inner);
+
+    /// Links closed so far for being idle (see `TcpConfig::idle_timeout`).
+    pub fn idle_closed(&self) -> u64 {
+        self.inner.links.idle_closed()
+    }
 }
 
 impl Inner {
+    /// Sends one frame to `peer` on its current link (made now if links are made on
+    /// demand); a link closed for being idle under the sender is replaced by the next one.
+    fn send_on_link(
+        &self,
+        peer: NodeId,
+        h: &FrameHeader,
+        payload: &[u8],
+    ) -> Result<(), TransportError> {
+        loop {
+            let conn = self.links.link(peer)?;
+            match self.send_frame(&conn, h, payload) {
+                Err(_) if conn.is_retiring() => continue,
+                r => return r,
+            }
+        }
+    }
+
     fn close_all(&self, goodbye: bool) {
         let Some(conns) = self.links.close() else {
             return;
@@ -161,9 +184,8 @@ impl Transport for TcpTransport {
 
     fn send(&self, peer: NodeId, msg: &[u8]) -> Result<(), TransportError> {
         check_ctrl_len(msg)?;
-        let conn = self.inner.links.link(peer)?;
         let h = FrameHeader::control(FrameKind::Ctrl, msg.len() as u64);
-        self.inner.send_frame(&conn, &h, msg)?;
+        self.inner.send_on_link(peer, &h, msg)?;
         let counters = &self.inner.links.counters;
         counters.ctrl_sent.fetch_add(1, Ordering::Relaxed);
         Ok(())
@@ -194,7 +216,6 @@ impl Transport for TcpTransport {
         let arena = self.inner.arena.get().ok_or(TransportError::NoArena)?;
         arena.check(src_offset, len)?;
         dst.check(dst_offset, len)?;
-        let conn = self.inner.links.link(peer)?;
         let max = self.inner.cfg.max_frame.max(4096) as u64;
         let counters = &self.inner.links.counters;
         let mut done = 0;
@@ -210,7 +231,7 @@ impl Transport for TcpTransport {
             // SAFETY: bounds checked above; the caller keeps the source range allocated and
             // unchanged until this call returns (trait contract).
             let src = unsafe { arena.slice(src_offset + done, n) };
-            self.inner.send_frame(&conn, &h, src)?;
+            self.inner.send_on_link(peer, &h, src)?;
             counters.data_bytes_sent.fetch_add(n, Ordering::Relaxed);
             done += n;
         }

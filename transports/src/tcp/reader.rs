@@ -90,6 +90,8 @@ enum Frame {
         msg: Vec<u8>,
         got: usize,
     },
+    /// The peer closes the link for being idle.
+    Idle,
     /// `held` keeps the granted range allocated until the payload is in.
     Data {
         h: FrameHeader,
@@ -368,6 +370,11 @@ impl Inner {
                         Err(None) => return Turn::Bye,
                     }
                 }
+                Frame::Idle => {
+                    // Nothing follows on this link: it ends without a failure.
+                    self.closed_by_peer_for_idle(&r.conn);
+                    return Turn::Bye;
+                }
                 Frame::Ctrl { msg, got } if *got < msg.len() => {
                     match r.input.read_into(&mut msg[*got..], read) {
                         Ok(0) => return Turn::Later,
@@ -417,6 +424,9 @@ impl Inner {
                 }
             };
             if let Some(ev) = step {
+                r.conn
+                    .last_used
+                    .store(self.links.now_ns(), Ordering::Relaxed);
                 // The frame is whole: its grant hold (if any) is released before the event.
                 r.frame = Frame::Header;
                 self.links.emit(ev);
@@ -435,6 +445,7 @@ impl Inner {
         match h.kind {
             FrameKind::Heartbeat => Ok(None),
             FrameKind::Bye => Err(None),
+            FrameKind::Idle => Ok(Some(Frame::Idle)),
             FrameKind::Hello => Err(Some(TransportError::Malformed(
                 "hello on a live link".into(),
             ))),

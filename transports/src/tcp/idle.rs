@@ -1,0 +1,75 @@
+//! Closing links that stay idle (links made on demand only): a link that carried no control
+//! or data frame, either way, for `TcpConfig::idle_timeout` and through which the peer holds
+//! no grant of ours is closed without a failure, and its peer's next use makes a new one.
+//!
+//! The side that closes holds the writer (nothing half-sent), checks that nothing is queued
+//! (under the overflow lock, which a non-blocking sender takes to queue: a frame is queued
+//! before the check or not at all), takes the link out of the table, flags it retiring (a
+//! sender that still holds it takes the next link instead) and sends an `Idle` frame. It
+//! keeps reading the link until the peer closes it, and admits or dials no new link to that
+//! peer until then, so the peer's frames keep their order. The peer, reading `Idle`, sends
+//! what it had queued, takes the link out of its table and shuts the socket down. Neither
+//! side reports the other down; a peer that dies meanwhile is noticed by the heartbeat
+//! silence of the closing link.
+
+use super::conn::Conn;
+use super::Inner;
+use crate::frame::{FrameHeader, FrameKind};
+use crate::Link;
+use std::io::Write;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tracing::debug;
+
+impl Inner {
+    /// Closes `conn` if it has been idle long enough (see the module).
+    pub(super) fn close_if_idle(&self, conn: &Arc<Conn>) {
+        let idle = self.cfg.idle_timeout.as_nanos() as u64;
+        if idle == 0 || !self.links.is_on_demand() || conn.is_failed() || conn.is_retiring() {
+            return;
+        }
+        let quiet = |c: &Conn| {
+            self.links
+                .now_ns()
+                .saturating_sub(c.last_used.load(Ordering::Relaxed))
+                >= idle
+        };
+        let peer = conn.peer();
+        if !quiet(conn) || self.grants.has(peer) {
+            return;
+        }
+        let Ok(mut w) = conn.writer.try_lock() else {
+            return; // someone is writing: not idle
+        };
+        if !w.tail.is_empty() {
+            return;
+        }
+        {
+            let overflow = conn.overflow.lock().unwrap();
+            if !overflow.is_empty() || !quiet(conn) || !self.links.retire(conn, true) {
+                return;
+            }
+        }
+        let bye = FrameHeader::control(FrameKind::Idle, 0).encode();
+        match (&*w.stream).write_all(&bye) {
+            Ok(()) => {
+                w.written += bye.len() as u64;
+                debug!(node = self.id, peer, "idle link closed");
+            }
+            // The reader sees the end and the link drains; the peer sees a broken link.
+            Err(_) => conn.stop(),
+        }
+    }
+
+    /// The peer closes `conn` for being idle: what was queued for it goes out, then the link
+    /// leaves the table and the socket is shut down (the peer reads until then).
+    pub(super) fn closed_by_peer_for_idle(&self, conn: &Arc<Conn>) {
+        if !conn.is_retiring() {
+            let mut w = conn.writer.lock().unwrap();
+            let _ = w.flush_tail(conn);
+            let _overflow = conn.overflow.lock().unwrap();
+            self.links.retire(conn, false);
+        }
+        conn.stop();
+    }
+}
