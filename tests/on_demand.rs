@@ -29,8 +29,10 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
+/// Links of node `k`: open now, most at once.
 fn links(c: &LocalCluster, k: usize) -> (usize, usize) {
-    c.node(k).transport().link_counts().unwrap()
+    let l = c.node(k).transport().link_counts().unwrap();
+    (l.open, l.peak)
 }
 
 #[test]

@@ -324,7 +324,14 @@ fn bench_cmd(a: BenchArgs) -> Result<()> {
                 spin_wait: a.spin_wait_us.map_or(d.spin_wait, Duration::from_micros),
                 ..d
             };
-            let c = LocalCluster::start_with(n, cfg, a.transport.settings()?)?;
+            let settings = a.transport.settings()?;
+            let heartbeat = match &settings {
+                TransportSettings::Tcp(t) => t.heartbeat_timeout,
+                #[allow(unreachable_patterns)]
+                _ => Duration::from_secs(1),
+            };
+            let started = Instant::now();
+            let c = LocalCluster::start_with(n, cfg, settings)?;
             let sync = LocalSync::new(n);
             let results: Vec<_> = std::thread::scope(|s| {
                 let hs: Vec<_> = c
@@ -352,7 +359,7 @@ fn bench_cmd(a: BenchArgs) -> Result<()> {
                 }
             }
             print_records(&rank0, a.json);
-            print_scale(&c.nodes, a.json);
+            print_scale(&c.nodes, started.elapsed(), heartbeat, a.json);
             return Ok(());
         }
         (None, Some(path)) => {
@@ -414,17 +421,32 @@ fn raise_open_files_limit() {
     }
 }
 
-/// What each node of an in-process cluster used: the most threads it ran at once, and its
-/// links (open at the end, most at once). The process's thread count is printed beside the
-/// sum of the nodes' as a check of the accounting.
-fn print_scale(nodes: &[Node], json: bool) {
+/// What each node of an in-process cluster used: the most threads it ran at once, its links
+/// (open at the end, most at once) and the heartbeats it sent per heartbeat period (a quarter
+/// of `heartbeat`) over `elapsed`. The process's thread count is printed beside the sum of the
+/// nodes' as a check of the accounting.
+fn print_scale(nodes: &[Node], elapsed: Duration, heartbeat: Duration, json: bool) {
+    struct Row {
+        id: u32,
+        peak: usize,
+        live: usize,
+        links: phalanx::transport::LinkCounts,
+        hb_per_period: f64,
+    }
     let counts = phalanx::transport::threads::counts();
-    let rows: Vec<(u32, usize, usize, usize, usize)> = nodes
+    let periods = (elapsed.as_secs_f64() / (heartbeat / 4).as_secs_f64()).max(1.0);
+    let rows: Vec<Row> = nodes
         .iter()
         .map(|n| {
             let t = counts.get(&n.id()).copied().unwrap_or_default();
-            let (open, peak) = n.transport().link_counts().unwrap_or((0, 0));
-            (n.id(), t.peak, t.live, open, peak)
+            let links = n.transport().link_counts().unwrap_or_default();
+            Row {
+                id: n.id(),
+                peak: t.peak,
+                live: t.live,
+                hb_per_period: links.heartbeats_sent as f64 / periods,
+                links,
+            }
         })
         .collect();
     let process = std::fs::read_to_string("/proc/self/status")
@@ -434,44 +456,53 @@ fn print_scale(nodes: &[Node], json: bool) {
                 .find_map(|l| l.strip_prefix("Threads:").map(|v| v.trim().to_string()))
         })
         .unwrap_or_else(|| "?".into());
-    let live: usize = rows.iter().map(|r| r.2).sum();
+    let live: usize = rows.iter().map(|r| r.live).sum();
     if json {
-        for (id, peak, live, open, links_peak) in &rows {
+        for r in &rows {
             println!(
                 "{}",
-                serde_json::json!({"scale_node": id, "nodes": nodes.len(), "peak_threads": peak,
-                    "threads_now": live, "links_open": open, "links_peak": links_peak})
+                serde_json::json!({"scale_node": r.id, "nodes": nodes.len(),
+                    "peak_threads": r.peak, "threads_now": r.live, "links_open": r.links.open,
+                    "links_peak": r.links.peak, "links_idle_closed": r.links.idle_closed,
+                    "heartbeats_per_period": r.hb_per_period})
             );
         }
         return;
     }
-    let stat = |f: fn(&(u32, usize, usize, usize, usize)) -> usize| {
-        let mut v: Vec<usize> = rows.iter().map(f).collect();
-        v.sort_unstable();
+    let stat = |f: &dyn Fn(&Row) -> f64| {
+        let mut v: Vec<f64> = rows.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
         (v[0], v[v.len() / 2], v[v.len() - 1])
     };
-    let (t0, t1, t2) = stat(|r| r.1);
-    let (l0, l1, l2) = stat(|r| r.4);
+    let (t0, t1, t2) = stat(&|r| r.peak as f64);
+    let (l0, l1, l2) = stat(&|r| r.links.peak as f64);
+    let (h0, h1, h2) = stat(&|r| r.hb_per_period);
     println!(
         "# per node, {} nodes: peak threads min/median/max {t0}/{t1}/{t2}; links at most open \
-         min/median/max {l0}/{l1}/{l2} (of {} peers); threads now: nodes {live}, process {process}",
+         {l0}/{l1}/{l2} (of {} peers); heartbeats per period {h0:.1}/{h1:.1}/{h2:.1} (period \
+         {:?}, {:.1} s); threads now: nodes {live}, process {process}",
         rows.len(),
-        rows.len() - 1
+        rows.len() - 1,
+        heartbeat / 4,
+        elapsed.as_secs_f64(),
     );
-    if let Some(busiest) = rows.iter().max_by_key(|r| r.1) {
-        let roles: Vec<String> = phalanx::transport::threads::roles(busiest.0)
+    if let Some(busiest) = rows.iter().max_by_key(|r| r.peak) {
+        let roles: Vec<String> = phalanx::transport::threads::roles(busiest.id)
             .into_iter()
             .map(|(r, c)| format!("{r} {}", c.peak))
             .collect();
         println!(
             "# node {} ran the most threads, peaks by role: {}",
-            busiest.0,
+            busiest.id,
             roles.join(", ")
         );
     }
-    println!("#   node  peak threads  threads now  links open  links at most");
-    for (id, peak, live, open, links_peak) in &rows {
-        println!("{id:>8} {peak:>13} {live:>12} {open:>11} {links_peak:>14}");
+    println!("#   node  peak threads  threads now  links open  links at most  hb/period");
+    for r in &rows {
+        println!(
+            "{:>8} {:>13} {:>12} {:>11} {:>14} {:>10.2}",
+            r.id, r.peak, r.live, r.links.open, r.links.peak, r.hb_per_period
+        );
     }
 }
 

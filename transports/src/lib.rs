@@ -77,6 +77,20 @@ pub enum Event {
     PeerDown { peer: NodeId, reason: String },
 }
 
+/// A node's links, for scale figures ([`Transport::link_counts`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct LinkCounts {
+    /// Links open now.
+    pub open: usize,
+    /// The most links open at once.
+    pub peak: usize,
+    /// Links closed for being idle.
+    pub idle_closed: u64,
+    /// Heartbeats sent (one per live link that sent nothing else for a quarter of the
+    /// heartbeat timeout).
+    pub heartbeats_sent: u64,
+}
+
 /// A callback for transport events, see [`Transport::set_event_handler`].
 pub type EventHandler = Arc<dyn Fn(Event) + Send + Sync>;
 
@@ -198,9 +212,8 @@ pub trait Transport: Send + Sync + 'static {
         self.is_connected(peer)
     }
 
-    /// Links open now and the most that were open at once (for scale figures); None if not
-    /// known.
-    fn link_counts(&self) -> Option<(usize, usize)> {
+    /// The node's links now and so far (for scale figures); None if not known.
+    fn link_counts(&self) -> Option<LinkCounts> {
         None
     }
 

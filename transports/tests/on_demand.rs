@@ -61,7 +61,7 @@ fn no_link_before_first_use_then_exactly_the_links_used() {
     let cfg = config(Duration::from_secs(2), Duration::from_secs(10));
     let (ts, _) = cluster(5, &cfg);
     for t in &ts {
-        assert_eq!(t.link_counts(), Some((0, 0)), "a link before any use");
+        assert_eq!(t.link_counts().unwrap().peak, 0, "a link before any use");
         assert!((0..5).all(|p| t.is_up(p)), "peers are believed up");
     }
     // 1 talks to 3, then 4 talks to 3: those two links and no other.
@@ -81,7 +81,7 @@ fn no_link_before_first_use_then_exactly_the_links_used() {
         ctrl_from(&ts[1], 3, 1, Duration::from_secs(5)),
         vec![b"three to one".to_vec()]
     );
-    let links: Vec<usize> = ts.iter().map(|t| t.link_counts().unwrap().1).collect();
+    let links: Vec<usize> = ts.iter().map(|t| t.link_counts().unwrap().peak).collect();
     assert_eq!(links, vec![0, 1, 0, 2, 1]);
     assert!(ts.iter().all(|t| t.stats().peers_down == 0));
     for t in &ts {
@@ -117,7 +117,8 @@ fn crossed_dials_end_in_one_link() {
             let want: Vec<Vec<u8>> = (0..3u8).map(|k| vec![other as u8, k]).collect();
             assert_eq!(got, want, "round {round}: node {me} received");
             let t = &ts[me as usize];
-            assert_eq!(t.link_counts(), Some((1, 1)), "round {round}: node {me}");
+            let l = t.link_counts().unwrap();
+            assert_eq!((l.open, l.peak), (1, 1), "round {round}: node {me}");
             assert_eq!(
                 t.stats().peers_down,
                 0,
@@ -245,7 +246,7 @@ fn idle_links_close_without_loss_or_failure_and_come_back_on_use() {
     }
     // Quiet now: both sides end with no link, and closes did happen along the way.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while ts.iter().any(|t| t.link_counts().unwrap().0 > 0) {
+    while ts.iter().any(|t| t.link_counts().unwrap().open > 0) {
         assert!(Instant::now() < deadline, "links still open when idle");
         std::thread::sleep(Duration::from_millis(20));
     }

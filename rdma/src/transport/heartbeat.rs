@@ -39,8 +39,12 @@ impl Inner {
                     continue;
                 }
                 let h = Header::new(Kind::Heartbeat);
-                if let Err(e) = self.send_block(&c, &mut tx, &h, &[], Some(Instant::now())) {
-                    debug!(node = self.id, peer = c.peer(), "heartbeat failed: {e}");
+                match self.send_block(&c, &mut tx, &h, &[], Some(Instant::now())) {
+                    Ok(_) => {
+                        let n = &self.links.counters.heartbeats_sent;
+                        n.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => debug!(node = self.id, peer = c.peer(), "heartbeat failed: {e}"),
                 }
             }
         }

@@ -27,6 +27,8 @@ pub struct Counters {
     /// Links closed for being idle (not in [`crate::TransportStats`]; see
     /// [`crate::LinkTable::idle_closed`]).
     pub links_idle_closed: AtomicU64,
+    /// Heartbeats sent (not in [`crate::TransportStats`]; see [`crate::LinkCounts`]).
+    pub heartbeats_sent: AtomicU64,
 }
 
 impl Counters {

@@ -34,7 +34,7 @@ macro_rules! transport_link_methods {
             self.$inner.links.is_up(peer)
         }
 
-        fn link_counts(&self) -> ::std::option::Option<(usize, usize)> {
+        fn link_counts(&self) -> ::std::option::Option<$crate::LinkCounts> {
             ::std::option::Option::Some(self.$inner.links.link_counts())
         }
 

@@ -106,10 +106,15 @@ impl<C: Link> LinkTable<C> {
         self.counters.links_idle_closed.load(Ordering::Relaxed)
     }
 
-    /// Links open now, and the most that were open at once.
-    pub fn link_counts(&self) -> (usize, usize) {
-        let now = self.links.lock().unwrap().len();
-        (now, self.links_peak.load(Ordering::Relaxed).max(now))
+    /// Links open now and so far.
+    pub fn link_counts(&self) -> crate::LinkCounts {
+        let open = self.links.lock().unwrap().len();
+        crate::LinkCounts {
+            open,
+            peak: self.links_peak.load(Ordering::Relaxed).max(open),
+            idle_closed: self.idle_closed(),
+            heartbeats_sent: self.counters.heartbeats_sent.load(Ordering::Relaxed),
+        }
     }
 
     /// The link to `peer`, dialled now if there is none and links are made on demand (waiting

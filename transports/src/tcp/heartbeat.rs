@@ -29,8 +29,13 @@ impl Inner {
                 if c.is_failed() {
                     continue;
                 }
-                if let Err(e) = self.frame_nonblocking(&c, &hb_header, &[]) {
-                    warn!(node = self.id, peer = c.peer(), "heartbeat not sent: {e}");
+                match self.frame_nonblocking(&c, &hb_header, &[]) {
+                    Ok(true) => {
+                        let n = &self.links.counters.heartbeats_sent;
+                        n.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(false) => {}
+                    Err(e) => warn!(node = self.id, peer = c.peer(), "heartbeat not sent: {e}"),
                 }
             }
         }
