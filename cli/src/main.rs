@@ -109,6 +109,11 @@ struct BenchArgs {
     /// (default: the node's default). Across processes, `spin_wait_us` in the config.
     #[arg(long)]
     spin_wait_us: Option<u64>,
+    /// With --local: `on-demand` makes links on first use whatever the cluster size (by
+    /// default a mesh up to 32 nodes, on demand beyond); across processes, `connect` in the
+    /// config.
+    #[arg(long, value_enum)]
+    connect: Option<ConnectArg>,
     /// One JSON object per line and size instead of a table.
     #[arg(long)]
     json: bool,
@@ -166,6 +171,12 @@ struct TransportOpts {
     /// RoCE GID index (transport rdma); default: the IPv4-mapped GID.
     #[arg(long)]
     gid_index: Option<u8>,
+}
+
+/// The values of `--connect`.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ConnectArg {
+    OnDemand,
 }
 
 /// The values of `--transport`: the library's [`TransportKind`] (which does not depend on clap).
@@ -324,7 +335,10 @@ fn bench_cmd(a: BenchArgs) -> Result<()> {
                 spin_wait: a.spin_wait_us.map_or(d.spin_wait, Duration::from_micros),
                 ..d
             };
-            let settings = a.transport.settings()?;
+            let mut settings = a.transport.settings()?;
+            if a.connect == Some(ConnectArg::OnDemand) {
+                settings.set_on_demand(true);
+            }
             let heartbeat = match &settings {
                 TransportSettings::Tcp(t) => t.heartbeat_timeout,
                 #[allow(unreachable_patterns)]
