@@ -93,6 +93,7 @@ impl TransportSettings {
             r.busy_poll = cfg.busy_poll.unwrap_or(r.busy_poll);
             r.numa_placement = cfg.numa_placement.unwrap_or(r.numa_placement);
             r.on_demand = cfg.connect() == crate::Connect::OnDemand;
+            r.startup_grace = r.connect_timeout;
         }
         Ok(settings)
     }

@@ -229,13 +229,16 @@ impl ClusterConfig {
 
     pub fn tcp_config(&self) -> TcpConfig {
         let d = TcpConfig::default();
+        let connect_timeout = self
+            .connect_timeout_s
+            .map_or(d.connect_timeout, Duration::from_secs);
         let c = TcpConfig {
             heartbeat_timeout: self
                 .heartbeat_ms
                 .map_or(d.heartbeat_timeout, Duration::from_millis),
-            connect_timeout: self
-                .connect_timeout_s
-                .map_or(d.connect_timeout, Duration::from_secs),
+            connect_timeout,
+            // Its processes start one by one: a peer may not listen yet.
+            startup_grace: connect_timeout,
             socket_buffer: self.socket_buffer.unwrap_or(d.socket_buffer),
             ..d
         };

@@ -177,6 +177,11 @@ impl Rpc {
 
     /// Sends from a transport thread: at once if that cannot block, else through the
     /// dispatcher.
+    /// Adds to `peers` the nodes whose answer a request of this node awaits.
+    pub fn peers_awaited(&self, peers: &mut std::collections::HashSet<NodeId>) {
+        peers.extend(self.pending.lock().unwrap().values().map(|(to, _)| *to));
+    }
+
     pub fn send_from_transport_thread(&self, to: NodeId, msg: Msg) {
         // A reply to ourselves (our shard answering our own subscription) completes its
         // request here: the callbacks it runs never block.

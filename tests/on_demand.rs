@@ -108,3 +108,67 @@ fn a_source_killed_mid_transfer_is_replaced_over_links_made_on_demand() {
     assert!(c.node(5).transport().is_up(1));
     assert!(c.node(5).get(id).unwrap() == data);
 }
+
+/// Links close when idle except where something depends on their peer: a get waiting at a
+/// shard keeps its link, so the shard's death reaches the waiter by heartbeat; a link nobody
+/// needs any more closes.
+#[test]
+fn links_stay_where_something_waits_and_close_elsewhere() {
+    let heartbeat = Duration::from_millis(500);
+    let cfg = NodeConfig {
+        arena_size: 64 << 20,
+        op_timeout: Duration::from_secs(30),
+        ..NodeConfig::default()
+    };
+    let tcp = TcpConfig {
+        heartbeat_timeout: heartbeat,
+        idle_timeout: Duration::from_millis(200),
+        ..TcpConfig::default()
+    }
+    .on_demand();
+    let c = LocalCluster::start(6, cfg, tcp).unwrap();
+    // Node 4 fetches an object whose entry is on node 0, then it is deleted: nothing links
+    // 4 and 0 any more, and the link closes.
+    let x = ObjectId::homed(0, "x");
+    c.node(0).put(x.clone(), &pattern(100_000, 1)).unwrap();
+    assert_eq!(c.node(4).get(x.clone()).unwrap(), pattern(100_000, 1));
+    c.node(4).delete(x).unwrap();
+    // Node 3 waits for an object whose entry is on node 1 and that nobody has put yet.
+    let later = ObjectId::homed(1, "later");
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| c.node(3).get(later.clone()));
+        let t = std::time::Instant::now();
+        while c.node(4).transport().is_connected(0) {
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "an unneeded link stayed"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(t.elapsed() >= Duration::from_millis(100));
+        // Long past the idle timeout, the waiting get still has its link to node 1.
+        std::thread::sleep(Duration::from_millis(600));
+        assert!(
+            c.node(3).transport().is_connected(1),
+            "the waiter's link closed"
+        );
+        let killed = std::time::Instant::now();
+        c.node(1).kill();
+        while c.node(3).transport().is_up(1) {
+            assert!(
+                killed.elapsed() < Duration::from_secs(5),
+                "death never noticed"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let noticed = killed.elapsed();
+        println!("the waiter learnt of the shard's death after {noticed:?}");
+        assert!(noticed <= heartbeat * 2, "{noticed:?}");
+        // The entry moves: a put now reaches the waiter through the new shard.
+        c.node(2).put(later.clone(), &pattern(5000, 9)).unwrap();
+        assert_eq!(waiter.join().unwrap().unwrap(), pattern(5000, 9));
+    });
+    let closed = c.node(4).transport().link_counts().unwrap().idle_closed
+        + c.node(0).transport().link_counts().unwrap().idle_closed;
+    assert!(closed >= 1);
+}

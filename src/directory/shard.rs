@@ -385,6 +385,24 @@ impl Shard {
     }
 
     /// Forgets every location of a dead node and frees the copies it was receiving from.
+    /// Adds to `peers` every node this shard depends on: holders of the copies it lists, and
+    /// nodes waiting on, subscribed to or claiming its entries (their links stay open, so a
+    /// death among them is noticed by heartbeat).
+    pub fn peers_depended_on(&self, peers: &mut std::collections::HashSet<NodeId>) {
+        for e in self.entries.values() {
+            peers.extend(e.locs.keys().copied());
+        }
+        for q in self.waiting.values() {
+            peers.extend(q.iter().map(|w| w.node));
+        }
+        for s in self.subscribers.values() {
+            peers.extend(s.iter().map(|(n, _)| *n));
+        }
+        for c in self.pending_claims.values() {
+            peers.extend(c.iter().flat_map(|&(src, receiver, _, _)| [src, receiver]));
+        }
+    }
+
     pub fn node_down(&mut self, node: NodeId, out: &mut Out) {
         let ids: Vec<ObjectId> = self.entries.keys().cloned().collect();
         for id in &ids {

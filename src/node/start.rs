@@ -98,6 +98,17 @@ impl Node {
         let d = inner.clone();
         let h = phalanx_transport::threads::spawn(id, "node", move || d.dispatch(queue_rx))
             .map_err(|e| Error::Config(format!("spawn: {e}")))?;
+        // Links close when idle only where nothing of this node depends on their peer.
+        let weak = Arc::downgrade(&inner);
+        inner.transport.set_idle_guard(Arc::new(move || {
+            let mut peers = std::collections::HashSet::new();
+            if let Some(i) = weak.upgrade() {
+                i.shard.lock().unwrap().peers_depended_on(&mut peers);
+                i.rpc.peers_awaited(&mut peers);
+                i.transfers.peers_streaming(&mut peers);
+            }
+            peers
+        }));
         // Replies and data events are handled on the transport's threads (no hand-off);
         // everything that may send goes to the dispatcher. Weak: the transport must not keep
         // the node alive.

@@ -121,6 +121,12 @@ impl Transfers {
     }
 
     /// `peer` died: pulls from it fail (and resume elsewhere), pulls it made stop.
+    /// Adds to `peers` the sources of the pulls in progress here and the receivers served.
+    pub fn peers_streaming(&self, peers: &mut std::collections::HashSet<NodeId>) {
+        self.inbound_sources(peers);
+        peers.extend(self.serving.lock().unwrap().keys().map(|(r, _)| *r));
+    }
+
     pub fn on_peer_down(&self, peer: NodeId, reason: &str) {
         self.fail_inbound_from(peer, reason);
         self.cancel_serving_to(peer);

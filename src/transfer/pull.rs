@@ -533,6 +533,10 @@ impl Transfers {
     }
 
     /// `peer` died: the streams it was writing fail, and their pulls look for another source.
+    pub(super) fn inbound_sources(&self, peers: &mut std::collections::HashSet<NodeId>) {
+        peers.extend(self.inbound.lock().unwrap().values().map(|ib| ib.source));
+    }
+
     pub(super) fn fail_inbound_from(&self, peer: NodeId, reason: &str) {
         let mut inbound = self.inbound.lock().unwrap();
         let streams: Vec<StreamId> = inbound

@@ -91,6 +91,9 @@ pub struct LinkCounts {
     pub heartbeats_sent: u64,
 }
 
+/// The peers something of the node above depends on (see [`Transport::set_idle_guard`]).
+pub type IdleGuard = Arc<dyn Fn() -> std::collections::HashSet<NodeId> + Send + Sync>;
+
 /// A callback for transport events, see [`Transport::set_event_handler`].
 pub type EventHandler = Arc<dyn Fn(Event) + Send + Sync>;
 
@@ -196,6 +199,15 @@ pub trait Transport: Send + Sync + 'static {
     fn set_event_handler(&self, handler: EventHandler) -> bool {
         let _ = handler;
         false
+    }
+
+    /// Where links close when idle: `guard` names the peers whose links must stay (a request
+    /// waits for their answer, a stream runs with them, a directory entry lists their copies),
+    /// so that their heartbeats keep proving them alive to whoever depends on them. Asked
+    /// once per heartbeat period, only when some link has been idle long enough. Default:
+    /// ignored (the transport closes no link for being idle).
+    fn set_idle_guard(&self, guard: IdleGuard) {
+        let _ = guard;
     }
 
     /// The address peers connect to (for tools and tests); None if not applicable.

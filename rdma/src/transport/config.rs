@@ -31,6 +31,9 @@ pub struct RdmaConfig {
     pub connect_timeout: Duration,
     /// Links (queue pairs, rings) made on first use instead of a full mesh at start.
     pub on_demand: bool,
+    /// With `on_demand`: for this long after `connect` a dial keeps trying (peers started
+    /// one by one may not listen yet).
+    pub startup_grace: Duration,
     /// Spin on the CQ and the rings instead of sleeping on the completion channel.
     pub busy_poll: bool,
     /// NIC-local placement: bind registered memory to the device's NUMA node and (with
@@ -63,6 +66,7 @@ impl Default for RdmaConfig {
             heartbeat_timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(30),
             on_demand: false,
+            startup_grace: Duration::ZERO,
             busy_poll: false,
             numa_placement: true,
             cq_entries: 16384,

@@ -54,8 +54,8 @@ macro_rules! transport_link_methods {
 
 /// Inside `impl T { ... }` of a transport handle: writes the public `connect` and `dial`.
 /// `self.<inner>` (the field named) must be an `Arc` of a type with a `links` field (the
-/// [`crate::LinkTable`]), a `cfg.connect_timeout` and `cfg.heartbeat_timeout` (`Duration`s),
-/// a `cfg.on_demand` (`bool`: links made on first use, see [`crate::LinkTable::link`]) and
+/// [`crate::LinkTable`]), a `cfg.connect_timeout` and `cfg.startup_grace` (`Duration`s), a
+/// `cfg.on_demand` (`bool`: links made on first use, see [`crate::LinkTable::link`]) and
 /// a method
 /// `dial(self: &Arc<Self>, peer, addr, deadline: Instant) -> Result<(), TransportError>`
 /// that links one peer, trying until the deadline.
@@ -82,11 +82,9 @@ macro_rules! connect_methods {
                     }
                 });
             if inner.cfg.on_demand {
-                inner.links.enable_on_demand(
-                    inner.cfg.connect_timeout,
-                    inner.cfg.heartbeat_timeout.saturating_mul(2)
-                        + ::std::time::Duration::from_secs(1),
-                );
+                inner
+                    .links
+                    .enable_on_demand(inner.cfg.startup_grace, $crate::link::DIAL_TIMEOUT);
             }
             inner.links.enable_redial(peers, redial)?;
             inner.links.connect_mesh(

@@ -13,9 +13,10 @@
 //! - **A peer that cannot be reached is reported down once** (`PeerDown`, as for a failed
 //!   link) and held off: lookups fail at once for a backoff (100 ms doubling to 5 s) before
 //!   the next use dials again. A link installed from either side clears it.
-//! - **Deadlines.** In the first `connect_timeout` after start a dial keeps trying until then
-//!   (peers may still be starting); afterwards it gets `dial_timeout`, and a peer already
-//!   reported down gets one attempt.
+//! - **Deadlines.** A dial gets [`DIAL_TIMEOUT`] (a peer already reported down, one
+//!   attempt). Processes started one by one (a configured cluster) are given a start-up
+//!   grace: until then a dial keeps trying (its peer may not listen yet). A peer that dies
+//!   within the grace is noticed only when it ends.
 
 use super::{Link, LinkTable};
 use crate::{NodeId, TransportError};
@@ -24,6 +25,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::warn;
+
+/// How long a dial keeps trying after the start-up grace: a refused connection on a network
+/// that works means nobody listens there.
+pub const DIAL_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Most dials one node runs at once; further callers wait for a slot.
 pub const MAX_DIALS: usize = 16;
@@ -75,13 +80,13 @@ impl OnDemand {
 }
 
 impl<C: Link> LinkTable<C> {
-    /// Makes links on demand from now on (see the module): `connect_timeout` is how long
-    /// after now dials keep trying (the cluster is starting), `dial_timeout` the bound of a
-    /// dial afterwards. Needs the peers' addresses and the dial function, given by
+    /// Makes links on demand from now on (see the module): until `startup_grace` from now,
+    /// dials keep trying until then (the cluster is starting); afterwards a dial is bounded
+    /// by `dial_timeout`. Needs the peers' addresses and the dial function, given by
     /// [`LinkTable::enable_redial`].
-    pub fn enable_on_demand(&self, connect_timeout: Duration, dial_timeout: Duration) {
+    pub fn enable_on_demand(&self, startup_grace: Duration, dial_timeout: Duration) {
         *self.on_demand.cfg.lock().unwrap() = Some(Deadlines {
-            startup: Instant::now() + connect_timeout,
+            startup: Instant::now() + startup_grace,
             dial: dial_timeout,
         });
         self.on_demand.enabled.store(true, Ordering::Release);

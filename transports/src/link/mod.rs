@@ -20,6 +20,7 @@ mod redial;
 mod tests;
 
 pub use counters::Counters;
+pub use demand::DIAL_TIMEOUT;
 pub use events::{EventReceiver, EventSink};
 pub use redial::DialFn;
 

@@ -14,6 +14,10 @@ pub struct TcpConfig {
     /// Links made on first use instead of a full mesh at start (see
     /// [`crate::LinkTable::link`]).
     pub on_demand: bool,
+    /// With `on_demand`: for this long after `connect` a dial keeps trying (peers started
+    /// one by one may not listen yet); zero for a cluster whose nodes all listen before any
+    /// connects (an in-process cluster).
+    pub startup_grace: Duration,
     /// With `on_demand`: a link that carried no control or data frame for this long (and
     /// through which the peer holds no grant) is closed; zero never closes one.
     pub idle_timeout: Duration,
@@ -65,6 +69,7 @@ impl Default for TcpConfig {
             heartbeat_timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_secs(30),
             on_demand: false,
+            startup_grace: Duration::ZERO,
             idle_timeout: Duration::ZERO,
             socket_buffer: 0,
             max_frame: 1 << 20,

@@ -16,8 +16,9 @@ impl Inner {
             std::thread::sleep(period);
             let conns = self.links.snapshot();
             let now = self.links.now_ns();
+            let mut kept = None;
             for c in conns {
-                self.close_if_idle(&c);
+                self.close_if_idle(&c, &mut kept);
                 if now.saturating_sub(c.last_send.load(Ordering::Relaxed))
                     < period.as_nanos() as u64
                 {

@@ -10,20 +10,25 @@
 //! peer until then, so the peer's frames keep their order. The peer, reading `Idle`, sends
 //! what it had queued, takes the link out of its table and shuts the socket down. Neither
 //! side reports the other down; a peer that dies meanwhile is noticed by the heartbeat
-//! silence of the closing link.
+//! silence of the closing link. A link the node above depends on (its idle guard names the
+//! peer: a request waits for that peer's answer, a stream runs with it, a directory entry
+//! lists its copies) stays, so its heartbeats keep proving the peer alive to its dependants.
 
 use super::conn::Conn;
 use super::Inner;
 use crate::frame::{FrameHeader, FrameKind};
 use crate::Link;
+use crate::NodeId;
+use std::collections::HashSet;
 use std::io::Write;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tracing::debug;
 
 impl Inner {
-    /// Closes `conn` if it has been idle long enough (see the module).
-    pub(super) fn close_if_idle(&self, conn: &Arc<Conn>) {
+    /// Closes `conn` if it has been idle long enough and nothing depends on it (see the
+    /// module). `kept`: the guard's answer, asked at most once per heartbeat pass.
+    pub(super) fn close_if_idle(&self, conn: &Arc<Conn>, kept: &mut Option<HashSet<NodeId>>) {
         let idle = self.cfg.idle_timeout.as_nanos() as u64;
         if idle == 0 || !self.links.is_on_demand() || conn.is_failed() || conn.is_retiring() {
             return;
@@ -36,6 +41,13 @@ impl Inner {
         };
         let peer = conn.peer();
         if !quiet(conn) || self.grants.has(peer) {
+            return;
+        }
+        let kept = kept.get_or_insert_with(|| match self.idle_guard.get() {
+            Some(guard) => guard(),
+            None => HashSet::new(),
+        });
+        if kept.contains(&peer) {
             return;
         }
         let Ok(mut w) = conn.writer.try_lock() else {

@@ -43,6 +43,8 @@ struct Inner {
     flush_tx: Sender<Arc<Conn>>,
     /// Where installed connections are read.
     readers: OnceLock<reader::Readers>,
+    /// The peers whose links may not close for being idle (see `idle`).
+    idle_guard: OnceLock<crate::IdleGuard>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -77,6 +79,7 @@ impl TcpTransport {
             links: Arc::new(links),
             flush_tx,
             readers: OnceLock::new(),
+            idle_guard: OnceLock::new(),
             threads: Mutex::new(Vec::new()),
         });
         let readers =
@@ -146,6 +149,10 @@ impl Transport for TcpTransport {
 
     fn name(&self) -> &'static str {
         "tcp"
+    }
+
+    fn set_idle_guard(&self, guard: crate::IdleGuard) {
+        let _ = self.inner.idle_guard.set(guard);
     }
 
     fn register_arena(&self, arena: Arc<Arena>) -> Result<(), TransportError> {
