@@ -27,7 +27,7 @@ cmd="set -e
 echo '== phalanx-rdma unit tests'; $unit --test-threads=1
 echo '== verbs transport tests'; timeout 900 $integ --test-threads=1 --nocapture
 echo '== transport contract on verbs'; timeout 900 $contract --test-threads=1
-echo '== store and collectives on verbs'; timeout 900 $cluster --test-threads=1
+echo '== store and collectives on verbs'; timeout 900 $cluster --test-threads=1 --nocapture
 echo '== phalanx info'; $phalanx info --transport rdma
 echo '== demo, 4 nodes, verbs'; NO_COLOR=1 RUST_LOG=phalanx_rdma=info timeout 600 $phalanx demo --nodes 4 --size 16M --transport rdma"
 status=0

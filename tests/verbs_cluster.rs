@@ -104,3 +104,81 @@ fn verbs_broadcast_and_reduce() {
         assert_eq!(i32::from_le_bytes(w.try_into().unwrap()), want);
     }
 }
+
+/// Sixteen nodes whose verbs links (queue pairs and their eager rings) are made on first use:
+/// a broadcast and a reduce over 15 of them are correct, and each node's eager memory is that
+/// of the links it used (the sixteenth, which takes part in nothing, has none).
+#[test]
+fn verbs_links_made_on_demand() {
+    if !phalanx_rdma::rdma_available() {
+        eprintln!("no RDMA device: skipped (run inside `soft-roce-setup.sh vm`)");
+        return;
+    }
+    const N: u32 = 16;
+    const IDLE: usize = 15;
+    let mut t = TransportSettings::new(
+        TransportKind::Rdma,
+        Duration::from_secs(3),
+        std::env::var("PHALANX_RDMA_DEVICE").ok(),
+        None,
+    )
+    .unwrap();
+    t.set_on_demand(true);
+    let ring = match &t {
+        TransportSettings::Rdma(r) => 2 * r.ring_blocks * r.block_size,
+        _ => unreachable!("verbs settings"),
+    };
+    let cfg = NodeConfig {
+        arena_size: 48 << 20,
+        op_timeout: Duration::from_secs(120),
+        ..NodeConfig::default()
+    };
+    let c = LocalCluster::start_with(N, cfg, t).unwrap();
+    let data = pattern(4 << 20, 5);
+    let id = phalanx::ObjectId::homed(0, "od-bcast");
+    c.node(0).put(id.clone(), &data).unwrap();
+    std::thread::scope(|s| {
+        for k in 1..IDLE {
+            let (c, id, data) = (&c, id.clone(), &data);
+            s.spawn(move || {
+                std::thread::sleep(Duration::from_millis(5 * k as u64));
+                assert!(c.node(k).get(id).unwrap() == *data, "node {k}'s copy");
+            });
+        }
+    });
+    let ids: Vec<phalanx::ObjectId> = (0..IDLE)
+        .map(|k| phalanx::ObjectId::homed(0, format!("od-in-{k}")))
+        .collect();
+    for (k, id) in ids.iter().enumerate() {
+        let v: Vec<u8> = (0..1u32 << 18)
+            .flat_map(|i| ((i % 13 + k as u32) as i32).to_le_bytes())
+            .collect();
+        c.node(k).put(id.clone(), &v).unwrap();
+    }
+    let sum = phalanx::ObjectId::homed(0, "od-sum");
+    c.node(0)
+        .reduce(sum.clone(), &ids, IDLE, ReduceOp::Sum, DType::I32)
+        .unwrap();
+    let got = c.node(7).get(sum).unwrap();
+    for (i, w) in got.chunks_exact(4).enumerate() {
+        let want: i32 = (0..IDLE as u32).map(|k| (i as u32 % 13 + k) as i32).sum();
+        assert_eq!(
+            i32::from_le_bytes(w.try_into().unwrap()),
+            want,
+            "element {i}"
+        );
+    }
+    let links: Vec<usize> = (0..N as usize)
+        .map(|k| c.node(k).transport().link_counts().unwrap().peak)
+        .collect();
+    let eager: Vec<usize> = links.iter().map(|l| l * ring).collect();
+    println!(
+        "verbs on demand, {N} nodes: links at most open per node {links:?}; eager ring memory \
+         per node (links x {} KiB) {:?} KiB; a mesh: {} KiB each",
+        ring >> 10,
+        eager.iter().map(|e| e >> 10).collect::<Vec<_>>(),
+        (N as usize - 1) * ring >> 10
+    );
+    assert_eq!(links[IDLE], 0, "the idle node linked");
+    assert!(links.iter().all(|&l| l < N as usize));
+}
