@@ -177,7 +177,7 @@ fn verbs_links_made_on_demand() {
          per node (links x {} KiB) {:?} KiB; a mesh: {} KiB each",
         ring >> 10,
         eager.iter().map(|e| e >> 10).collect::<Vec<_>>(),
-        (N as usize - 1) * ring >> 10
+        ((N as usize - 1) * ring) >> 10
     );
     assert_eq!(links[IDLE], 0, "the idle node linked");
     assert!(links.iter().all(|&l| l < N as usize));
