@@ -172,3 +172,21 @@ fn links_stay_where_something_waits_and_close_elsewhere() {
         + c.node(0).transport().link_counts().unwrap().idle_closed;
     assert!(closed >= 1);
 }
+
+/// A shard dies: the holders of the copies it listed were linked to it (it depended on them),
+/// so they learn of it and republish at the entry's new node; a node that never talked to the
+/// dead shard learns of the death on first use and finds the object at the new node.
+#[test]
+fn a_dead_shard_moves_its_entries_for_nodes_that_never_linked_it() {
+    let c = cluster();
+    let data = pattern(3 << 20, 11);
+    let id = ObjectId::homed(2, "held");
+    c.node(4).put(id.clone(), &data).unwrap();
+    assert!(c.node(5).get(id.clone()).unwrap() == data);
+    assert!(!c.node(6).transport().is_connected(2));
+    c.node(2).kill();
+    let t = std::time::Instant::now();
+    assert!(c.node(6).get(id).unwrap() == data, "node 6's copy");
+    println!("found at the entry's new node after {:?}", t.elapsed());
+    assert!(!c.node(6).transport().is_up(2));
+}
