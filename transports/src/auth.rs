@@ -260,6 +260,17 @@ pub struct Transcript {
 }
 
 impl Transcript {
+    /// The exchange between `dialler` and `acceptor` on `channel`, nonces not known yet.
+    fn new(channel: Channel, dialler: NodeId, acceptor: NodeId) -> Transcript {
+        Transcript {
+            channel,
+            dialler,
+            acceptor,
+            dialler_nonce: [0; NONCE_LEN],
+            acceptor_nonce: [0; NONCE_LEN],
+        }
+    }
+
     fn mac(&self, key: &[u8], role: Role) -> HmacSha256 {
         // HMAC takes keys of any length (the empty key included), so this cannot fail.
         let mut m = <HmacSha256 as Mac>::new_from_slice(key).expect("HMAC accepts any key");
@@ -357,13 +368,7 @@ pub fn dial(
     extra_wait: Duration,
 ) -> Result<(), AuthError> {
     let deadline = Instant::now() + cfg.handshake_timeout;
-    let mut t = Transcript {
-        channel,
-        dialler: me,
-        acceptor: peer,
-        dialler_nonce: [0; NONCE_LEN],
-        acceptor_nonce: [0; NONCE_LEN],
-    };
+    let mut t = Transcript::new(channel, me, peer);
     fill_random(&mut t.dialler_nonce)?;
     let mut c = [0u8; CHALLENGE_LEN];
     header(&mut c, VERSION, channel, me, peer);
@@ -566,13 +571,7 @@ impl Acceptor {
         if !self.cfg.is_member(me, from) {
             return Err(refuse(s, AuthError::NotMember { id: from }));
         }
-        let mut t = Transcript {
-            channel,
-            dialler: from,
-            acceptor: me,
-            dialler_nonce: [0; NONCE_LEN],
-            acceptor_nonce: [0; NONCE_LEN],
-        };
+        let mut t = Transcript::new(channel, from, me);
         t.dialler_nonce
             .copy_from_slice(&self.buf[16..CHALLENGE_LEN]);
         fill_random(&mut t.acceptor_nonce)?;
