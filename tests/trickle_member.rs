@@ -4,6 +4,7 @@
 //! member stays bounded.
 
 #[path = "common/member.rs"]
+#[allow(dead_code)] // the helper's raw frames are for other tests
 mod member;
 
 use member::Member;

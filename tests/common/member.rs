@@ -80,7 +80,10 @@ impl Member {
                 }
                 let n = n.min(buf.len());
                 match r.read(&mut buf[..n]) {
-                    Ok(0) | Err(_) => return,
+                    Ok(0) | Err(_) => {
+                        st.store(true, Ordering::Relaxed);
+                        return;
+                    }
                     Ok(k) => {
                         rd.fetch_add(k as u64, Ordering::Relaxed);
                     }
@@ -101,6 +104,17 @@ impl Member {
             }
         });
         Member { out, read, stop }
+    }
+
+    /// Sends one frame header of `kind` with no payload.
+    pub fn send_frame(&mut self, kind: FrameKind) {
+        let h = FrameHeader::control(kind, 0).encode();
+        self.out.lock().unwrap().write_all(&h).unwrap();
+    }
+
+    /// Whether the node closed the connection (the reader saw its end).
+    pub fn closed(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
     }
 
     /// Sends one control message, framed as the TCP transport frames it.

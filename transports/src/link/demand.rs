@@ -169,10 +169,15 @@ impl<C: Link> LinkTable<C> {
         let Some(d) = *self.on_demand.cfg.lock().unwrap() else {
             return Err(TransportError::PeerUnavailable(peer));
         };
+        // How long to wait for a setup of someone else's (a dial, an admission, a drain).
+        let give_up = (Instant::now() + d.dial * 2).max(d.startup) + self.dead_wait;
         let mut setups = self.setups.lock().unwrap();
         let reported = loop {
             if self.is_closing() {
                 return Err(TransportError::Shutdown);
+            }
+            if Instant::now() >= give_up {
+                return Err(TransportError::PeerUnavailable(peer));
             }
             if let Some(c) = self.links.lock().unwrap().get(&peer) {
                 return Ok(c.clone());
@@ -251,13 +256,16 @@ impl<C: Link> LinkTable<C> {
         let mut setups = self.setups.lock().unwrap();
         {
             let mut links = self.links.lock().unwrap();
-            if !links.get(&peer).is_some_and(|c| Arc::ptr_eq(c, link)) {
+            let current = links.get(&peer).is_some_and(|c| Arc::ptr_eq(c, link));
+            if !current || link.is_failed() {
                 return false;
             }
             links.remove(&peer);
+            // Flagged before the table lets go: a failure racing with this sees it either
+            // current (and reports it) or retiring (and ends its draining).
+            link.state().retiring.store(true, Ordering::Release);
             self.changed.notify_all();
         }
-        link.state().retiring.store(true, Ordering::Release);
         if drain {
             setups.draining.insert(peer);
         }

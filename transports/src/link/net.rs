@@ -15,7 +15,7 @@ use tracing::{debug, error, warn};
 
 /// Most handshakes an acceptor holds at once (all on its accept thread, each bounded by the
 /// handshake timeout); connections beyond it are closed at once and counted refused.
-pub const MAX_HANDSHAKES: usize = 1024;
+pub const MAX_HANDSHAKES: usize = 256;
 
 /// Most threads that admit and install authenticated peers at once (they end when idle).
 pub const HELLO_THREADS: usize = 2;
@@ -74,6 +74,9 @@ impl<C: Link> HelloPool<C> {
             return;
         }
         let _ = self.tx.send((s, from, admitted));
+        // Pairs with the fence of a thread giving up: either it sees this job or we see it
+        // gone and start another.
+        std::sync::atomic::fence(Ordering::SeqCst);
         let claimed = self
             .alive
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
@@ -92,6 +95,7 @@ impl<C: Link> HelloPool<C> {
                 }
                 Err(_) => {
                     alive.fetch_sub(1, Ordering::AcqRel);
+                    std::sync::atomic::fence(Ordering::SeqCst);
                     // Work that came as we gave up is still taken (by us, if no one else).
                     let retake = !rx.is_empty()
                         && alive

@@ -34,6 +34,8 @@ pub(super) struct Conn {
     /// ... of the last control or data frame sent or received (heartbeats do not count): how
     /// long the link has been idle.
     pub(super) last_used: AtomicU64,
+    /// The peer closed the link for being idle: the flusher shuts it once nothing is queued.
+    pub(super) close_when_flushed: std::sync::atomic::AtomicBool,
     /// Whole frames queued while another thread held the writer; sent, in order, by the next
     /// holder of the writer lock before anything else.
     pub(super) overflow: Mutex<Vec<u8>>,
@@ -193,7 +195,13 @@ impl Inner {
                     return true;
                 };
                 match w.flush_some(c) {
-                    Ok(false) => false,
+                    Ok(false) => {
+                        if c.close_when_flushed.load(Ordering::Acquire) {
+                            drop(w);
+                            c.shut();
+                        }
+                        false
+                    }
                     Ok(true) => {
                         let (now_left, written) = (w.tail.len(), w.written);
                         drop(w);

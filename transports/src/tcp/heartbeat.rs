@@ -16,6 +16,7 @@ impl Inner {
             std::thread::sleep(period);
             let conns = self.links.snapshot();
             let now = self.links.now_ns();
+            self.end_stale_drains();
             let mut kept = None;
             for c in conns {
                 self.close_if_idle(&c, &mut kept);

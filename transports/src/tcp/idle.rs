@@ -10,7 +10,7 @@
 //! peer until then, so the peer's frames keep their order. The peer, reading `Idle`, sends
 //! what it had queued, takes the link out of its table and shuts the socket down. Neither
 //! side reports the other down; a peer that dies meanwhile is noticed by the heartbeat
-//! silence of the closing link. A link the node above depends on (its idle guard names the
+//! silence of the closing link, and reported on its next use. A link the node above depends on (its idle guard names the
 //! peer: a request waits for that peer's answer, a stream runs with it, a directory entry
 //! lists its copies) stays, so its heartbeats keep proving the peer alive to its dependants.
 
@@ -67,21 +67,44 @@ impl Inner {
             Ok(()) => {
                 w.written += bye.len() as u64;
                 debug!(node = self.id, peer, "idle link closed");
+                let mut draining = self.draining.lock().unwrap();
+                draining.push((conn.clone(), std::time::Instant::now()));
             }
             // The reader sees the end and the link drains; the peer sees a broken link.
             Err(_) => conn.stop(),
         }
     }
 
-    /// The peer closes `conn` for being idle: what was queued for it goes out, then the link
-    /// leaves the table and the socket is shut down (the peer reads until then).
+    /// Ends the drain of links the peer has not closed within the heartbeat timeout of our
+    /// `Idle` (gone, or not playing along): the link is shut, so its peer can link again.
+    pub(super) fn end_stale_drains(&self) {
+        let mut draining = self.draining.lock().unwrap();
+        draining.retain(|(c, since)| {
+            if c.is_failed() {
+                return false;
+            }
+            if since.elapsed() > self.cfg.heartbeat_timeout {
+                c.stop(); // the reader sees the end; the table ends the drain
+                return false;
+            }
+            true
+        });
+    }
+
+    /// The peer closes `conn` for being idle: the link leaves the table at once (nothing
+    /// more is queued on it: flagged under the overflow lock), and the flusher sends what was
+    /// queued before, then shuts the socket (the peer reads until then). Never blocks: it
+    /// runs on a reader thread.
     pub(super) fn closed_by_peer_for_idle(&self, conn: &Arc<Conn>) {
         if !conn.is_retiring() {
-            let mut w = conn.writer.lock().unwrap();
-            let _ = w.flush_tail(conn);
             let _overflow = conn.overflow.lock().unwrap();
-            self.links.retire(conn, false);
+            if !self.links.retire(conn, false) {
+                drop(_overflow);
+                conn.shut(); // failed meanwhile: its failure was handled
+                return;
+            }
         }
-        conn.stop();
+        conn.close_when_flushed.store(true, Ordering::Release);
+        let _ = self.flush_tx.send(conn.clone());
     }
 }

@@ -45,6 +45,9 @@ struct Inner {
     readers: OnceLock<reader::Readers>,
     /// The peers whose links may not close for being idle (see `idle`).
     idle_guard: OnceLock<crate::IdleGuard>,
+    /// Links this node closed for being idle, still read until the peer closes them, with
+    /// when they were closed (see `idle`).
+    draining: Mutex<Vec<(Arc<Conn>, std::time::Instant)>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -80,6 +83,7 @@ impl TcpTransport {
             flush_tx,
             readers: OnceLock::new(),
             idle_guard: OnceLock::new(),
+            draining: Mutex::new(Vec::new()),
             threads: Mutex::new(Vec::new()),
         });
         let readers =

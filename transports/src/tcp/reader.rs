@@ -106,6 +106,8 @@ enum Turn {
     Later,
     /// The peer said goodbye.
     Bye,
+    /// The peer closed the link for being idle: reading ends, the flusher closes it.
+    Retired,
     Failed(TransportError),
 }
 
@@ -213,6 +215,7 @@ impl Inner {
             match self.read_some(&mut r) {
                 Turn::Later => continue,
                 Turn::Bye => break None,
+                Turn::Retired => return,
                 Turn::Failed(e) => break Some(e),
             }
         };
@@ -247,6 +250,9 @@ impl Inner {
                         set.conns.lock().unwrap().insert(token, r);
                     }
                     Turn::Bye => self.end(set, r, None),
+                    Turn::Retired => {
+                        let _ = set.epoll.delete(&r.input.stream);
+                    }
                     Turn::Failed(e) => self.end(set, r, Some(e)),
                 }
             }
@@ -373,7 +379,7 @@ impl Inner {
                 Frame::Idle => {
                     // Nothing follows on this link: it ends without a failure.
                     self.closed_by_peer_for_idle(&r.conn);
-                    return Turn::Bye;
+                    return Turn::Retired;
                 }
                 Frame::Ctrl { msg, got } if *got < msg.len() => {
                     match r.input.read_into(&mut msg[*got..], read) {
@@ -445,7 +451,10 @@ impl Inner {
         match h.kind {
             FrameKind::Heartbeat => Ok(None),
             FrameKind::Bye => Err(None),
-            FrameKind::Idle => Ok(Some(Frame::Idle)),
+            FrameKind::Idle if self.links.is_on_demand() => Ok(Some(Frame::Idle)),
+            FrameKind::Idle => Err(Some(TransportError::Malformed(
+                "idle close on a link of a mesh".into(),
+            ))),
             FrameKind::Hello => Err(Some(TransportError::Malformed(
                 "hello on a live link".into(),
             ))),
