@@ -21,6 +21,9 @@ pub(crate) enum Work {
     Run(Box<dyn FnOnce() + Send>),
     /// A message a transport thread could not send without blocking.
     Send(NodeId, Msg),
+    /// A worker has linked the peer (or failed to) by sending the first message the
+    /// dispatcher held for it: the dispatcher sends the rest, in order.
+    Linked(NodeId),
     Stop,
 }
 
@@ -175,13 +178,13 @@ impl Rpc {
         }
     }
 
-    /// Sends from a transport thread: at once if that cannot block, else through the
-    /// dispatcher.
     /// Adds to `peers` the nodes whose answer a request of this node awaits.
     pub fn peers_awaited(&self, peers: &mut std::collections::HashSet<NodeId>) {
         peers.extend(self.pending.lock().unwrap().values().map(|(to, _)| *to));
     }
 
+    /// Sends from a transport thread: at once if that cannot block, else through the
+    /// dispatcher.
     pub fn send_from_transport_thread(&self, to: NodeId, msg: Msg) {
         // A reply to ourselves (our shard answering our own subscription) completes its
         // request here: the callbacks it runs never block.

@@ -9,6 +9,7 @@ use crate::protocol::{Msg, Reply, StoreMsg};
 use crate::rpc::Work;
 use crossbeam_channel::Receiver;
 use phalanx_transport::{Event, NodeId};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use tracing::{debug, error, warn};
 
@@ -30,6 +31,9 @@ impl Inner {
 
     /// The dispatcher thread: runs until the node closes.
     pub(super) fn dispatch(self: Arc<Self>, queue: Receiver<Work>) {
+        // Messages held for peers a worker is linking (links made on demand): the dispatcher
+        // never waits for a dial, and a peer's messages keep their order.
+        let mut held: HashMap<NodeId, VecDeque<Msg>> = HashMap::new();
         for w in queue {
             match w {
                 Work::Msg(from, msg) => {
@@ -37,15 +41,49 @@ impl Inner {
                     self.on_msg(from, msg, Thread::MayBlock)
                 }
                 Work::Run(job) => job(),
-                Work::Send(to, msg) => {
-                    if let Err(e) = self.rpc.send(to, msg) {
-                        debug!(node = self.id, to, "reply not delivered: {e}");
+                Work::Send(to, msg) => self.send_or_hold(to, msg, &mut held),
+                Work::Linked(to) => {
+                    for msg in held.remove(&to).unwrap_or_default() {
+                        if let Err(e) = self.rpc.send(to, msg) {
+                            debug!(node = self.id, to, "reply not delivered: {e}");
+                        }
                     }
                 }
                 Work::Stop => break,
             }
         }
         debug!(node = self.id, "dispatcher stopped");
+    }
+
+    /// Sends `msg` to `to` from the dispatcher, unless that would wait for a link to be made:
+    /// then a worker makes it by sending the message, and the peer's next messages wait in
+    /// `held` until it is done.
+    fn send_or_hold(&self, to: NodeId, msg: Msg, held: &mut HashMap<NodeId, VecDeque<Msg>>) {
+        if let Some(q) = held.get_mut(&to) {
+            q.push_back(msg);
+            return;
+        }
+        if to == self.id || !self.transport.dials_on_use() || self.transport.is_connected(to) {
+            if let Err(e) = self.rpc.send(to, msg) {
+                debug!(node = self.id, to, "reply not delivered: {e}");
+            }
+            return;
+        }
+        held.insert(to, VecDeque::new());
+        let (rpc, id) = (self.rpc.clone(), self.id);
+        let job = move || {
+            if let Err(e) = rpc.send(to, msg) {
+                debug!(node = id, to, "reply not delivered: {e}");
+            }
+            rpc.enqueue(Work::Linked(to));
+        };
+        if let Err(e) = self.workers.spawn(job) {
+            warn!(
+                node = self.id,
+                to, "cannot start a worker to link a peer: {e}"
+            );
+            held.remove(&to);
+        }
     }
 
     /// Runs on transport threads: must not block on the network. Every message is handled

@@ -224,6 +224,12 @@ pub trait Transport: Send + Sync + 'static {
         self.is_connected(peer)
     }
 
+    /// Whether a send to a peer with no link makes one (links made on demand), and so may
+    /// wait for a dial.
+    fn dials_on_use(&self) -> bool {
+        false
+    }
+
     /// The node's links now and so far (for scale figures); None if not known.
     fn link_counts(&self) -> Option<LinkCounts> {
         None

@@ -30,6 +30,10 @@ macro_rules! transport_link_methods {
             self.$inner.links.contains(peer)
         }
 
+        fn dials_on_use(&self) -> bool {
+            self.$inner.links.is_on_demand()
+        }
+
         fn is_up(&self, peer: $crate::NodeId) -> bool {
             self.$inner.links.is_up(peer)
         }
