@@ -259,3 +259,46 @@ fn idle_links_close_without_loss_or_failure_and_come_back_on_use() {
         t.shutdown();
     }
 }
+
+/// Both sides find the link idle at about the same time (same idle timeout, heartbeat
+/// threads ticking alike), round after round: each close ends, on both sides, so the next
+/// message links again at once.
+#[test]
+fn idle_closes_from_both_sides_at_once_end_cleanly() {
+    let cfg = TcpConfig {
+        idle_timeout: Duration::from_millis(40),
+        ..config(Duration::from_millis(160), Duration::from_secs(10))
+    };
+    let (ts, _) = cluster(2, &cfg);
+    for round in 0..25u8 {
+        let t0 = Instant::now();
+        ts[0].send(1, &[round]).unwrap();
+        ts[1].send(0, &[round]).unwrap();
+        assert_eq!(
+            ctrl_from(&ts[1], 0, 1, Duration::from_secs(5)),
+            vec![vec![round]]
+        );
+        assert_eq!(
+            ctrl_from(&ts[0], 1, 1, Duration::from_secs(5)),
+            vec![vec![round]]
+        );
+        assert!(
+            t0.elapsed() < Duration::from_secs(1),
+            "round {round}: {:?} to link and deliver",
+            t0.elapsed()
+        );
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while ts.iter().any(|t| t.link_counts().unwrap().open > 0) {
+            assert!(Instant::now() < deadline, "round {round}: links stay open");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        // Sometimes right after the close, sometimes a little later.
+        std::thread::sleep(Duration::from_millis((round % 4) as u64 * 15));
+    }
+    assert!(ts.iter().all(|t| t.stats().peers_down == 0));
+    let closed: u64 = ts.iter().map(|t| t.idle_closed()).sum();
+    println!("idle closes: {closed} in 25 rounds");
+    for t in &ts {
+        t.shutdown();
+    }
+}

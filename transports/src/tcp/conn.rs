@@ -198,7 +198,8 @@ impl Inner {
                     Ok(false) => {
                         if c.close_when_flushed.load(Ordering::Acquire) {
                             drop(w);
-                            c.shut();
+                            // Retired: no event; ends this side's drain if it had one.
+                            self.links.fail(c, crate::PEER_LEFT.into());
                         }
                         false
                     }

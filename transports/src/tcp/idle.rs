@@ -100,7 +100,8 @@ impl Inner {
             let _overflow = conn.overflow.lock().unwrap();
             if !self.links.retire(conn, false) {
                 drop(_overflow);
-                conn.shut(); // failed meanwhile: its failure was handled
+                // Failed meanwhile: its failure was handled; this ends its reading.
+                self.links.fail(conn, crate::PEER_LEFT.into());
                 return;
             }
         }
