@@ -158,7 +158,10 @@ fn an_unreachable_peer_is_reported_down_once_held_off_then_linked() {
     // Held off: fails at once, reported no more.
     let start = Instant::now();
     assert!(t0.send(1, b"again").is_err());
-    assert!(start.elapsed() < Duration::from_millis(500), "a held-off peer was dialled");
+    assert!(
+        start.elapsed() < Duration::from_millis(500),
+        "a held-off peer was dialled"
+    );
     assert_eq!(t0.stats().peers_down, 1);
     // Node 1 starts listening: after the hold-off the next use links it.
     let t1 = bind(1, &addr1.to_string(), &cfg);
