@@ -21,7 +21,7 @@ pub const MAX_HANDSHAKES: usize = 256;
 pub const HELLO_THREADS: usize = 2;
 
 /// How long an idle admission thread waits for work before it ends.
-const HELLO_IDLE: Duration = Duration::from_secs(1);
+const HELLO_IDLE: Duration = Duration::from_millis(100);
 
 /// The transport's part of setting up an admitted link.
 type Handshake = Arc<dyn Fn(TcpStream, NodeId) -> Result<(), TransportError> + Send + Sync>;
