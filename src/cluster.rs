@@ -57,6 +57,15 @@ impl TransportSettings {
         }
     }
 
+    /// A peer silent this long is reported down.
+    pub fn heartbeat_timeout(&self) -> Duration {
+        match self {
+            TransportSettings::Tcp(c) => c.heartbeat_timeout,
+            #[cfg(feature = "rdma")]
+            TransportSettings::Rdma(c) => c.heartbeat_timeout,
+        }
+    }
+
     /// Whether links are made on first use.
     pub fn on_demand(&self) -> bool {
         match self {

@@ -339,11 +339,7 @@ fn bench_cmd(a: BenchArgs) -> Result<()> {
             if a.connect == Some(ConnectArg::OnDemand) {
                 settings.set_on_demand(true);
             }
-            let heartbeat = match &settings {
-                TransportSettings::Tcp(t) => t.heartbeat_timeout,
-                #[allow(unreachable_patterns)]
-                _ => Duration::from_secs(1),
-            };
+            let heartbeat = settings.heartbeat_timeout();
             let started = Instant::now();
             let c = LocalCluster::start_with(n, cfg, settings)?;
             let sync = LocalSync::new(n);

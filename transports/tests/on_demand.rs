@@ -253,7 +253,10 @@ fn idle_links_close_without_loss_or_failure_and_come_back_on_use() {
         assert!(Instant::now() < deadline, "links still open when idle");
         std::thread::sleep(Duration::from_millis(20));
     }
-    let closed: u64 = ts.iter().map(|t| t.idle_closed()).sum();
+    let closed: u64 = ts
+        .iter()
+        .map(|t| t.link_counts().unwrap().idle_closed)
+        .sum();
     assert!(closed >= 2, "only {closed} idle closes");
     assert!(ts.iter().all(|t| t.stats().peers_down == 0));
     assert!(ts.iter().all(|t| t.is_up(0) && t.is_up(1)));
@@ -299,7 +302,10 @@ fn idle_closes_from_both_sides_at_once_end_cleanly() {
         std::thread::sleep(Duration::from_millis((round % 4) as u64 * 15));
     }
     assert!(ts.iter().all(|t| t.stats().peers_down == 0));
-    let closed: u64 = ts.iter().map(|t| t.idle_closed()).sum();
+    let closed: u64 = ts
+        .iter()
+        .map(|t| t.link_counts().unwrap().idle_closed)
+        .sum();
     println!("idle closes: {closed} in 25 rounds");
     for t in &ts {
         t.shutdown();

@@ -25,7 +25,7 @@ pub struct Counters {
     pub malformed_frames: AtomicU64,
     pub hellos_refused: AtomicU64,
     /// Links closed for being idle (not in [`crate::TransportStats`]; see
-    /// [`crate::LinkTable::idle_closed`]).
+    /// [`crate::LinkCounts`]).
     pub links_idle_closed: AtomicU64,
     /// Heartbeats sent (not in [`crate::TransportStats`]; see [`crate::LinkCounts`]).
     pub heartbeats_sent: AtomicU64,

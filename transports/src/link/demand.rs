@@ -106,18 +106,13 @@ impl<C: Link> LinkTable<C> {
         self.on_demand.enabled() && !self.setups.lock().unwrap().down.contains_key(&peer)
     }
 
-    /// Links closed for being idle so far.
-    pub fn idle_closed(&self) -> u64 {
-        self.counters.links_idle_closed.load(Ordering::Relaxed)
-    }
-
     /// Links open now and so far.
     pub fn link_counts(&self) -> crate::LinkCounts {
         let open = self.links.lock().unwrap().len();
         crate::LinkCounts {
             open,
             peak: self.links_peak.load(Ordering::Relaxed).max(open),
-            idle_closed: self.idle_closed(),
+            idle_closed: self.counters.links_idle_closed.load(Ordering::Relaxed),
             heartbeats_sent: self.counters.heartbeats_sent.load(Ordering::Relaxed),
         }
     }

@@ -106,11 +106,6 @@ impl TcpTransport {
     }
 
     crate::connect_methods!(inner);
-
-    /// Links closed so far for being idle (see `TcpConfig::idle_timeout`).
-    pub fn idle_closed(&self) -> u64 {
-        self.inner.links.idle_closed()
-    }
 }
 
 impl Inner {
