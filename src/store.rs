@@ -160,7 +160,47 @@ impl Store {
         size: u64,
         pinned: bool,
     ) -> Result<(CopyRef, Vec<ObjectId>)> {
+        self.create_with(id, size, pinned, false)
+    }
+
+    /// Creates the pinned copy of an object this node produces (a reduce task's output). A
+    /// pull of the same object still filling here (a reader that asked before this node was
+    /// chosen to compute it, e.g. after a repair moved the tree's root) fails and gives way:
+    /// its readers fetch again and find this copy.
+    pub fn create_output(
+        self: &Arc<Self>,
+        id: &ObjectId,
+        size: u64,
+    ) -> Result<(CopyRef, Vec<ObjectId>)> {
+        self.create_with(id, size, true, true)
+    }
+
+    /// Fails the copy named `id` if it is an unfinished pull (unpinned, not complete).
+    fn give_way(st: &mut State, id: &ObjectId) {
+        let Some(&k) = st.by_id.get(id) else {
+            return;
+        };
+        let c = st.copies.get_mut(&k).expect("live copy");
+        if c.pinned || c.status == CopyStatus::Complete {
+            return;
+        }
+        c.status = CopyStatus::Failed;
+        c.progress.notify_all();
+        st.by_id.remove(id);
+        Self::detach(st, k);
+    }
+
+    fn create_with(
+        self: &Arc<Self>,
+        id: &ObjectId,
+        size: u64,
+        pinned: bool,
+        replace_pull: bool,
+    ) -> Result<(CopyRef, Vec<ObjectId>)> {
         let mut st = self.lock();
+        if replace_pull {
+            Self::give_way(&mut st, id);
+        }
         if st.by_id.contains_key(id) {
             return Err(Error::AlreadyExists(id.clone()));
         }
@@ -179,6 +219,9 @@ impl Store {
                         return Err(e);
                     }
                     st = self.changed.wait_timeout(st, deadline - now).unwrap().0;
+                    if replace_pull {
+                        Self::give_way(&mut st, id);
+                    }
                     if st.by_id.contains_key(id) {
                         return Err(Error::AlreadyExists(id.clone()));
                     }
@@ -419,6 +462,11 @@ impl CopyRef {
         self.store.changed.notify_all();
     }
 
+    /// Whether `other` refers to this very copy (not merely one of the same object).
+    pub fn is_same(&self, other: &CopyRef) -> bool {
+        self.key == other.key && Arc::ptr_eq(&self.store, &other.store)
+    }
+
     /// Blocks until the watermark passes `from` (or the copy is complete), then returns the
     /// watermark. Errors if the copy failed or was deleted, or after `timeout`.
     pub fn wait_beyond(&self, from: u64, timeout: Duration) -> Result<u64> {
@@ -502,6 +550,27 @@ mod tests {
             Err(Error::AlreadyExists(_))
         ));
         assert!(r.append(&[0]).is_err());
+    }
+
+    /// A node chosen to produce an object it was pulling: the pull gives way (its readers
+    /// see it fail and find the output); a put or a complete copy does not.
+    #[test]
+    fn an_output_replaces_an_unfinished_pull_only() {
+        let s = store(1 << 16);
+        let (pull, _) = s.create(&"t".into(), 1024, false).unwrap();
+        pull.append(&[7; 100]).unwrap();
+        let (out, _) = s.create_output(&"t".into(), 1024).unwrap();
+        assert!(pull.wait_beyond(0, Duration::from_millis(1)).is_err());
+        assert!(s.lookup(&"t".into()).unwrap().is_same(&out));
+        assert!(!pull.is_same(&out));
+        assert!(matches!(
+            s.create_output(&"t".into(), 1024),
+            Err(Error::AlreadyExists(_))
+        ));
+        let (done, _) = s.create(&"c".into(), 4, false).unwrap();
+        done.append(&[1; 4]).unwrap();
+        assert!(s.create_output(&"c".into(), 4).is_err());
+        assert_eq!(done.as_slice().unwrap(), &[1; 4]);
     }
 
     #[test]

@@ -10,6 +10,13 @@ use phalanx::{DType, LocalCluster, NodeConfig, ObjectId, ReduceOp};
 use std::time::{Duration, Instant};
 
 fn cfg() -> NodeConfig {
+    // PHALANX_TEST_LOG=phalanx=debug prints the nodes' traces (e.g. to chase a rare failure).
+    if let Ok(filter) = std::env::var("PHALANX_TEST_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     NodeConfig {
         arena_size: 512 << 20,
         op_timeout: Duration::from_secs(60),
@@ -205,12 +212,11 @@ fn partitioned_allreduce_matches_a_serial_reference_for_every_op_and_dtype() {
 /// killed a seeded few milliseconds into the allreduce. Node 0's result and every surviving
 /// reader's are the reduce of all inputs (each still has a live copy), byte for byte.
 ///
-/// Known bug (issue 13; the partitioned allreduce is off by default): in 2 of 8 CI runs on
-/// 2026-11-24 the coordinator's fetch of a repaired partition gave up after the op timeout
-/// (`NotFound`): a pull that excluded the recomputing root waits at the shard while the root
-/// publishes the new bytes. Run it with `cargo test --release --test allreduce -- --ignored`.
+/// This found two bugs (2026-11-24/25): a pull begun before a partition was reset resumed
+/// with the old bytes and excluded the node that then produced the new ones (the shard now
+/// answers such pulls `Located::Reset`); and a repaired tree rooted on a node that was
+/// pulling the partition could not create its output (the pull now gives way).
 #[test]
-#[ignore = "known bug, issue 13: a partition fetch can stall until the op timeout after a repair"]
 fn a_partition_root_killed_mid_allreduce_leaves_the_survivors_correct() {
     let n = 5;
     let size: u64 = 32 << 20;

@@ -67,6 +67,7 @@ fn trickle_member(cfg: &phalanx::ClusterConfig) -> Member {
             wait: true,
             resume: false,
             exclude: vec![],
+            epoch: None,
         }));
     }
     m

@@ -16,6 +16,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::warn;
 
+/// A locate for a partial copy that needs a new source.
+#[derive(Debug, Clone, Copy)]
+pub struct Resume {
+    /// The epoch of the copy's bytes (`Located::Source::epoch`), if known (a pull started on
+    /// a claim does not know it).
+    pub epoch: Option<u64>,
+}
+
 pub(crate) struct DirClient {
     id: NodeId,
     rpc: Arc<Rpc>,
@@ -105,10 +113,12 @@ impl DirClient {
 
     /// Asks for a source of `id`, waiting until there is one or until `deadline`; a shard that
     /// dies meanwhile is asked again at the entry's next owner (the holders republish there).
+    /// With `resume`, for the caller's own partial copy (which may be answered
+    /// `Located::Reset`).
     pub fn locate_until(
         &self,
         id: &ObjectId,
-        resume: bool,
+        resume: Option<Resume>,
         exclude: &[NodeId],
         deadline: Instant,
     ) -> Result<Located> {
@@ -120,8 +130,9 @@ impl DirClient {
                     rid,
                     id: id.clone(),
                     wait: true,
-                    resume,
+                    resume: resume.is_some(),
                     exclude: exclude.to_vec(),
+                    epoch: resume.and_then(|r| r.epoch),
                 })
             };
             // A locate given up leaves no waiter behind at the shard, nor a source held for it.

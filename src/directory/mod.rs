@@ -4,5 +4,5 @@
 mod client;
 mod shard;
 
-pub(crate) use client::DirClient;
+pub(crate) use client::{DirClient, Resume};
 pub use shard::{Assignment, Out, Shard, NO_REPLY};

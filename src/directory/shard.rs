@@ -15,6 +15,8 @@ pub const NO_REPLY: Rid = 0;
 
 /// How many deleted ids the shard remembers, to fail later lookups at once.
 const TOMBSTONES: usize = 1 << 16;
+/// How many reset objects the shard remembers the epoch of.
+const EPOCHS: usize = 1 << 16;
 /// How many source assignments the shard remembers for inspection.
 const LOG_LIMIT: usize = 1 << 16;
 
@@ -40,6 +42,16 @@ struct Waiter {
     rid: Rid,
     resume: bool,
     exclude: Vec<NodeId>,
+    /// The epoch of the requester's partial bytes (`resume` only), if it knows it.
+    epoch: Option<u64>,
+}
+
+impl Waiter {
+    /// A resumed pull whose bytes belong to an epoch before `now` (the object was reset
+    /// since it began).
+    fn stale(&self, now: u64) -> bool {
+        self.resume && self.epoch.is_some_and(|e| e != now)
+    }
 }
 
 /// One decision of the shard: `receiver` was sent to pull `id` from `source`.
@@ -65,6 +77,9 @@ pub struct Shard {
     /// At most `PENDING_CLAIMS` in all, oldest dropped.
     pending_claims: HashMap<ObjectId, Vec<(NodeId, NodeId, u64, bool)>>,
     pending_order: VecDeque<ObjectId>,
+    /// How many times each object was reset (`DirMsg::Reset`), for the objects reset at
+    /// least once and not deleted since: the epoch of its bytes (`Located::Source::epoch`).
+    epochs: HashMap<ObjectId, u64>,
 }
 
 /// Claims the shard keeps for sources it has not heard of yet.
@@ -289,12 +304,14 @@ impl Shard {
                 wait,
                 resume,
                 exclude,
+                epoch,
             } => {
                 let w = Waiter {
                     node: from,
                     rid,
                     resume,
                     exclude,
+                    epoch,
                 };
                 if let Some(w) = self.try_locate(&id, w, out) {
                     if wait && !self.tombstones.contains(&id) {
@@ -364,6 +381,7 @@ impl Shard {
                     .unwrap_or_default();
                 self.remember_tombstone(id.clone());
                 self.pending_claims.remove(&id);
+                self.epochs.remove(&id);
                 for w in self.waiting.remove(&id).unwrap_or_default() {
                     reply(out, w.node, w.rid, Reply::Located(Located::NotFound));
                 }
@@ -379,6 +397,30 @@ impl Shard {
                     .remove(&id)
                     .map(|e| e.locs.keys().copied().collect())
                     .unwrap_or_default();
+                if self.epochs.len() >= EPOCHS && !self.epochs.contains_key(&id) {
+                    // Bounded: an object forgotten here starts again at epoch 0, and a pull
+                    // that knows a later one restarts once (never resumes stale bytes).
+                    if let Some(old) = self.epochs.keys().next().cloned() {
+                        self.epochs.remove(&old);
+                    }
+                }
+                let epoch = self.epochs.entry(id.clone()).or_insert(0);
+                *epoch += 1;
+                let now = *epoch;
+                // Partial copies waiting for a new source hold the old bytes: they start
+                // over; plain readers wait for the new copy.
+                if let Some(q) = self.waiting.get_mut(&id) {
+                    q.retain(|w| {
+                        let stale = w.resume && w.epoch != Some(now);
+                        if stale {
+                            reply(out, w.node, w.rid, Reply::Located(Located::Reset));
+                        }
+                        !stale
+                    });
+                    if q.is_empty() {
+                        self.waiting.remove(&id);
+                    }
+                }
                 reply(out, from, rid, Reply::Deleted(nodes));
             }
         }
@@ -516,6 +558,11 @@ impl Shard {
 
     /// Answers `w` if possible; gives it back otherwise.
     fn try_locate(&mut self, id: &ObjectId, w: Waiter, out: &mut Out) -> Option<Waiter> {
+        let epoch = self.epochs.get(id).copied().unwrap_or(0);
+        if w.stale(epoch) {
+            reply(out, w.node, w.rid, Reply::Located(Located::Reset));
+            return None;
+        }
         let Some(e) = self.entries.get_mut(id) else {
             return Some(w);
         };
@@ -567,6 +614,7 @@ impl Shard {
                 node: source,
                 size,
                 token: w.rid,
+                epoch,
             }),
         );
         None
@@ -620,10 +668,16 @@ mod tests {
 
     /// A source assignment, with the token blanked for comparison.
     fn src(node: NodeId) -> Located {
+        src_at(node, 0)
+    }
+
+    /// A source assignment of the bytes of epoch `epoch`.
+    fn src_at(node: NodeId, epoch: u64) -> Located {
         Located::Source {
             node,
             size: 100,
             token: 0,
+            epoch,
         }
     }
 
@@ -634,10 +688,13 @@ mod tests {
                     reply: Reply::Located(l),
                     ..
                 } if *n == to => Some(match l.clone() {
-                    Located::Source { node, size, .. } => Located::Source {
+                    Located::Source {
+                        node, size, epoch, ..
+                    } => Located::Source {
                         node,
                         size,
                         token: 0,
+                        epoch,
                     },
                     l => l,
                 }),
@@ -651,6 +708,16 @@ mod tests {
     }
 
     fn locate_as(s: &mut Shard, from: NodeId, resume: bool, exclude: Vec<NodeId>) -> Out {
+        locate_epoch(s, from, resume, exclude, None)
+    }
+
+    fn locate_epoch(
+        s: &mut Shard,
+        from: NodeId,
+        resume: bool,
+        exclude: Vec<NodeId>,
+        epoch: Option<u64>,
+    ) -> Out {
         let mut out = Vec::new();
         s.handle(
             from,
@@ -660,6 +727,7 @@ mod tests {
                 wait: true,
                 resume,
                 exclude,
+                epoch,
             },
             &mut out,
         );
@@ -1014,7 +1082,11 @@ mod tests {
         );
         assert!(out.is_empty(), "3 waits");
         let out = publish(&mut s, 5, false);
-        assert_eq!(located(&out, 2), src(5));
+        assert_eq!(
+            located(&out, 2),
+            src_at(5, 1),
+            "the new bytes are of epoch 1"
+        );
         assert!(out.iter().any(|(n, m)| *n == 3
             && matches!(
                 m,
@@ -1095,5 +1167,59 @@ mod tests {
             "no inline object on behalf of node 2"
         );
         assert!(s.assignments().is_empty(), "no claim on behalf of node 2");
+    }
+
+    fn reset(s: &mut Shard) -> Out {
+        let mut out = Vec::new();
+        let id = "x".into();
+        s.handle(4, DirMsg::Reset { rid: 7, id }, &mut out);
+        out
+    }
+
+    /// A partial copy begun before a reset holds bytes of the old computation: waiting for a
+    /// new source then, or asking for one after, it is told to start over, and never becomes
+    /// a source of the new bytes. Plain readers, and pulls of the new epoch, are served.
+    #[test]
+    fn pulls_begun_before_a_reset_start_over() {
+        let mut s = Shard::new();
+        publish(&mut s, 0, false);
+        assert_eq!(located(&locate(&mut s, 1, vec![]), 1), src_at(0, 0));
+        // 1's source failed: it waits for another, excluding 0.
+        assert!(locate_epoch(&mut s, 1, true, vec![0], Some(0)).is_empty());
+        // 2 started on a claim (epoch unknown) and waits too.
+        assert!(locate_epoch(&mut s, 2, true, vec![0, 1], None).is_empty());
+        let plain = locate(&mut s, 3, vec![0, 1, 2]);
+        assert!(plain.is_empty(), "3 is a plain reader");
+        let out = reset(&mut s);
+        assert_eq!(located(&out, 1), Located::Reset);
+        assert_eq!(located(&out, 2), Located::Reset);
+        assert!(!out.iter().any(|(n, _)| *n == 3), "3 keeps waiting");
+        // A resumed locate that was on its way during the reset.
+        let late = locate_epoch(&mut s, 6, true, vec![], Some(0));
+        assert_eq!(located(&late, 6), Located::Reset);
+        // The new bytes: epoch 1 for the reader, and a resumed pull of epoch 1 is served.
+        let out = publish(&mut s, 5, false);
+        assert_eq!(located(&out, 3), src_at(5, 1));
+        assert!(s
+            .info(&"x".into())
+            .unwrap()
+            .locations
+            .iter()
+            .all(|l| l.node != 6));
+        done(&mut s, 5, 3, 3, false);
+        let out = locate_epoch(&mut s, 3, true, vec![], Some(1));
+        assert_eq!(located(&out, 3), src_at(5, 1));
+        // Another reset, then a delete: the epoch is forgotten with the object.
+        reset(&mut s);
+        let mut out = Vec::new();
+        s.handle(
+            4,
+            DirMsg::Delete {
+                rid: 9,
+                id: "x".into(),
+            },
+            &mut out,
+        );
+        assert!(s.epochs.is_empty());
     }
 }

@@ -13,8 +13,14 @@ pub enum Located {
     Inline(#[serde(with = "serde_bytes")] Vec<u8>),
     /// Pull `size` bytes from `node`; the requester is now listed as a partial copy. `token`
     /// names this assignment: the matching `TransferDone` releases the source, a stale one
-    /// does not.
-    Source { node: NodeId, size: u64, token: u64 },
+    /// does not. `epoch` counts the resets of the object at the shard (`DirMsg::Reset`): the
+    /// requester's bytes belong to that computation of it.
+    Source {
+        node: NodeId,
+        size: u64,
+        token: u64,
+        epoch: u64,
+    },
     /// [`Located::Source`] answered by the source itself: the shard's node holds a complete
     /// copy of a medium object and sends its bytes with the answer (no pull round trip).
     /// The assignment is the same: the requester is a partial copy until its
@@ -30,6 +36,10 @@ pub enum Located {
     Local,
     /// Deleted, or the requester asked not to wait and nothing is there.
     NotFound,
+    /// The object was reset (it is being computed again) since the requester's partial copy
+    /// began: those bytes belong to the old computation, so the copy is dropped and the
+    /// object fetched again (answers a `resume` locate only).
+    Reset,
 }
 
 /// One location of an object, as the directory sees it.
@@ -70,13 +80,16 @@ pub enum DirMsg {
     },
     /// Hands the requester one source (reserving it) or the inline bytes; with `wait`, held
     /// until the object exists and a source is free. `exclude` lists sources that failed;
-    /// `resume` is set when the requester's own partial copy needs a new source.
+    /// `resume` is set when the requester's own partial copy needs a new source, with the
+    /// `epoch` of its bytes when it knows it (from its `Located::Source`): a copy begun
+    /// before a reset is answered `Located::Reset`, never handed a source of the new bytes.
     Locate {
         rid: Rid,
         id: ObjectId,
         wait: bool,
         resume: bool,
         exclude: Vec<NodeId>,
+        epoch: Option<u64>,
     },
     /// `receiver` pulls `id` from `source`, which it already knew (a reduce task told where
     /// its child's input lives), without asking: the shard accounts for it as for an

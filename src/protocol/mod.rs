@@ -122,6 +122,7 @@ mod tests {
             wait: true,
             resume: false,
             exclude: vec![1, 2],
+            epoch: Some(3),
         });
         assert_eq!(Msg::decode(&m.encode()).unwrap(), m);
         assert!(Msg::decode(&[0xff; 3]).is_err());

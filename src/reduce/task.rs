@@ -157,7 +157,7 @@ impl Reducer {
         if cancel.load(Ordering::Acquire) {
             return Err(cancelled());
         }
-        let (out, evicted) = self.store.create(&t.out, t.size, true)?;
+        let (out, evicted) = self.store.create_output(&t.out, t.size)?;
         self.dir.withdraw(&evicted);
         let r = self.fill_reduce_output(t, &own, &children, &out, cancel);
         if r.is_err() {

@@ -2,8 +2,10 @@
 //! local copy), drive the pull from one source at a time, follow the data events of its
 //! stream, and replace a failed source, resuming at the watermark.
 
+use super::serve::CANCEL_POLL;
 use super::{TransferRecord, Transfers};
 use crate::config::INLINE_LIMIT;
+use crate::directory::Resume;
 use crate::hop::hop;
 use crate::protocol::{Located, PullMsg};
 use crate::store::CopyRef;
@@ -21,6 +23,10 @@ use tracing::{debug, error, warn};
 const RETRY_PAUSE_MIN: Duration = Duration::from_millis(5);
 const RETRY_PAUSE_MAX: Duration = Duration::from_millis(500);
 
+/// How long a pull avoids a source that failed it while waiting for another (see
+/// `Transfers::relocate`).
+const AVOID_FOR: Duration = Duration::from_millis(250);
+
 /// Who drives a pull that a fetch starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Driver {
@@ -28,6 +34,15 @@ pub(crate) enum Driver {
     Caller,
     /// A worker; the fetch returns the copy while it fills.
     Worker,
+}
+
+/// The first source of a pull: the node, the assignment's token, and the epoch of the bytes
+/// (`Located::Source::epoch`; unknown for a pull started on a claim).
+#[derive(Debug, Clone, Copy)]
+struct First {
+    source: NodeId,
+    token: u64,
+    epoch: Option<u64>,
 }
 
 /// How a receiver's inbound stream ended.
@@ -73,11 +88,11 @@ impl Transfers {
         driver: Driver,
         deadline: Instant,
     ) -> Result<Fetched> {
-        let (node, size, token, data) = loop {
+        let (node, size, token, epoch, data) = loop {
             if let Some(c) = self.store.lookup(id) {
                 return Ok(Fetched::Copy(c));
             }
-            let located = self.dir.locate_until(id, false, exclude, deadline)?;
+            let located = self.dir.locate_until(id, None, exclude, deadline)?;
             hop!(self.id, "located", how = located_kind(&located));
             match located {
                 Located::Local => {
@@ -99,14 +114,20 @@ impl Transfers {
                     self.dir.withdraw(std::slice::from_ref(id));
                 }
                 Located::Inline(data) => return Ok(Fetched::Owned(data)),
-                Located::NotFound => return Err(Error::NotFound(id.clone())),
-                Located::Source { node, size, token } => break (node, size, token, None),
+                // Only a resumed pull is told its bytes are stale.
+                Located::NotFound | Located::Reset => return Err(Error::NotFound(id.clone())),
+                Located::Source {
+                    node,
+                    size,
+                    token,
+                    epoch,
+                } => break (node, size, token, Some(epoch), None),
                 Located::SourceData {
                     node,
                     size,
                     token,
                     data,
-                } => break (node, size, token, Some(data)),
+                } => break (node, size, token, None, Some(data)),
             }
         };
         let copy = match self.new_copy(id, size) {
@@ -132,7 +153,12 @@ impl Transfers {
             }
             return Ok(Fetched::Copy(copy));
         }
-        self.start_driver(id, copy.clone(), (node, token), exclude, driver);
+        let first = First {
+            source: node,
+            token,
+            epoch,
+        };
+        self.start_driver(id, copy.clone(), first, exclude, driver);
         Ok(Fetched::Copy(copy))
     }
 
@@ -219,18 +245,23 @@ impl Transfers {
         let token = self.rpc.fresh_token();
         self.dir.claim(id, source, token);
         hop!(self.id, "pull without a lookup", source = source);
-        self.start_driver(id, copy.clone(), (source, token), &[], Driver::Worker);
+        let first = First {
+            source,
+            token,
+            epoch: None,
+        };
+        self.start_driver(id, copy.clone(), first, &[], Driver::Worker);
         Ok(Fetched::Copy(copy))
     }
 
-    /// Runs the pull of `copy` from `first` (source, token) on the caller or on a worker.
+    /// Runs the pull of `copy` from `first` on the caller or on a worker.
     /// Handed to a worker, the first request is sent from here, so the worker's wake-up is
     /// not on the path of the bytes.
     fn start_driver(
         self: &Arc<Self>,
         id: &ObjectId,
         copy: CopyRef,
-        first: (NodeId, u64),
+        first: First,
         exclude: &[NodeId],
         driver: Driver,
     ) {
@@ -240,7 +271,7 @@ impl Transfers {
                 .drive(id.clone(), copy, first, exclude.to_vec(), None);
         }
         let sent = match copy.watermark() {
-            0 => self.send_pull(id, &copy, first.0, 0).ok().flatten(),
+            0 => self.send_pull(id, &copy, first.source, 0).ok().flatten(),
             _ => None,
         };
         // Shared with the job, so that the request comes back if no worker takes it.
@@ -250,7 +281,11 @@ impl Transfers {
         let driver_copy = copy.clone();
         let id2 = id.clone();
         let job_sent = sent.clone();
-        hop!(self.id, "pull driver handed to a worker", source = first.0);
+        hop!(
+            self.id,
+            "pull driver handed to a worker",
+            source = first.source
+        );
         let job = move || {
             let sent = job_sent.lock().unwrap().take();
             me.drive(id2, driver_copy, first, exclude_owned, sent)
@@ -269,11 +304,17 @@ impl Transfers {
         self: Arc<Self>,
         id: ObjectId,
         copy: CopyRef,
-        first: (NodeId, u64),
-        mut exclude: Vec<NodeId>,
+        first: First,
+        exclude: Vec<NodeId>,
         mut sent: Option<SentPull>,
     ) {
-        let (mut source, mut token) = first;
+        // The sources that failed this pull, not asked again for a while.
+        let mut avoid: Vec<NodeId> = Vec::new();
+        let First {
+            mut source,
+            mut token,
+            mut epoch,
+        } = first;
         hop!(self.id, "pull driver running", source = source);
         // Failures since the last attempt that moved bytes, and when that was.
         let mut failures: u32 = 0;
@@ -331,24 +372,30 @@ impl Transfers {
                 let pause = RETRY_PAUSE_MIN * (1 << (failures - 2).min(6));
                 std::thread::sleep(pause.min(RETRY_PAUSE_MAX));
             }
-            // Not asked again by this pull: it refused (no copy any more), or this node cannot
+            // Not asked again for a while: it refused (no copy any more), or this node cannot
             // reach it (dead, or alive for the directory but not linked to us).
-            if !exclude.contains(&source) {
-                exclude.push(source);
+            if !avoid.contains(&source) && !exclude.contains(&source) {
+                avoid.push(source);
             }
             // One deadline for the whole stall: the pull gives up `op_timeout` after its last
             // progress, however the time is spent (pauses, waiting for a new source).
             let deadline = progressed + self.cfg.op_timeout;
-            match self.dir.locate_until(&id, true, &exclude, deadline) {
+            match self.relocate(&id, &copy, epoch, &exclude, &mut avoid, deadline) {
                 Ok(Located::Source { node, token: t, .. }) if copy.is_detached() => {
                     // Deleted or reset while we waited: the new source may hold other bytes.
                     self.dir.transfer_done(shard, &id, node, t, false);
                     self.abandon_pull(shard, &id, &copy);
                     return;
                 }
-                Ok(Located::Source { node, token: t, .. }) => {
+                Ok(Located::Source {
+                    node,
+                    token: t,
+                    epoch: e,
+                    ..
+                }) => {
                     source = node;
                     token = t;
+                    epoch = Some(e);
                 }
                 Ok(Located::SourceData {
                     node,
@@ -366,6 +413,13 @@ impl Transfers {
                     }
                     return;
                 }
+                Ok(Located::Reset) => {
+                    // The object is computed again: these bytes are of the old computation.
+                    // Readers of the copy see it fail and fetch the new one.
+                    debug!(node = self.id, %id, "pull stopped: the object was reset");
+                    self.abandon_pull(shard, &id, &copy);
+                    return;
+                }
                 Ok(Located::Inline(_) | Located::NotFound | Located::Local) | Err(_) => {
                     self.abandon_pull(shard, &id, &copy);
                     return;
@@ -374,9 +428,47 @@ impl Transfers {
         }
     }
 
+    /// Asks the shard for another source of the partial `copy` (its bytes of `epoch`), never
+    /// one in `exclude` (the caller's choice) and none in `avoid` (the sources that failed it)
+    /// for `AVOID_FOR`: a node that refused may hold a new copy later (it fetched again, or a
+    /// repair made it the producer), so with no other source by then the avoided ones are
+    /// asked again. Also stops within `AVOID_FOR` of the copy being deleted here.
+    fn relocate(
+        &self,
+        id: &ObjectId,
+        copy: &CopyRef,
+        epoch: Option<u64>,
+        exclude: &[NodeId],
+        avoid: &mut Vec<NodeId>,
+        deadline: Instant,
+    ) -> Result<Located> {
+        loop {
+            let slice = (Instant::now() + AVOID_FOR).min(deadline);
+            let mut skip = exclude.to_vec();
+            skip.extend(avoid.iter().copied());
+            let resume = Some(Resume { epoch });
+            match self.dir.locate_until(id, resume, &skip, slice) {
+                Err(Error::Timeout(..))
+                    if Instant::now() < deadline
+                        && !copy.is_detached()
+                        && !self.rpc.is_closed() =>
+                {
+                    avoid.clear();
+                }
+                r => return r,
+            }
+        }
+    }
+
     /// Gives up a pull: our location leaves the directory and readers of the copy get an error.
+    /// A copy that took this one's place (a reduce output produced here, a fetch started
+    /// again) keeps its location.
     fn abandon_pull(&self, shard: NodeId, id: &ObjectId, copy: &CopyRef) {
-        self.dir.withdraw_at(shard, id);
+        // Withdrawn before the copy fails: a reader that fetches again on the failure asks
+        // the shard after it has forgotten this location.
+        if self.store.lookup(id).is_none_or(|c| c.is_same(copy)) {
+            self.dir.withdraw_at(shard, id);
+        }
         copy.fail();
     }
 
@@ -461,14 +553,22 @@ impl Transfers {
         // Progress is watched through the watermark; a stall as long as the op timeout
         // cancels the pull.
         let mut last = from;
+        let mut progressed = Instant::now();
         loop {
-            match rx.recv_timeout(self.cfg.op_timeout) {
+            match rx.recv_timeout(CANCEL_POLL) {
                 Ok(InboundEnd::Complete) => return Ok(()),
                 Ok(InboundEnd::Failed(why)) => return Err(why),
                 Err(_) => {
                     let wm = copy.watermark();
                     if wm > last {
                         last = wm;
+                        progressed = Instant::now();
+                        continue;
+                    }
+                    // The copy deleted here (a reset, a delete, a repair renaming the
+                    // object): the source is asked to stop at once.
+                    let detached = copy.is_detached();
+                    if !detached && progressed.elapsed() < self.cfg.op_timeout {
                         continue;
                     }
                     // Keep the inbound entry (and its memory) until the source confirms it
@@ -476,6 +576,7 @@ impl Transfers {
                     let _ = self.rpc.send(source, PullMsg::CancelPull { stream });
                     return match rx.recv_timeout(self.cfg.op_timeout) {
                         Ok(InboundEnd::Complete) => Ok(()),
+                        _ if detached => Err("copy deleted".into()),
                         _ => Err(format!(
                             "no progress from {source} for {:?}",
                             self.cfg.op_timeout
@@ -583,5 +684,6 @@ fn located_kind(l: &Located) -> &'static str {
         Located::SourceData { .. } => "source with the bytes",
         Located::Local => "local",
         Located::NotFound => "not found",
+        Located::Reset => "reset",
     }
 }

@@ -13,6 +13,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::debug;
 
+/// How long a source waits for a copy the shard says it has but that is not here yet (the
+/// shard lists a receiver before its pull creates the copy: a moment, normally).
+const COPY_WAIT: Duration = Duration::from_secs(1);
+
+/// How often a wait that nothing else wakes looks for a cancel.
+pub(super) const CANCEL_POLL: Duration = Duration::from_millis(50);
+
 impl Transfers {
     /// A receiver asks for `[from, size)` of `id`: served by a worker. Runs on a transport
     /// thread: never blocks.
@@ -93,14 +100,25 @@ impl Transfers {
     pub(crate) fn with_local_bytes(&self, id: &ObjectId, to: NodeId, msg: Msg) -> Msg {
         let Msg::Reply {
             rid,
-            reply: Reply::Located(Located::Source { node, size, token }),
+            reply:
+                Reply::Located(Located::Source {
+                    node,
+                    size,
+                    token,
+                    epoch,
+                }),
         } = msg
         else {
             return msg;
         };
         let plain = |rid| Msg::Reply {
             rid,
-            reply: Reply::Located(Located::Source { node, size, token }),
+            reply: Reply::Located(Located::Source {
+                node,
+                size,
+                token,
+                epoch,
+            }),
         };
         if node != self.id || to == self.id || size > LOCATE_DATA_MAX {
             return plain(rid);
@@ -193,10 +211,29 @@ impl Transfers {
         cancel: &AtomicBool,
     ) -> Result<u64> {
         // The directory may send a receiver here a moment before our own pull has created
-        // the copy; wait for it briefly rather than refuse.
-        let copy = self
-            .store
-            .wait_lookup(id, self.cfg.op_timeout.min(Duration::from_secs(5)))?;
+        // the copy; wait for it briefly rather than refuse, and no longer than the receiver
+        // wants it (a receiver whose copy was deleted cancels).
+        let deadline = Instant::now() + self.cfg.op_timeout.min(COPY_WAIT);
+        let copy = loop {
+            let slice = deadline
+                .saturating_duration_since(Instant::now())
+                .min(CANCEL_POLL);
+            match self.store.wait_lookup(id, slice) {
+                Ok(c) => break c,
+                Err(e) if Instant::now() >= deadline => {
+                    // Listed here with no copy (a pull that ended before it began): the
+                    // location goes, so the shard stops sending receivers here.
+                    if self.store.lookup(id).is_none() {
+                        self.dir.withdraw(std::slice::from_ref(id));
+                    }
+                    return Err(e);
+                }
+                Err(_) if cancel.load(Ordering::Acquire) || self.rpc.is_closed() => {
+                    return Err(Error::Shutdown)
+                }
+                Err(_) => {}
+            }
+        };
         let chunk = serve_chunk(self.cfg.chunk_size, copy.size());
         let mut off = from;
         loop {
