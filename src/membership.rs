@@ -2,6 +2,10 @@
 //! node when it has one ([`ObjectId::homed`]) and that node is alive, else by highest-random-
 //! weight hashing over the live nodes, so that when a shard's node dies its entries move to
 //! one deterministic other node (and move back when it rejoins).
+//!
+//! With links made on demand a node also *watches* its ring neighbours: the
+//! [`WATCH_EACH_SIDE`] live ids after it and before it (mod the cluster size). Only those
+//! links carry heartbeats; the watchers of a dead node spread the news (`node::gossip`).
 
 use crate::ObjectId;
 use crossbeam_channel::{Receiver, Sender};
@@ -9,11 +13,17 @@ use phalanx_transport::NodeId;
 use std::collections::HashSet;
 use std::sync::Mutex;
 
+/// Ring neighbours a node watches on each side.
+pub const WATCH_EACH_SIDE: usize = 2;
+
 pub(crate) struct Membership {
     id: NodeId,
     nodes: u32,
     /// Peers seen down and not back yet.
     down: Mutex<HashSet<NodeId>>,
+    /// The ring neighbours this node watches, kept up to date with `down`; None: no ring
+    /// (every link watched by the transport).
+    ring: Mutex<Option<Vec<NodeId>>>,
     /// Watchers (reduce coordinators) told of every peer that goes down.
     watchers: Mutex<Vec<Sender<NodeId>>>,
 }
@@ -26,7 +36,41 @@ impl Membership {
             id,
             nodes,
             down: Mutex::new(down.into_iter().collect()),
+            ring: Mutex::new(None),
             watchers: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// From now on this node watches its ring neighbours (see the module).
+    pub fn watch_ring(&self) {
+        let down = self.down.lock().unwrap();
+        *self.ring.lock().unwrap() = Some(ring_of(self.id, self.nodes, &down));
+    }
+
+    /// The ring neighbours this node watches (empty without a ring).
+    pub fn ring(&self) -> Vec<NodeId> {
+        self.ring.lock().unwrap().clone().unwrap_or_default()
+    }
+
+    /// Whether this node watches `peer` (one of its ring neighbours).
+    pub fn watches(&self, peer: NodeId) -> bool {
+        self.ring
+            .lock()
+            .unwrap()
+            .as_ref()
+            .is_some_and(|r| r.contains(&peer))
+    }
+
+    /// Whether `peer` is believed down.
+    pub fn is_down(&self, peer: NodeId) -> bool {
+        self.down.lock().unwrap().contains(&peer)
+    }
+
+    /// Recomputes the ring after `down` changed.
+    fn update_ring(&self, down: &HashSet<NodeId>) {
+        let mut ring = self.ring.lock().unwrap();
+        if ring.is_some() {
+            *ring = Some(ring_of(self.id, self.nodes, down));
         }
     }
 
@@ -47,7 +91,12 @@ impl Membership {
 
     /// Records `peer` as down; true if it was up until now.
     pub fn mark_down(&self, peer: NodeId) -> bool {
-        self.down.lock().unwrap().insert(peer)
+        let mut down = self.down.lock().unwrap();
+        let newly = down.insert(peer);
+        if newly {
+            self.update_ring(&down);
+        }
+        newly
     }
 
     /// Tells the watchers that `peer` went down.
@@ -60,7 +109,12 @@ impl Membership {
 
     /// Records `peer` as up again; true if it was down.
     pub fn mark_up(&self, peer: NodeId) -> bool {
-        self.down.lock().unwrap().remove(&peer)
+        let mut down = self.down.lock().unwrap();
+        let was = down.remove(&peer);
+        if was {
+            self.update_ring(&down);
+        }
+        was
     }
 
     /// Whether the entry of `id` belonged to `peer` just before `peer` died, given the nodes
@@ -78,6 +132,21 @@ impl Membership {
         self.watchers.lock().unwrap().push(tx);
         rx
     }
+}
+
+/// The [`WATCH_EACH_SIDE`] live ids after `id` and before it on the ring of `nodes` ids
+/// (fewer in a small cluster; never `id`).
+fn ring_of(id: NodeId, nodes: u32, down: &HashSet<NodeId>) -> Vec<NodeId> {
+    let live = |p: &NodeId| *p != id && !down.contains(p);
+    let after = (1..nodes).map(|k| (id + k) % nodes).filter(live);
+    let before = (1..nodes).map(|k| (id + nodes - k) % nodes).filter(live);
+    let mut ring: Vec<NodeId> = after.take(WATCH_EACH_SIDE).collect();
+    for p in before.take(WATCH_EACH_SIDE) {
+        if !ring.contains(&p) {
+            ring.push(p);
+        }
+    }
+    ring
 }
 
 /// The node holding the entry of `id` among the nodes for which `alive` holds: the name's
@@ -132,6 +201,37 @@ mod tests {
         assert!(m.mark_up(3));
         let after: Vec<NodeId> = ids.iter().map(|i| m.shard_of(i)).collect();
         assert_eq!(after, before);
+    }
+
+    #[test]
+    fn the_ring_watches_the_live_neighbours_on_both_sides() {
+        let m = Membership::new(5, 256, []);
+        assert!(m.ring().is_empty() && !m.watches(6), "no ring until asked");
+        m.watch_ring();
+        let mut r = m.ring();
+        r.sort();
+        assert_eq!(r, vec![3, 4, 6, 7]);
+        m.mark_down(6);
+        m.mark_down(3);
+        let mut r = m.ring();
+        r.sort();
+        assert_eq!(r, vec![2, 4, 7, 8], "the next live ones take over");
+        m.mark_up(6);
+        assert!(m.watches(6) && !m.watches(8));
+        // Wrapping around, and small clusters.
+        let m = Membership::new(0, 256, []);
+        m.watch_ring();
+        let mut r = m.ring();
+        r.sort();
+        assert_eq!(r, vec![1, 2, 254, 255]);
+        let m = Membership::new(1, 3, []);
+        m.watch_ring();
+        let mut r = m.ring();
+        r.sort();
+        assert_eq!(r, vec![0, 2]);
+        let m = Membership::new(0, 1, []);
+        m.watch_ring();
+        assert!(m.ring().is_empty());
     }
 
     #[test]

@@ -36,17 +36,19 @@ fn an_idle_frame_on_a_mesh_link_is_malformed() {
 
 #[test]
 fn an_idle_frame_on_demand_closes_the_link_quietly() {
-    let cfg = config(3, "connect = \"on_demand\"");
+    // Member 4 of 8: not one of node 0's ring neighbours (1, 2, 6, 7), whose links node 0
+    // makes itself to watch them.
+    let cfg = config(8, "connect = \"on_demand\"");
     let (n0, n1) = start_pair(&cfg);
     let addr = cfg.addr_of(0).unwrap();
-    let mut m = Member::join(addr, 2, 0, 3, 1 << 20);
-    wait_for("member linked", || n0.transport().is_connected(2));
+    let mut m = Member::join(addr, 4, 0, 8, 1 << 20);
+    wait_for("member linked", || n0.transport().is_connected(4));
     let before = n0.transport_stats();
     m.send_frame(FrameKind::Idle);
     wait_for("member sees the end", || m.closed());
-    assert!(!n0.transport().is_connected(2));
+    assert!(!n0.transport().is_connected(4));
     assert!(
-        n0.transport().is_up(2),
+        n0.transport().is_up(4),
         "an idle close reported the peer down"
     );
     let after = n0.transport_stats();

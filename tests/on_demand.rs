@@ -1,5 +1,6 @@
 //! A cluster whose links are made on demand: broadcast, reduce and a source's death work as
-//! with a mesh, and a node that takes no part keeps no link.
+//! with a mesh, and a node that takes no part keeps no link but those to the ring neighbours
+//! it watches (two on each side).
 
 use phalanx::transport::TcpConfig;
 use phalanx::{DType, LocalCluster, NodeConfig, ObjectId, ReduceOp};
@@ -29,6 +30,17 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
+/// The ring neighbours node `k` watches in a cluster of `n` (none dead).
+fn ring(k: usize, n: usize) -> Vec<usize> {
+    [1, 2, n - 1, n - 2].iter().map(|d| (k + d) % n).collect()
+}
+
+/// Whether node `k` has a link to a peer that is not its ring neighbour.
+fn linked_off_ring(c: &LocalCluster, k: usize, n: usize) -> Option<usize> {
+    let ring = ring(k, n);
+    (0..n).find(|&p| p != k && !ring.contains(&p) && c.node(k).transport().is_connected(p as u32))
+}
+
 /// Links of node `k`: open now, most at once.
 fn links(c: &LocalCluster, k: usize) -> (usize, usize) {
     let l = c.node(k).transport().link_counts().unwrap();
@@ -39,7 +51,12 @@ fn links(c: &LocalCluster, k: usize) -> (usize, usize) {
 fn collectives_run_over_links_made_on_demand() {
     let c = cluster();
     for k in 0..N as usize {
-        assert_eq!(links(&c, k), (0, 0), "node {k} linked before any use");
+        assert_eq!(
+            linked_off_ring(&c, k, N as usize),
+            None,
+            "node {k} before any use"
+        );
+        assert!(links(&c, k).1 <= 4, "node {k}: {:?}", links(&c, k));
     }
     // Broadcast: every entry lives on node 0 (homed names), every other node but the idle
     // one gets the object, staggered so they form a tree.
@@ -82,12 +99,16 @@ fn collectives_run_over_links_made_on_demand() {
             "element {i}"
         );
     }
-    // The idle node has no link; every other node did not need all of its peers either
-    // (the directory is on node 0, each source served a few).
-    assert_eq!(links(&c, IDLE), (0, 0));
+    // The idle node has no link but its ring's; every other node did not need all of its
+    // peers either (the directory is on node 0, each source served a few).
+    assert_eq!(linked_off_ring(&c, IDLE, N as usize), None);
+    assert!(links(&c, IDLE).1 <= 4, "{:?}", links(&c, IDLE));
     let most: Vec<usize> = (0..IDLE).map(|k| links(&c, k).1).collect();
     assert!(most.iter().all(|&l| l >= 1 && l < N as usize), "{most:?}");
-    println!("links at most open per node: {most:?} (idle node: 0)");
+    println!(
+        "links at most open per node: {most:?} (idle node: {}, its ring)",
+        links(&c, IDLE).1
+    );
 }
 
 #[test]
@@ -126,17 +147,18 @@ fn links_stay_where_something_waits_and_close_elsewhere() {
         ..TcpConfig::default()
     }
     .on_demand();
-    let c = LocalCluster::start(6, cfg, tcp).unwrap();
+    // 8 nodes: 0 and 4, and 1 and 5, are not ring neighbours (whose links stay).
+    let c = LocalCluster::start(8, cfg, tcp).unwrap();
     // Node 4 fetches an object whose entry is on node 0, then it is deleted: nothing links
     // 4 and 0 any more, and the link closes.
     let x = ObjectId::homed(0, "x");
     c.node(0).put(x.clone(), &pattern(100_000, 1)).unwrap();
     assert_eq!(c.node(4).get(x.clone()).unwrap(), pattern(100_000, 1));
     c.node(4).delete(x).unwrap();
-    // Node 3 waits for an object whose entry is on node 1 and that nobody has put yet.
+    // Node 5 waits for an object whose entry is on node 1 and that nobody has put yet.
     let later = ObjectId::homed(1, "later");
     std::thread::scope(|s| {
-        let waiter = s.spawn(|| c.node(3).get(later.clone()));
+        let waiter = s.spawn(|| c.node(5).get(later.clone()));
         let t = std::time::Instant::now();
         while c.node(4).transport().is_connected(0) {
             assert!(
@@ -149,12 +171,12 @@ fn links_stay_where_something_waits_and_close_elsewhere() {
         // Long past the idle timeout, the waiting get still has its link to node 1.
         std::thread::sleep(Duration::from_millis(600));
         assert!(
-            c.node(3).transport().is_connected(1),
+            c.node(5).transport().is_connected(1),
             "the waiter's link closed"
         );
         let killed = std::time::Instant::now();
         c.node(1).kill();
-        while c.node(3).transport().is_up(1) {
+        while c.node(5).transport().is_up(1) {
             assert!(
                 killed.elapsed() < Duration::from_secs(5),
                 "death never noticed"
@@ -188,5 +210,82 @@ fn a_dead_shard_moves_its_entries_for_nodes_that_never_linked_it() {
     let t = std::time::Instant::now();
     assert!(c.node(6).get(id).unwrap() == data, "node 6's copy");
     println!("found at the entry's new node after {:?}", t.elapsed());
-    assert!(!c.node(6).transport().is_up(2));
+    assert!(c.node(6).believes_down(2));
+}
+
+/// Failure detection that scales: each node watches its four ring neighbours, so a quiet
+/// node sends about four heartbeats per period whatever the cluster size, and a node that
+/// goes silent (a hung host: its links stay open) is believed dead by every node, including
+/// one waiting on it with no link of its own to watch it, within the heartbeat timeout plus
+/// a period or two (the watchers' silence check, then the news spread over the ring).
+#[test]
+fn a_silent_node_is_believed_dead_everywhere_within_the_heartbeat_bound() {
+    let n = 16;
+    let heartbeat = Duration::from_millis(500);
+    let cfg = NodeConfig {
+        arena_size: 16 << 20,
+        op_timeout: Duration::from_secs(30),
+        ..NodeConfig::default()
+    };
+    let tcp = TcpConfig {
+        heartbeat_timeout: heartbeat,
+        ..TcpConfig::default()
+    }
+    .on_demand();
+    let c = LocalCluster::start(n, cfg, tcp).unwrap();
+    for k in 0..n as usize {
+        let mut w = c.node(k).watched_peers();
+        w.sort();
+        let mut want = ring(k, n as usize);
+        want.sort();
+        assert_eq!(w.iter().map(|&p| p as usize).collect::<Vec<_>>(), want);
+    }
+    // Heartbeats in a quiet second: four watched links per node (each watched both ways).
+    std::thread::sleep(heartbeat);
+    let sent = |k: usize| c.node(k).transport().link_counts().unwrap().heartbeats_sent;
+    let before: Vec<u64> = (0..n as usize).map(sent).collect();
+    std::thread::sleep(Duration::from_secs(1));
+    let periods = 1.0 / (heartbeat.as_secs_f64() / 4.0);
+    for (k, b) in before.iter().enumerate() {
+        let per = (sent(k) - b) as f64 / periods;
+        assert!(per <= 6.0, "node {k}: {per:.1} heartbeats per period");
+        assert!(per >= 2.0, "node {k}: {per:.1} heartbeats per period");
+    }
+    // Node 12 waits for an object whose entry is on node 5 (not its ring neighbour).
+    let victim = 5;
+    let id = ObjectId::homed(victim as u32, "never");
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| c.node(12).get(id.clone()));
+        std::thread::sleep(Duration::from_millis(100));
+        let t0 = std::time::Instant::now();
+        assert!(c.node(victim).freeze());
+        let mut learnt = vec![None; n as usize];
+        while t0.elapsed() < heartbeat * 10 {
+            for (k, l) in learnt.iter_mut().enumerate() {
+                if k != victim && l.is_none() && c.node(k).believes_down(victim as u32) {
+                    *l = Some(t0.elapsed());
+                }
+            }
+            if learnt
+                .iter()
+                .enumerate()
+                .all(|(k, l)| k == victim || l.is_some())
+            {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let slowest = learnt
+            .iter()
+            .enumerate()
+            .filter(|&(k, _)| k != victim)
+            .map(|(k, l)| l.unwrap_or_else(|| panic!("node {k} never learnt of it")))
+            .max()
+            .unwrap();
+        println!("every node believed the silent node dead within {slowest:?}");
+        assert!(slowest <= heartbeat * 2, "{slowest:?}");
+        // The waiter's entry moved: a put now reaches it through the new shard.
+        c.node(3).put(id.clone(), &pattern(5000, 4)).unwrap();
+        assert_eq!(waiter.join().unwrap().unwrap(), pattern(5000, 4));
+    });
 }

@@ -114,6 +114,10 @@ struct BenchArgs {
     /// config.
     #[arg(long, value_enum)]
     connect: Option<ConnectArg>,
+    /// With --local: after the runs, node N/2 goes silent (a hung host: links open, nothing
+    /// sent) and the time until each other node believes it dead is printed.
+    #[arg(long)]
+    freeze_one: bool,
     /// One JSON object per line and size instead of a table.
     #[arg(long)]
     json: bool,
@@ -370,6 +374,9 @@ fn bench_cmd(a: BenchArgs) -> Result<()> {
             }
             print_records(&rank0, a.json);
             print_scale(&c.nodes, started.elapsed(), heartbeat, a.json);
+            if a.freeze_one {
+                print_silent_death(&c.nodes, heartbeat, a.json);
+            }
             return Ok(());
         }
         (None, Some(path)) => {
@@ -428,6 +435,67 @@ fn raise_open_files_limit() {
         if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
             tracing::warn!("cannot raise the open files limit to {hard}: {e}");
         }
+    }
+}
+
+/// Node N/2 of an in-process cluster goes silent (`Node::freeze`): how long each other node
+/// takes to believe it dead, against the bound of the heartbeat timeout plus one heartbeat
+/// period (the watchers' silence check); polled every millisecond for ten bounds at most.
+fn print_silent_death(nodes: &[Node], heartbeat: Duration, json: bool) {
+    let n = nodes.len();
+    let victim = n / 2;
+    let bound = heartbeat + heartbeat / 4;
+    let t0 = Instant::now();
+    let silent = nodes[victim].freeze();
+    let mut learnt: Vec<Option<Duration>> = vec![None; n];
+    learnt[victim] = Some(Duration::ZERO);
+    while t0.elapsed() < bound * 10 {
+        for (k, node) in nodes.iter().enumerate() {
+            if learnt[k].is_none() && node.believes_down(victim as u32) {
+                learnt[k] = Some(t0.elapsed());
+            }
+        }
+        if learnt.iter().all(Option::is_some) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut times: Vec<f64> = learnt
+        .iter()
+        .enumerate()
+        .filter(|&(k, _)| k != victim)
+        .filter_map(|(_, t)| t.map(|t| t.as_secs_f64() * 1e3))
+        .collect();
+    times.sort_by(f64::total_cmp);
+    let (told, others) = (times.len(), n - 1);
+    let at = |q: f64| {
+        times
+            .get(((times.len() as f64 - 1.0) * q) as usize)
+            .copied()
+    };
+    let (lo, med, hi) = (at(0.0), at(0.5), at(1.0));
+    let ms = |t: Option<f64>| t.map_or("-".to_string(), |t| format!("{t:.0}"));
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"silent_death": victim, "nodes": n, "silent": silent,
+                "learnt_by": told, "of": others, "min_ms": lo, "median_ms": med,
+                "max_ms": hi, "bound_ms": bound.as_secs_f64() * 1e3})
+        );
+    } else {
+        println!(
+            "# node {victim} went silent{}: {told} of {others} nodes believed it dead after \
+             min/median/max {}/{}/{} ms (bound: heartbeat timeout + one period = {} ms)",
+            if silent {
+                ""
+            } else {
+                " (killed: the transport cannot go silent)"
+            },
+            ms(lo),
+            ms(med),
+            ms(hi),
+            bound.as_millis()
+        );
     }
 }
 

@@ -89,7 +89,7 @@ impl Inner {
     /// Runs on transport threads: must not block on the network. Every message is handled
     /// here (what may block is handed to a worker by its subsystem); replies that cannot go
     /// out at once are left to the dispatcher.
-    pub(super) fn on_transport_event(&self, ev: Event) {
+    pub(super) fn on_transport_event(self: &Arc<Self>, ev: Event) {
         match ev {
             Event::Ctrl { peer, msg } => match Msg::decode(&msg) {
                 Ok(m) => {
@@ -115,12 +115,14 @@ impl Inner {
             // Handled here, in the order the transport reports them, so a restarted peer's
             // new messages never come before the news of its old incarnation's death.
             Event::PeerDown { peer, reason } => {
+                let watched = self.members.watches(peer);
                 let newly = self.members.mark_down(peer);
                 self.on_peer_down(peer, &reason);
                 if newly {
                     let dir = self.dir.clone();
                     let job = move || dir.republish_after_death(peer);
                     self.rpc.enqueue(Work::Run(Box::new(job)));
+                    self.after_local_death(peer, watched);
                 }
             }
             Event::PeerUp { peer } => {
@@ -128,19 +130,20 @@ impl Inner {
                     let dir = self.dir.clone();
                     let job = move || dir.republish_after_rejoin(peer);
                     self.rpc.enqueue(Work::Run(Box::new(job)));
+                    self.link_ring();
                 }
             }
         }
     }
 
     /// A message this node sent itself, handled on the sender's thread (which may block).
-    pub(super) fn on_loopback(&self, msg: Msg) {
+    pub(super) fn on_loopback(self: &Arc<Self>, msg: Msg) {
         self.on_msg(self.id, msg, Thread::MayBlock);
     }
 
     /// Runs on the transport thread that reports the death: touches only local state; what
     /// must be sent goes through the dispatcher.
-    fn on_peer_down(&self, peer: NodeId, reason: &str) {
+    pub(super) fn on_peer_down(&self, peer: NodeId, reason: &str) {
         if reason == phalanx_transport::PEER_LEFT {
             debug!(node = self.id, peer, "peer left");
         } else {
@@ -169,7 +172,7 @@ impl Inner {
     }
 
     /// A message, to the subsystem of its family.
-    fn on_msg(&self, from: NodeId, msg: Msg, thread: Thread) {
+    fn on_msg(self: &Arc<Self>, from: NodeId, msg: Msg, thread: Thread) {
         match msg {
             Msg::Reply { rid, reply } => self.rpc.complete_from(from, rid, reply),
             Msg::Dir(m) => {
@@ -184,6 +187,7 @@ impl Inner {
             }
             Msg::Pull(m) => self.transfers.handle(from, m),
             Msg::Reduce(m) => self.reducer.handle(from, m),
+            Msg::Member(m) => self.on_member_msg(from, m),
             Msg::Store(StoreMsg::Evict { rid, id }) => {
                 self.store.delete(&id);
                 let reply = Reply::Ack;

@@ -6,6 +6,7 @@
 pub mod allreduce;
 mod collectives;
 mod dispatch;
+mod gossip;
 mod start;
 
 use crate::config::{NodeConfig, INLINE_LIMIT};
@@ -245,6 +246,17 @@ impl Node {
     }
 
     /// The node that holds the directory entry of `id`.
+    /// Whether this node believes `peer` dead (its link failed, or, with links made on
+    /// demand, its watchers said so).
+    pub fn believes_down(&self, peer: NodeId) -> bool {
+        self.inner.members.is_down(peer)
+    }
+
+    /// The ring neighbours this node watches (links made on demand; empty otherwise).
+    pub fn watched_peers(&self) -> Vec<NodeId> {
+        self.inner.members.ring()
+    }
+
     pub fn shard_of(&self, id: impl Into<ObjectId>) -> NodeId {
         self.inner.members.shard_of(&id.into())
     }

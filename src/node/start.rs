@@ -109,6 +109,18 @@ impl Node {
             }
             peers
         }));
+        // Links made on demand: only the ring neighbours' links prove peers alive, and
+        // deaths spread from their watchers (see `gossip`).
+        if inner.transport.dials_on_use() {
+            inner.members.watch_ring();
+            let members = inner.members.clone();
+            if inner
+                .transport
+                .set_watch(Arc::new(move |p| members.watches(p)))
+            {
+                inner.link_ring();
+            }
+        }
         // Replies and data events are handled on the transport's threads (no hand-off);
         // everything that may send goes to the dispatcher. Weak: the transport must not keep
         // the node alive.
@@ -146,6 +158,17 @@ impl Node {
     /// Test hook: the node dies abruptly (links dropped without goodbye).
     pub fn kill(&self) {
         self.stop(true);
+    }
+
+    /// Test hook: the node goes silent, as a host that hangs (links stay open, nothing goes
+    /// out, nothing received is handled): its peers learn of it only by heartbeats. Returns
+    /// false (and kills the node) if its transport cannot go silent.
+    pub fn freeze(&self) -> bool {
+        let silent = self.inner.transport.freeze();
+        if !silent {
+            self.kill();
+        }
+        silent
     }
 
     fn stop(&self, abrupt: bool) {

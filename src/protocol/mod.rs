@@ -4,11 +4,13 @@
 //! compile.
 
 mod directory;
+mod member;
 mod pull;
 mod reduce;
 mod reply;
 
 pub use directory::{DirMsg, Located, LocationInfo, ObjectInfo};
+pub use member::MemberMsg;
 pub use pull::PullMsg;
 pub use reduce::{ReduceMsg, ReduceTask};
 pub use reply::Reply;
@@ -37,6 +39,8 @@ pub enum Msg {
     Reduce(ReduceMsg),
     /// To a holder of a copy.
     Store(StoreMsg),
+    /// About who is alive.
+    Member(MemberMsg),
     /// The answer to a request that carried `rid`.
     Reply { rid: Rid, reply: Reply },
 }
@@ -56,6 +60,12 @@ impl From<PullMsg> for Msg {
 impl From<ReduceMsg> for Msg {
     fn from(m: ReduceMsg) -> Msg {
         Msg::Reduce(m)
+    }
+}
+
+impl From<MemberMsg> for Msg {
+    fn from(m: MemberMsg) -> Msg {
+        Msg::Member(m)
     }
 }
 
@@ -90,6 +100,9 @@ impl Msg {
             Msg::Reduce(ReduceMsg::Task { .. }) => "ReduceTask",
             Msg::Reduce(ReduceMsg::Cancel { .. }) => "CancelReduce",
             Msg::Store(StoreMsg::Evict { .. }) => "Evict",
+            Msg::Member(MemberMsg::Down { .. }) => "MemberDown",
+            Msg::Member(MemberMsg::Ping { .. }) => "Ping",
+            Msg::Member(MemberMsg::Watch) => "Watch",
             Msg::Reply { .. } => "Reply",
         }
     }

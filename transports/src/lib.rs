@@ -94,6 +94,9 @@ pub struct LinkCounts {
 /// The peers something of the node above depends on (see [`Transport::set_idle_guard`]).
 pub type IdleGuard = Arc<dyn Fn() -> std::collections::HashSet<NodeId> + Send + Sync>;
 
+/// Whether this node watches `peer` (see [`Transport::set_watch`]).
+pub type Watch = Arc<dyn Fn(NodeId) -> bool + Send + Sync>;
+
 /// A callback for transport events, see [`Transport::set_event_handler`].
 pub type EventHandler = Arc<dyn Fn(Event) + Send + Sync>;
 
@@ -208,6 +211,24 @@ pub trait Transport: Send + Sync + 'static {
     /// ignored (the transport closes no link for being idle).
     fn set_idle_guard(&self, guard: IdleGuard) {
         let _ = guard;
+    }
+
+    /// Which links prove their peer alive (failure detection that scales, for links made
+    /// on demand): a link to a peer `watch` names carries a heartbeat every quarter of the
+    /// heartbeat timeout, flagged so the peer answers in kind, and fails when silent for
+    /// the timeout; a link no side watches carries no heartbeat and never times out (its
+    /// peer's death reaches this node from the watchers above). Default: every link watched
+    /// (returns false: not supported).
+    fn set_watch(&self, watch: Watch) -> bool {
+        let _ = watch;
+        false
+    }
+
+    /// Test hook: the node goes silent, as a host that hangs or is cut off without closing
+    /// its sockets: no frame goes out and nothing received is delivered; links stay open.
+    /// Returns false if the transport cannot (then use [`Transport::kill`]).
+    fn freeze(&self) -> bool {
+        false
     }
 
     /// The address peers connect to (for tools and tests); None if not applicable.

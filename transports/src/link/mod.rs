@@ -129,6 +129,8 @@ pub struct LinkTable<C> {
     leaving: AtomicBool,
     /// Set once the links are torn down: lookups fail, the transport's threads stop.
     closing: AtomicBool,
+    /// The node went silent (test hook, see `Transport::freeze`): nothing is delivered.
+    frozen: AtomicBool,
     /// Where the transport's events go (the table emits `PeerDown` there itself).
     pub events: EventSink,
     /// The transport's counters (the table counts `peers_down`, malformed and refused
@@ -164,6 +166,7 @@ impl<C: Link> LinkTable<C> {
             changed: Condvar::new(),
             leaving: AtomicBool::new(false),
             closing: AtomicBool::new(false),
+            frozen: AtomicBool::new(false),
             events: EventSink::default(),
             counters: Counters::default(),
             auth: AuthConfig::default(),
@@ -214,7 +217,19 @@ impl<C: Link> LinkTable<C> {
 
     /// Emits `ev` through the table's [`EventSink`].
     pub fn emit(&self, ev: Event) {
-        self.events.emit(ev);
+        if !self.is_frozen() {
+            self.events.emit(ev);
+        }
+    }
+
+    /// Test hook: the node goes silent (see `Transport::freeze`).
+    pub fn freeze(&self) {
+        self.frozen.store(true, Ordering::Release);
+    }
+
+    /// Whether the node went silent: its transport sends nothing and delivers nothing.
+    pub fn is_frozen(&self) -> bool {
+        self.frozen.load(Ordering::Relaxed)
     }
 
     /// Whether the table is closed (see [`LinkTable::close`]).

@@ -34,6 +34,9 @@ pub(super) struct Conn {
     /// ... of the last control or data frame sent or received (heartbeats do not count): how
     /// long the link has been idle.
     pub(super) last_used: AtomicU64,
+    /// ... of the last heartbeat received that asked for an answer (the peer watches this
+    /// node; 0: never): heartbeats go back while it is recent (see `heartbeat`).
+    pub(super) peer_watches: AtomicU64,
     /// The peer closed the link for being idle: the flusher shuts it once nothing is queued.
     pub(super) close_when_flushed: std::sync::atomic::AtomicBool,
     /// Whole frames queued while another thread held the writer; sent, in order, by the next
@@ -144,6 +147,9 @@ impl Inner {
         h: &FrameHeader,
         payload: &[u8],
     ) -> Result<(), TransportError> {
+        if self.links.is_frozen() {
+            return Ok(()); // a hung host: nothing goes out
+        }
         let head = h.encode();
         let res = {
             let mut w = conn.writer.lock().unwrap();
@@ -252,6 +258,9 @@ impl Inner {
         }
         if conn.is_retiring() {
             return Ok(false); // the next link of the peer takes it
+        }
+        if self.links.is_frozen() {
+            return Ok(true); // a hung host: nothing goes out
         }
         if h.kind != FrameKind::Heartbeat {
             conn.last_used.store(self.links.now_ns(), Ordering::Relaxed);

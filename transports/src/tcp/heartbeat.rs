@@ -1,17 +1,36 @@
-//! The heartbeat thread: a frame on every link that sent nothing for a quarter of the
-//! heartbeat timeout, so the peer's reader (read timeout = heartbeat timeout) hears from us.
+//! The heartbeat thread. Without a watch (the default) every link that sent nothing for a
+//! quarter of the heartbeat timeout gets a heartbeat, so the peer's reader (which fails a
+//! link silent for the timeout) hears from us. With a watch (`Transport::set_watch`), only
+//! watched links prove their peer alive: each gets a heartbeat flagged [`HB_WATCHING`] every
+//! quarter period whatever else it carries, the peer answers with plain heartbeats while
+//! such flags keep coming, and links no side watches carry none: a node's heartbeats per
+//! period are as many as the peers it watches and is watched by, whatever the cluster size.
 
+use super::conn::Conn;
 use super::Inner;
 use crate::frame::{FrameHeader, FrameKind};
-use crate::Link;
+use crate::{Link, NodeId};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tracing::warn;
 
+/// The `stream` field of a heartbeat whose sender watches the receiver: answer in kind.
+pub(super) const HB_WATCHING: u64 = 1;
+
 impl Inner {
+    /// Whether this node fails the link to `peer` when it is silent: every link without a
+    /// watch, the watched ones with.
+    pub(super) fn watches(&self, peer: NodeId) -> bool {
+        self.watch.get().is_none_or(|w| w(peer))
+    }
+
     pub(super) fn heartbeat_loop(self: Arc<Self>) {
         let period = self.cfg.heartbeat_timeout / 4;
-        let hb_header = FrameHeader::control(FrameKind::Heartbeat, 0);
+        let plain = FrameHeader::control(FrameKind::Heartbeat, 0);
+        let watching = FrameHeader {
+            stream: HB_WATCHING,
+            ..plain
+        };
         while !self.links.is_closing() {
             std::thread::sleep(period);
             let conns = self.links.snapshot();
@@ -20,18 +39,17 @@ impl Inner {
             let mut kept = None;
             for c in conns {
                 self.close_if_idle(&c, &mut kept);
-                if now.saturating_sub(c.last_send.load(Ordering::Relaxed))
-                    < period.as_nanos() as u64
-                {
+                let Some(h) = self.heartbeat_for(&c, now, period.as_nanos() as u64) else {
                     continue;
-                }
+                };
+                let header = if h { &watching } else { &plain };
                 // A held writer lock means a frame is on its way, which is proof of life; so
                 // are bytes queued for the flusher. The heartbeat itself never waits on a peer
                 // (a peer that reads nothing must not hold up the others' heartbeats).
                 if c.is_failed() {
                     continue;
                 }
-                match self.frame_nonblocking(&c, &hb_header, &[]) {
+                match self.frame_nonblocking(&c, header, &[]) {
                     Ok(true) => {
                         let n = &self.links.counters.heartbeats_sent;
                         n.fetch_add(1, Ordering::Relaxed);
@@ -41,5 +59,21 @@ impl Inner {
                 }
             }
         }
+    }
+
+    /// The heartbeat `c` needs now, if any: `Some(true)` flagged watching, `Some(false)`
+    /// plain.
+    fn heartbeat_for(&self, c: &Conn, now: u64, period: u64) -> Option<bool> {
+        let idle = now.saturating_sub(c.last_send.load(Ordering::Relaxed)) >= period;
+        let Some(watch) = self.watch.get() else {
+            return idle.then_some(false);
+        };
+        if watch(c.peer()) {
+            return Some(true);
+        }
+        let asked = c.peer_watches.load(Ordering::Relaxed);
+        let timeout = self.cfg.heartbeat_timeout.as_nanos() as u64;
+        let watched_by_peer = asked != 0 && now.saturating_sub(asked) < timeout;
+        (idle && watched_by_peer).then_some(false)
     }
 }

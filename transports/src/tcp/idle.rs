@@ -43,6 +43,14 @@ impl Inner {
         if !quiet(conn) || self.grants.has(peer) {
             return;
         }
+        // A link that proves a peer alive (watched from either side) stays.
+        let asked = conn.peer_watches.load(Ordering::Relaxed);
+        let watched_by_peer = asked != 0
+            && self.links.now_ns().saturating_sub(asked)
+                < self.cfg.heartbeat_timeout.as_nanos() as u64;
+        if watched_by_peer || (self.watch.get().is_some() && self.watches(peer)) {
+            return;
+        }
         let kept = kept.get_or_insert_with(|| match self.idle_guard.get() {
             Some(guard) => guard(),
             None => HashSet::new(),

@@ -45,6 +45,8 @@ struct Inner {
     readers: OnceLock<reader::Readers>,
     /// The peers whose links may not close for being idle (see `idle`).
     idle_guard: OnceLock<crate::IdleGuard>,
+    /// The peers this node watches (see `Transport::set_watch`); unset: every link.
+    watch: OnceLock<crate::Watch>,
     /// Links this node closed for being idle, still read until the peer closes them, with
     /// when they were closed (see `idle`).
     draining: Mutex<Vec<(Arc<Conn>, std::time::Instant)>>,
@@ -83,6 +85,7 @@ impl TcpTransport {
             flush_tx,
             readers: OnceLock::new(),
             idle_guard: OnceLock::new(),
+            watch: OnceLock::new(),
             draining: Mutex::new(Vec::new()),
             threads: Mutex::new(Vec::new()),
         });
@@ -152,6 +155,16 @@ impl Transport for TcpTransport {
 
     fn set_idle_guard(&self, guard: crate::IdleGuard) {
         let _ = self.inner.idle_guard.set(guard);
+    }
+
+    fn set_watch(&self, watch: crate::Watch) -> bool {
+        let _ = self.inner.watch.set(watch);
+        true
+    }
+
+    fn freeze(&self) -> bool {
+        self.inner.links.freeze();
+        true
     }
 
     fn register_arena(&self, arena: Arc<Arena>) -> Result<(), TransportError> {

@@ -13,10 +13,11 @@
 //! periodic scan, or by the receive timeout of its own thread's socket.
 
 use super::conn::Conn;
+use super::heartbeat::HB_WATCHING;
 use super::Inner;
 use crate::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
 use crate::grant::Admitted;
-use crate::{Event, Link, NodeId, TransportError, PEER_LEFT};
+use crate::{Event, Link, TransportError, PEER_LEFT};
 use nix::errno::Errno;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 use nix::sys::socket::{recv, MsgFlags};
@@ -214,6 +215,12 @@ impl Inner {
         let reason = loop {
             match self.read_some(&mut r) {
                 Turn::Later => continue,
+                // Silent, but not watched: its peer's death reaches us another way.
+                Turn::Failed(TransportError::Io(e))
+                    if e.kind() == ErrorKind::TimedOut && !self.watches(r.conn.peer()) =>
+                {
+                    continue
+                }
                 Turn::Bye => break None,
                 Turn::Retired => return,
                 Turn::Failed(e) => break Some(e),
@@ -275,7 +282,7 @@ impl Inner {
             let mut map = set.conns.lock().unwrap();
             let tokens: Vec<u64> = map
                 .iter()
-                .filter(|(_, r)| r.last_rx.elapsed() >= timeout)
+                .filter(|(_, r)| r.last_rx.elapsed() >= timeout && self.watches(r.conn.peer()))
                 .map(|(&t, _)| t)
                 .collect();
             tokens.iter().filter_map(|t| map.remove(t)).collect()
@@ -366,7 +373,7 @@ impl Inner {
                     let at = r.input.start;
                     b.copy_from_slice(&r.input.buf[at..at + FRAME_HEADER_LEN]);
                     r.input.start += FRAME_HEADER_LEN;
-                    match self.start_frame(peer, &b) {
+                    match self.start_frame(&r.conn, &b) {
                         Ok(Some(f)) => {
                             r.frame = f;
                             None
@@ -444,12 +451,19 @@ impl Inner {
     /// end of the connection (`Err(None)`: a goodbye).
     fn start_frame(
         &self,
-        peer: NodeId,
+        conn: &Conn,
         b: &[u8; FRAME_HEADER_LEN],
     ) -> Result<Option<Frame>, Option<TransportError>> {
+        let peer = conn.peer();
         let h = FrameHeader::decode(b).map_err(Some)?;
         match h.kind {
-            FrameKind::Heartbeat => Ok(None),
+            FrameKind::Heartbeat => {
+                if h.stream == HB_WATCHING {
+                    let now = self.links.now_ns();
+                    conn.peer_watches.store(now, Ordering::Relaxed);
+                }
+                Ok(None)
+            }
             FrameKind::Bye => Err(None),
             FrameKind::Idle if self.links.is_on_demand() => Ok(Some(Frame::Idle)),
             FrameKind::Idle => Err(Some(TransportError::Malformed(

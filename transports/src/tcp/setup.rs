@@ -64,6 +64,7 @@ impl Inner {
             socket: s.clone(),
             last_send: AtomicU64::new(self.links.now_ns()),
             last_used: AtomicU64::new(self.links.now_ns()),
+            peer_watches: AtomicU64::new(0),
             close_when_flushed: Default::default(),
             overflow: Mutex::new(Vec::new()),
             tail_len: Default::default(),
