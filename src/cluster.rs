@@ -247,6 +247,7 @@ impl LocalCluster {
         };
         t.connect(&peers, true)?;
         self.nodes[k] = Node::start(k as NodeId, self.nodes.len() as u32, Arc::new(t), cfg)?;
+        self.nodes[k].announce_alive();
         Ok(())
     }
 
@@ -282,12 +283,16 @@ pub fn start_node(cfg: &ClusterConfig, id: NodeId, rejoin: bool) -> Result<Node>
     *settings.auth_mut() = cfg.auth_config()?;
     let b = Bound::bind(id, addr, &settings)?;
     b.connect(&cfg.peers(), rejoin)?;
-    Node::start(
+    let node = Node::start(
         id,
         cfg.nodes.len() as u32,
         b.into_transport(),
         cfg.node_config(),
-    )
+    )?;
+    if rejoin {
+        node.announce_alive();
+    }
+    Ok(node)
 }
 
 /// The rank of this process in an SPMD launch: `PHALANX_RANK`, else `SLURM_PROCID`.

@@ -24,6 +24,9 @@ pub(crate) struct Membership {
     /// The ring neighbours this node watches, kept up to date with `down`; None: no ring
     /// (every link watched by the transport).
     ring: Mutex<Option<Vec<NodeId>>>,
+    /// Incarnations: this node's own (the wall clock in ms at start, raised each time it
+    /// refutes news of its death), and the highest heard of each peer (see `node::gossip`).
+    incarnations: Mutex<(u64, std::collections::HashMap<NodeId, u64>)>,
     /// Watchers (reduce coordinators) told of every peer that goes down.
     watchers: Mutex<Vec<Sender<NodeId>>>,
 }
@@ -37,6 +40,7 @@ impl Membership {
             nodes,
             down: Mutex::new(down.into_iter().collect()),
             ring: Mutex::new(None),
+            incarnations: Mutex::new((start_incarnation(), Default::default())),
             watchers: Mutex::new(Vec::new()),
         }
     }
@@ -59,6 +63,34 @@ impl Membership {
             .unwrap()
             .as_ref()
             .is_some_and(|r| r.contains(&peer))
+    }
+
+    /// The highest incarnation of `peer` heard of (0: none).
+    pub fn incarnation_of(&self, peer: NodeId) -> u64 {
+        let inc = self.incarnations.lock().unwrap();
+        if peer == self.id {
+            return inc.0;
+        }
+        inc.1.get(&peer).copied().unwrap_or(0)
+    }
+
+    /// Records that `peer` lives at incarnation `inc`; true if that is newer than any heard.
+    pub fn heard_alive(&self, peer: NodeId, inc: u64) -> bool {
+        let mut i = self.incarnations.lock().unwrap();
+        let known = i.1.entry(peer).or_insert(0);
+        if inc > *known {
+            *known = inc;
+            return true;
+        }
+        false
+    }
+
+    /// This node was said to be dead at incarnation `inc`: its incarnation rises above it,
+    /// and the new one is returned (for the refutation).
+    pub fn refute(&self, inc: u64) -> u64 {
+        let mut i = self.incarnations.lock().unwrap();
+        i.0 = i.0.max(inc.saturating_add(1));
+        i.0
     }
 
     /// Whether `peer` is believed down.
@@ -87,6 +119,17 @@ impl Membership {
     /// The node holding the entry of `id` while every node is alive.
     pub fn home_shard(&self, id: &ObjectId) -> NodeId {
         entry_owner(id, self.nodes, |_| true)
+    }
+
+    /// Records `peer` as down on news of its death in incarnation `inc`, unless news of it
+    /// alive in a later one came first; true if it was up until now.
+    pub fn mark_down_at(&self, peer: NodeId, inc: u64) -> bool {
+        let i = self.incarnations.lock().unwrap();
+        if inc < i.1.get(&peer).copied().unwrap_or(0) {
+            return false;
+        }
+        // Under the incarnations' lock: an `Up` cannot slip in between.
+        self.mark_down(peer)
     }
 
     /// Records `peer` as down; true if it was up until now.
@@ -132,6 +175,14 @@ impl Membership {
         self.watchers.lock().unwrap().push(tx);
         rx
     }
+}
+
+/// A node's first incarnation: the wall clock in ms, so a restarted node's is higher than
+/// any its previous life reached by refuting (at most a few per second).
+fn start_incarnation() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_millis() as u64)
 }
 
 /// The [`WATCH_EACH_SIDE`] live ids after `id` and before it on the ring of `nodes` ids

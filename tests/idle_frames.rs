@@ -36,19 +36,20 @@ fn an_idle_frame_on_a_mesh_link_is_malformed() {
 
 #[test]
 fn an_idle_frame_on_demand_closes_the_link_quietly() {
-    // Member 4 of 8: not one of node 0's ring neighbours (1, 2, 6, 7), whose links node 0
-    // makes itself to watch them.
+    // Member 5 of 8: node 0 dials neither it nor any of the absent nodes it might be for a
+    // while (its ring, 1, 2, 6 and 7, and the nodes its news of being alive goes to, 4, 2
+    // and 1): a hello from a node being dialled would be refused as busy (a crossed dial).
     let cfg = config(8, "connect = \"on_demand\"");
     let (n0, n1) = start_pair(&cfg);
     let addr = cfg.addr_of(0).unwrap();
-    let mut m = Member::join(addr, 4, 0, 8, 1 << 20);
-    wait_for("member linked", || n0.transport().is_connected(4));
+    let mut m = Member::join(addr, 5, 0, 8, 1 << 20);
+    wait_for("member linked", || n0.transport().is_connected(5));
     let before = n0.transport_stats();
     m.send_frame(FrameKind::Idle);
     wait_for("member sees the end", || m.closed());
-    assert!(!n0.transport().is_connected(4));
+    assert!(!n0.transport().is_connected(5));
     assert!(
-        n0.transport().is_up(4),
+        n0.transport().is_up(5),
         "an idle close reported the peer down"
     );
     let after = n0.transport_stats();

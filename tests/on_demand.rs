@@ -289,3 +289,98 @@ fn a_silent_node_is_believed_dead_everywhere_within_the_heartbeat_bound() {
         assert_eq!(waiter.join().unwrap().unwrap(), pattern(5000, 4));
     });
 }
+
+/// A false suspicion is undone: a node announces the death of a live one; nodes linked to
+/// it ask it first, the others believe the news, and the live node, told of its own death,
+/// refutes it with a higher incarnation, after which every node believes it alive again and
+/// its directory entries are back on it.
+#[test]
+fn a_live_node_refutes_news_of_its_death() {
+    let n = 16;
+    let cfg = NodeConfig {
+        arena_size: 16 << 20,
+        op_timeout: Duration::from_secs(30),
+        ..NodeConfig::default()
+    };
+    let tcp = TcpConfig {
+        heartbeat_timeout: Duration::from_millis(500),
+        ..TcpConfig::default()
+    }
+    .on_demand();
+    let c = LocalCluster::start(n, cfg, tcp).unwrap();
+    let (liar, victim) = (3, 9u32);
+    c.node(liar).announce_death(victim);
+    let t0 = std::time::Instant::now();
+    // Everyone ends up believing it alive (some never stopped).
+    loop {
+        let down: Vec<usize> = (0..n as usize)
+            .filter(|&k| c.node(k).believes_down(victim))
+            .collect();
+        if down.is_empty() && t0.elapsed() > Duration::from_millis(300) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "still believed dead by {down:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    println!("refuted everywhere within {:?}", t0.elapsed());
+    let id = ObjectId::homed(victim, "after");
+    assert_eq!(c.node(14).shard_of(id.clone()), victim);
+    c.node(0).put(id.clone(), &pattern(70_000, 2)).unwrap();
+    assert_eq!(c.node(14).get(id).unwrap(), pattern(70_000, 2));
+}
+
+/// A killed node's death reaches every node; restarted, it is alive again for every node
+/// (`LocalCluster::restart` links it to every peer, as a rejoining transport does, and it
+/// also spreads news of itself alive in a new incarnation for nodes it does not link): its
+/// directory entries are home again.
+#[test]
+fn a_restarted_node_is_believed_alive_again_everywhere() {
+    let n = 12;
+    let cfg = NodeConfig {
+        arena_size: 16 << 20,
+        op_timeout: Duration::from_secs(30),
+        ..NodeConfig::default()
+    };
+    let tcp = TcpConfig {
+        heartbeat_timeout: Duration::from_millis(500),
+        ..TcpConfig::default()
+    }
+    .on_demand();
+    let mut c = LocalCluster::start(n, cfg.clone(), tcp.clone()).unwrap();
+    let victim = 6u32;
+    let everyone = |c: &LocalCluster, down: bool| {
+        (0..n as usize)
+            .filter(|&k| k != victim as usize)
+            .all(|k| c.node(k).believes_down(victim) == down)
+    };
+    c.node(victim as usize).kill();
+    let t0 = std::time::Instant::now();
+    while !everyone(&c, true) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the death did not spread"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let id = ObjectId::homed(victim, "home");
+    assert_ne!(c.node(0).shard_of(id.clone()), victim);
+    c.restart(victim as usize, cfg, tcp).unwrap();
+    let t0 = std::time::Instant::now();
+    while !everyone(&c, false) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the rejoin did not spread"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    println!(
+        "every node took the restarted node back within {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(c.node(0).shard_of(id.clone()), victim);
+    c.node(1).put(id.clone(), &pattern(80_000, 5)).unwrap();
+    assert_eq!(c.node(0).get(id).unwrap(), pattern(80_000, 5));
+}

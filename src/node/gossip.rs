@@ -6,6 +6,11 @@
 //! which covers the upper half, keeps the lower half, and so on. Each node hears the news
 //! once per watcher, after at most ⌈log2 n⌉ hops, and sends at most that many messages; a
 //! node in the tree that is dead or cannot be reached has its range covered by its sender.
+//!
+//! Wrong news is undone as in SWIM: every node has an incarnation (`Membership`), a death is
+//! announced for the incarnation its watcher knew, and a node that hears of its own death
+//! (a false suspicion on a loaded host, a late wave after a restart) raises its incarnation
+//! and spreads `Up` the same way, which outranks every `Down` of an older incarnation.
 
 use super::Inner;
 use crate::protocol::{MemberMsg, Msg, Reply};
@@ -39,9 +44,25 @@ impl Inner {
     /// neighbours): every node is told, and the ring's new neighbours are linked.
     pub(super) fn after_local_death(self: &Arc<Self>, peer: NodeId, watched: bool) {
         if watched {
-            self.spread_down(peer, self.id);
+            let inc = self.members.incarnation_of(peer);
+            self.spread(News::Down(peer, inc), self.id);
         }
         self.link_ring();
+    }
+
+    /// A restarted node tells every other that it is alive, in an incarnation above its old
+    /// life's (nodes that buried it take it back, and its entries come home).
+    pub(super) fn announce_alive(self: &Arc<Self>) {
+        if self.gossips() {
+            let inc = self.members.incarnation_of(self.id);
+            self.spread(News::Up(self.id, inc), self.id);
+        }
+    }
+
+    /// Test hook: spreads the death of `peer` as its watcher would, whatever the truth.
+    pub(super) fn announce_death(self: &Arc<Self>, peer: NodeId) {
+        let inc = self.members.incarnation_of(peer);
+        self.spread(News::Down(peer, inc), self.id);
     }
 
     /// Links this node's ring neighbours that it has no link to (on a worker: a dial may
@@ -73,38 +94,45 @@ impl Inner {
         }
     }
 
-    /// Passes the death of `dead` on to the ids after this node up to `until` (excluded),
-    /// on a worker (a send may dial).
-    fn spread_down(self: &Arc<Self>, dead: NodeId, until: NodeId) {
+    /// Passes `news` on to the ids after this node up to `until` (excluded), on a worker (a
+    /// send may dial).
+    fn spread(self: &Arc<Self>, news: News, until: NodeId) {
         let me = self.clone();
-        let job = move || me.cover(dead, me.id, until);
+        let job = move || me.cover(news, me.id, until);
         if let Err(e) = self.workers.spawn(job) {
             warn!(
                 node = self.id,
-                dead, "cannot start a worker to spread a death: {e}"
+                "cannot start a worker to spread {news:?}: {e}"
             );
         }
     }
 
-    /// Tells the ids strictly between `from` and `until` that `dead` died.
-    fn cover(&self, dead: NodeId, from: NodeId, until: NodeId) {
+    /// Tells the ids strictly between `from` and `until` the news. The subject of a death
+    /// never forwards it (it may be dead, or silent): its range is covered here, and it is
+    /// told last, alone, so that a live one can refute it.
+    fn cover(&self, news: News, from: NodeId, until: NodeId) {
         let n = self.members.nodes();
         let mut hi = until;
+        let mut subject = None;
         loop {
             let len = gap(from, hi, n);
             if len == 0 || self.rpc.is_closed() {
-                return;
+                break;
             }
             let mid = (from + 1 + len / 2) % n;
-            let skip = mid == dead || mid == self.id || self.members.is_down(mid);
-            let msg = MemberMsg::Down {
-                node: dead,
-                until: hi,
-            };
-            if skip || self.rpc.send(mid, msg).is_err() {
-                self.cover(dead, mid, hi);
+            let dead = matches!(news, News::Down(d, _) if d == mid);
+            if dead {
+                subject = Some(mid);
+            }
+            let skip = dead || mid == self.id || self.members.is_down(mid);
+            if skip || self.rpc.send(mid, news.message(hi)).is_err() {
+                self.cover(news, mid, hi);
             }
             hi = mid;
+        }
+        if let Some(s) = subject {
+            // An empty range: nothing to pass on.
+            let _ = self.rpc.send(s, news.message((s + 1) % n));
         }
     }
 
@@ -120,19 +148,37 @@ impl Inner {
                 };
                 self.rpc.enqueue(Work::Send(from, reply));
             }
-            MemberMsg::Down { node, until } => {
+            MemberMsg::Up { node, inc, until } => {
+                let n = self.members.nodes();
+                if node >= n || until >= n {
+                    warn!(node = self.id, from, "malformed news ignored");
+                    return;
+                }
+                self.spread(News::Up(node, inc), until);
+                if node != self.id && self.members.heard_alive(node, inc) {
+                    self.believe_alive(node);
+                }
+            }
+            MemberMsg::Down { node, inc, until } => {
                 let n = self.members.nodes();
                 if node >= n || until >= n {
                     warn!(node = self.id, from, "malformed death notice ignored");
                     return;
                 }
-                self.spread_down(node, until);
+                self.spread(News::Down(node, inc), until);
                 if node == self.id {
-                    warn!(node = self.id, from, "reported dead while alive");
+                    let mine = self.members.refute(inc);
+                    warn!(
+                        node = self.id,
+                        from,
+                        inc = mine,
+                        "reported dead while alive: refuted"
+                    );
+                    self.spread(News::Up(self.id, mine), self.id);
                     return;
                 }
-                if self.members.is_down(node) {
-                    return;
+                if inc < self.members.incarnation_of(node) || self.members.is_down(node) {
+                    return; // outranked by news of it alive, or known
                 }
                 let me = self.clone();
                 let job = move || {
@@ -146,7 +192,7 @@ impl Inner {
                         return;
                     }
                     let reason = format!("reported dead by node {from}");
-                    me.believe_dead(node, &reason);
+                    me.believe_dead(node, inc, &reason);
                 };
                 if let Err(e) = self.workers.spawn(job) {
                     warn!(
@@ -169,9 +215,22 @@ impl Inner {
         )
     }
 
-    /// Handles the death of `peer` learnt from others as if its link had failed here.
-    fn believe_dead(self: &Arc<Self>, peer: NodeId, reason: &str) {
-        if !self.members.mark_down(peer) {
+    /// `peer` refuted news of its death: it is up again here, as after a rejoin.
+    fn believe_alive(self: &Arc<Self>, peer: NodeId) {
+        if !self.members.mark_up(peer) {
+            return;
+        }
+        debug!(node = self.id, peer, "alive again, by its own word");
+        let dir = self.dir.clone();
+        let job = move || dir.republish_after_rejoin(peer);
+        self.rpc.enqueue(Work::Run(Box::new(job)));
+        self.link_ring();
+    }
+
+    /// Handles the death of `peer` (in incarnation `inc`) learnt from others as if its link
+    /// had failed here.
+    fn believe_dead(self: &Arc<Self>, peer: NodeId, inc: u64, reason: &str) {
+        if !self.members.mark_down_at(peer, inc) {
             return;
         }
         self.on_peer_down(peer, reason);
@@ -180,6 +239,23 @@ impl Inner {
         self.rpc.enqueue(Work::Run(Box::new(job)));
         if self.gossips() {
             self.link_ring();
+        }
+    }
+}
+
+/// What a node spreads over the ring: (node, incarnation).
+#[derive(Debug, Clone, Copy)]
+enum News {
+    Down(NodeId, u64),
+    Up(NodeId, u64),
+}
+
+impl News {
+    /// The message that hands the news on, for the ids up to `until`.
+    fn message(self, until: NodeId) -> MemberMsg {
+        match self {
+            News::Down(node, inc) => MemberMsg::Down { node, inc, until },
+            News::Up(node, inc) => MemberMsg::Up { node, inc, until },
         }
     }
 }

@@ -252,6 +252,20 @@ impl Node {
         self.inner.members.is_down(peer)
     }
 
+    /// After a restart: this node tells every other it is alive again (links made on demand,
+    /// where nodes that never link to it would otherwise believe it dead; a mesh relinks
+    /// everyone anyway). `cluster::start_node` with `rejoin` and `LocalCluster::restart` call
+    /// it.
+    pub fn announce_alive(&self) {
+        self.inner.announce_alive();
+    }
+
+    /// Test hook: this node tells every other that `peer` died, as a watcher that suspects
+    /// it would (links made on demand). A live `peer` refutes it.
+    pub fn announce_death(&self, peer: NodeId) {
+        self.inner.announce_death(peer);
+    }
+
     /// The ring neighbours this node watches (links made on demand; empty otherwise).
     pub fn watched_peers(&self) -> Vec<NodeId> {
         self.inner.members.ring()

@@ -101,6 +101,7 @@ impl Msg {
             Msg::Reduce(ReduceMsg::Cancel { .. }) => "CancelReduce",
             Msg::Store(StoreMsg::Evict { .. }) => "Evict",
             Msg::Member(MemberMsg::Down { .. }) => "MemberDown",
+            Msg::Member(MemberMsg::Up { .. }) => "MemberUp",
             Msg::Member(MemberMsg::Ping { .. }) => "Ping",
             Msg::Member(MemberMsg::Watch) => "Watch",
             Msg::Reply { .. } => "Reply",

@@ -93,6 +93,9 @@ pub(super) struct Conn {
     pub(super) cv: Condvar,
     pub(super) last_recv: AtomicU64,
     pub(super) last_send: AtomicU64,
+    /// ... of the last heartbeat received that asked for an answer (the peer watches this
+    /// node; 0: never).
+    pub(super) peer_watches: AtomicU64,
     pub(super) installed: AtomicBool,
     /// Test hook: the progress thread leaves this connection's ring alone (a peer that keeps
     /// its link alive but consumes nothing).

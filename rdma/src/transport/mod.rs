@@ -107,6 +107,8 @@ struct Inner {
     threads: Mutex<Vec<JoinHandle<()>>>,
     psn_seed: AtomicU64,
     rendezvous_threshold: AtomicU64,
+    /// The peers this node watches (see `Transport::set_watch`); unset: every link.
+    watch: std::sync::OnceLock<phalanx_transport::Watch>,
 }
 
 /// One data write as [`Transport::write`] takes it, its bounds already checked; what the
@@ -223,6 +225,7 @@ impl RdmaTransport {
             by_qpn: Mutex::new(HashMap::new()),
             wake,
             threads: Mutex::new(Vec::new()),
+            watch: std::sync::OnceLock::new(),
             psn_seed: AtomicU64::new(seed),
             rendezvous_threshold: AtomicU64::new(cfg_threshold),
         });
@@ -420,6 +423,11 @@ impl Inner {
 
 impl Transport for RdmaTransport {
     phalanx_transport::transport_link_methods!(inner);
+
+    fn set_watch(&self, watch: phalanx_transport::Watch) -> bool {
+        let _ = self.inner.watch.set(watch);
+        true
+    }
 
     fn name(&self) -> &'static str {
         "rdma"

@@ -83,7 +83,12 @@ impl Inner {
     ) -> Result<bool, TransportError> {
         let peer = conn.peer();
         match h.kind {
-            Kind::Heartbeat => {}
+            Kind::Heartbeat => {
+                if h.a == super::heartbeat::HB_WATCHING {
+                    let now = self.links.now_ns();
+                    conn.peer_watches.store(now, Ordering::Relaxed);
+                }
+            }
             Kind::Bye => return Ok(false),
             Kind::Ctrl => {
                 if h.flags & FLAG_FIRST != 0 {
