@@ -24,9 +24,8 @@ pub(crate) struct Membership {
     /// The ring neighbours this node watches, kept up to date with `down`; None: no ring
     /// (every link watched by the transport).
     ring: Mutex<Option<Vec<NodeId>>>,
-    /// Incarnations: this node's own (the wall clock in ms at start, raised each time it
-    /// refutes news of its death), and the highest heard of each peer (see `node::gossip`).
-    incarnations: Mutex<(u64, std::collections::HashMap<NodeId, u64>)>,
+    /// Incarnations (see `node::gossip`).
+    incarnations: Mutex<Incarnations>,
     /// Watchers (reduce coordinators) told of every peer that goes down.
     watchers: Mutex<Vec<Sender<NodeId>>>,
 }
@@ -40,7 +39,10 @@ impl Membership {
             nodes,
             down: Mutex::new(down.into_iter().collect()),
             ring: Mutex::new(None),
-            incarnations: Mutex::new((start_incarnation(), Default::default())),
+            incarnations: Mutex::new(Incarnations {
+                mine: start_incarnation(),
+                ..Default::default()
+            }),
             watchers: Mutex::new(Vec::new()),
         }
     }
@@ -67,18 +69,21 @@ impl Membership {
 
     /// The highest incarnation of `peer` heard of (0: none).
     pub fn incarnation_of(&self, peer: NodeId) -> u64 {
-        let inc = self.incarnations.lock().unwrap();
+        let i = self.incarnations.lock().unwrap();
         if peer == self.id {
-            return inc.0;
+            return i.mine;
         }
-        inc.1.get(&peer).copied().unwrap_or(0)
+        i.alive.get(&peer).copied().unwrap_or(0)
     }
 
-    /// Records that `peer` lives at incarnation `inc`; true if that is newer than any heard.
+    /// Records that `peer` lives at incarnation `inc`; true if that outranks all news of it
+    /// heard so far: a later incarnation than any heard alive, and than the one it was
+    /// believed dead at (news of a death beats news of life of the same incarnation).
     pub fn heard_alive(&self, peer: NodeId, inc: u64) -> bool {
         let mut i = self.incarnations.lock().unwrap();
-        let known = i.1.entry(peer).or_insert(0);
-        if inc > *known {
+        let dead = i.dead.get(&peer).copied();
+        let known = i.alive.entry(peer).or_insert(0);
+        if inc > *known && dead.is_none_or(|d| inc > d) {
             *known = inc;
             return true;
         }
@@ -89,8 +94,8 @@ impl Membership {
     /// and the new one is returned (for the refutation).
     pub fn refute(&self, inc: u64) -> u64 {
         let mut i = self.incarnations.lock().unwrap();
-        i.0 = i.0.max(inc.saturating_add(1));
-        i.0
+        i.mine = i.mine.max(inc.saturating_add(1));
+        i.mine
     }
 
     /// Whether `peer` is believed down.
@@ -124,16 +129,27 @@ impl Membership {
     /// Records `peer` as down on news of its death in incarnation `inc`, unless news of it
     /// alive in a later one came first; true if it was up until now.
     pub fn mark_down_at(&self, peer: NodeId, inc: u64) -> bool {
-        let i = self.incarnations.lock().unwrap();
-        if inc < i.1.get(&peer).copied().unwrap_or(0) {
+        let mut i = self.incarnations.lock().unwrap();
+        if inc < i.alive.get(&peer).copied().unwrap_or(0) {
             return false;
         }
+        let d = i.dead.entry(peer).or_insert(0);
+        *d = (*d).max(inc);
         // Under the incarnations' lock: an `Up` cannot slip in between.
-        self.mark_down(peer)
+        self.set_down(peer)
     }
 
     /// Records `peer` as down; true if it was up until now.
     pub fn mark_down(&self, peer: NodeId) -> bool {
+        let mut i = self.incarnations.lock().unwrap();
+        let known = i.alive.get(&peer).copied().unwrap_or(0);
+        let d = i.dead.entry(peer).or_insert(0);
+        *d = (*d).max(known);
+        self.set_down(peer)
+    }
+
+    /// [`Membership::mark_down`] under the incarnations' lock.
+    fn set_down(&self, peer: NodeId) -> bool {
         let mut down = self.down.lock().unwrap();
         let newly = down.insert(peer);
         if newly {
@@ -175,6 +191,22 @@ impl Membership {
         self.watchers.lock().unwrap().push(tx);
         rx
     }
+}
+
+/// What a node knows of incarnations: its own (the wall clock in ms at start, raised each
+/// time it refutes news of its death), the highest heard alive of each peer, and the one
+/// each peer was last believed dead at.
+#[derive(Default)]
+struct Incarnations {
+    mine: u64,
+    alive: std::collections::HashMap<NodeId, u64>,
+    dead: std::collections::HashMap<NodeId, u64>,
+}
+
+/// The latest incarnation news may name: a day past this node's clock (a node's
+/// incarnation is its start time in ms, raised by one per refutation).
+pub fn max_incarnation() -> u64 {
+    start_incarnation().saturating_add(24 * 3600 * 1000)
 }
 
 /// A node's first incarnation: the wall clock in ms, so a restarted node's is higher than
@@ -283,6 +315,33 @@ mod tests {
         let m = Membership::new(0, 1, []);
         m.watch_ring();
         assert!(m.ring().is_empty());
+    }
+
+    /// News of a death beats news of life of the same incarnation; a later incarnation (a
+    /// refutation, a restart) beats both; news older than what is known is ignored.
+    #[test]
+    fn incarnations_order_the_news() {
+        let m = Membership::new(0, 8, []);
+        assert!(m.heard_alive(3, 5));
+        assert!(!m.heard_alive(3, 5), "nothing new");
+        assert!(!m.mark_down_at(3, 4), "older than known alive");
+        assert!(!m.is_down(3));
+        assert!(m.mark_down_at(3, 5));
+        assert!(
+            !m.heard_alive(3, 5),
+            "a late Up of the incarnation it died in"
+        );
+        assert!(m.is_down(3));
+        assert!(m.heard_alive(3, 6), "refuted");
+        // A death seen on a link counts for the incarnation known then.
+        m.mark_up(3);
+        assert!(m.mark_down(3));
+        assert!(!m.heard_alive(3, 6));
+        assert!(m.heard_alive(3, 7));
+        // This node's own: above whatever it is said to have died in.
+        let mine = m.incarnation_of(0);
+        assert_eq!(m.refute(mine + 10), mine + 11);
+        assert!(mine <= max_incarnation());
     }
 
     #[test]

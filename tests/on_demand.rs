@@ -283,7 +283,9 @@ fn a_silent_node_is_believed_dead_everywhere_within_the_heartbeat_bound() {
             .max()
             .unwrap();
         println!("every node believed the silent node dead within {slowest:?}");
-        assert!(slowest <= heartbeat * 2, "{slowest:?}");
+        // Nominally the timeout, a scan (1/4) and the news' hops, plus a probe (200 ms) for
+        // nodes still linked to it; the bound leaves room for a loaded machine.
+        assert!(slowest <= heartbeat * 3, "{slowest:?}");
         // The waiter's entry moved: a put now reaches it through the new shard.
         c.node(3).put(id.clone(), &pattern(5000, 4)).unwrap();
         assert_eq!(waiter.join().unwrap().unwrap(), pattern(5000, 4));
@@ -338,6 +340,12 @@ fn a_live_node_refutes_news_of_its_death() {
 /// directory entries are home again.
 #[test]
 fn a_restarted_node_is_believed_alive_again_everywhere() {
+    if let Ok(filter) = std::env::var("PHALANX_TEST_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let n = 12;
     let cfg = NodeConfig {
         arena_size: 16 << 20,

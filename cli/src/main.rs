@@ -445,6 +445,34 @@ fn print_silent_death(nodes: &[Node], heartbeat: Duration, json: bool) {
     let n = nodes.len();
     let victim = n / 2;
     let bound = heartbeat + heartbeat / 4;
+    // First the heartbeats of a quiet cluster, over eight periods.
+    let sent = |k: usize| {
+        nodes[k]
+            .transport()
+            .link_counts()
+            .map_or(0, |l| l.heartbeats_sent)
+    };
+    let before: Vec<u64> = (0..n).map(sent).collect();
+    let quiet = heartbeat * 2;
+    std::thread::sleep(quiet);
+    let periods = quiet.as_secs_f64() / (heartbeat.as_secs_f64() / 4.0);
+    let mut per: Vec<f64> = (0..n)
+        .map(|k| (sent(k) - before[k]) as f64 / periods)
+        .collect();
+    per.sort_by(f64::total_cmp);
+    let (q0, q1, q2) = (per[0], per[n / 2], per[n - 1]);
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"quiet_heartbeats_per_period": {"nodes": n, "min": q0,
+                "median": q1, "max": q2}})
+        );
+    } else {
+        println!(
+            "# quiet cluster: heartbeats per node per period min/median/max {q0:.1}/{q1:.1}/{q2:.1} \
+             (over {periods:.0} periods)"
+        );
+    }
     let t0 = Instant::now();
     let silent = nodes[victim].freeze();
     let mut learnt: Vec<Option<Duration>> = vec![None; n];

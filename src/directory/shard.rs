@@ -48,9 +48,10 @@ struct Waiter {
 
 impl Waiter {
     /// A resumed pull whose bytes belong to an epoch before `now` (the object was reset
-    /// since it began).
+    /// since it began). A pull that does not know its epoch (begun on a claim: reduce
+    /// intermediates, which are never reset) is taken for stale once the object was reset.
     fn stale(&self, now: u64) -> bool {
-        self.resume && self.epoch.is_some_and(|e| e != now)
+        self.resume && self.epoch.map_or(now > 0, |e| e != now)
     }
 }
 
@@ -429,7 +430,8 @@ impl Shard {
     /// Forgets every location of a dead node and frees the copies it was receiving from.
     /// Adds to `peers` every node this shard depends on: holders of the copies it lists, and
     /// nodes waiting on, subscribed to or claiming its entries (their links stay open, so a
-    /// death among them is noticed by heartbeat).
+    /// death among them is noticed: by heartbeat, or from its watchers with links made on
+    /// demand).
     pub fn peers_depended_on(&self, peers: &mut std::collections::HashSet<NodeId>) {
         for e in self.entries.values() {
             peers.extend(e.locs.keys().copied());
@@ -1197,6 +1199,9 @@ mod tests {
         // A resumed locate that was on its way during the reset.
         let late = locate_epoch(&mut s, 6, true, vec![], Some(0));
         assert_eq!(located(&late, 6), Located::Reset);
+        // ... and one of a pull begun on a claim (its epoch unknown).
+        let late = locate_epoch(&mut s, 7, true, vec![], None);
+        assert_eq!(located(&late, 7), Located::Reset);
         // The new bytes: epoch 1 for the reader, and a resumed pull of epoch 1 is served.
         let out = publish(&mut s, 5, false);
         assert_eq!(located(&out, 3), src_at(5, 1));

@@ -4,8 +4,9 @@
 //! that sees a neighbour die tells every other node over a tree cut out of the ring of ids
 //! (recursive halving): it sends the news to the node halfway round the range it covers,
 //! which covers the upper half, keeps the lower half, and so on. Each node hears the news
-//! once per watcher, after at most ⌈log2 n⌉ hops, and sends at most that many messages; a
-//! node in the tree that is dead or cannot be reached has its range covered by its sender.
+//! once per watcher, after at most ⌈log2 n⌉ hops, and sends about that many messages; a
+//! node in the tree that is dead or cannot be reached has its range covered by its sender
+//! (which then sends more).
 //!
 //! Wrong news is undone as in SWIM: every node has an incarnation (`Membership`), a death is
 //! announced for the incarnation its watcher knew, and a node that hears of its own death
@@ -13,6 +14,7 @@
 //! and spreads `Up` the same way, which outranks every `Down` of an older incarnation.
 
 use super::Inner;
+use crate::membership::max_incarnation;
 use crate::protocol::{MemberMsg, Msg, Reply};
 use crate::rpc::Work;
 use phalanx_transport::NodeId;
@@ -149,8 +151,7 @@ impl Inner {
                 self.rpc.enqueue(Work::Send(from, reply));
             }
             MemberMsg::Up { node, inc, until } => {
-                let n = self.members.nodes();
-                if node >= n || until >= n {
+                if !self.well_formed(node, inc, until) {
                     warn!(node = self.id, from, "malformed news ignored");
                     return;
                 }
@@ -160,8 +161,7 @@ impl Inner {
                 }
             }
             MemberMsg::Down { node, inc, until } => {
-                let n = self.members.nodes();
-                if node >= n || until >= n {
+                if !self.well_formed(node, inc, until) {
                     warn!(node = self.id, from, "malformed death notice ignored");
                     return;
                 }
@@ -189,6 +189,11 @@ impl Inner {
                             from,
                             "reported dead, but answers"
                         );
+                        // It is told, so that it refutes the news everywhere (its watcher
+                        // may not reach it to tell it).
+                        let n = me.members.nodes();
+                        let tell = News::Down(node, inc).message((node + 1) % n);
+                        let _ = me.rpc.send(node, tell);
                         return;
                     }
                     let reason = format!("reported dead by node {from}");
@@ -202,6 +207,14 @@ impl Inner {
                 }
             }
         }
+    }
+
+    /// Whether news from a peer is possible: ids in the cluster, an incarnation at most a day
+    /// ahead, and a range that does not come back to this node (a range always ends before
+    /// its receiver; `until == self` would make it pass the news to the whole ring).
+    fn well_formed(&self, node: NodeId, inc: u64, until: NodeId) -> bool {
+        let n = self.members.nodes();
+        node < n && until < n && until != self.id && inc <= max_incarnation()
     }
 
     /// Whether `peer` answers a ping within [`PROBE_TIMEOUT`].

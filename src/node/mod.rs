@@ -245,7 +245,6 @@ impl Node {
         }
     }
 
-    /// The node that holds the directory entry of `id`.
     /// Whether this node believes `peer` dead (its link failed, or, with links made on
     /// demand, its watchers said so).
     pub fn believes_down(&self, peer: NodeId) -> bool {
@@ -271,6 +270,7 @@ impl Node {
         self.inner.members.ring()
     }
 
+    /// The node that holds the directory entry of `id`.
     pub fn shard_of(&self, id: impl Into<ObjectId>) -> NodeId {
         self.inner.members.shard_of(&id.into())
     }

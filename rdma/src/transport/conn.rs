@@ -96,6 +96,9 @@ pub(super) struct Conn {
     /// ... of the last heartbeat received that asked for an answer (the peer watches this
     /// node; 0: never).
     pub(super) peer_watches: AtomicU64,
+    /// ... of when this node began watching the peer (0: not watching): silence counts from
+    /// then at the earliest.
+    pub(super) watching_since: AtomicU64,
     pub(super) installed: AtomicBool,
     /// Test hook: the progress thread leaves this connection's ring alone (a peer that keeps
     /// its link alive but consumes nothing).

@@ -1,7 +1,7 @@
 //! The heartbeat thread: reports a peer silent for the heartbeat timeout, and sends a
 //! heartbeat block on every link that sent nothing for a quarter of it. With a watch
 //! (`Transport::set_watch`) only watched links are failed when silent; they get a heartbeat
-//! flagged [`HB_WATCHING`] every quarter period, which the peer answers with plain ones
+//! flagged [`HB_WATCHING`] every quarter of the heartbeat timeout, which the peer answers with plain ones
 //! while the flags keep coming, and links no side watches get none (as over TCP).
 
 use super::Inner;
@@ -36,7 +36,19 @@ impl Inner {
                 let now = self.links.now_ns();
                 let silent = now.saturating_sub(c.last_recv.load(Ordering::Relaxed));
                 let watched = self.watches(c.peer());
-                if silent > timeout.as_nanos() as u64 && watched {
+                // With a watch, silence counts from when the watch began at the earliest
+                // (the link may have been quiet, unwatched, before).
+                let since = c.watching_since.load(Ordering::Relaxed);
+                if self.watch.get().is_some() {
+                    match (watched, since) {
+                        (true, 0) => c.watching_since.store(now.max(1), Ordering::Relaxed),
+                        (false, _) => c.watching_since.store(0, Ordering::Relaxed),
+                        _ => {}
+                    }
+                }
+                let watched_long = self.watch.get().is_none()
+                    || (since != 0 && now.saturating_sub(since) > timeout.as_nanos() as u64);
+                if silent > timeout.as_nanos() as u64 && watched && watched_long {
                     self.fail_conn(&c, format!("no heartbeat for {timeout:?}"));
                     continue;
                 }
@@ -44,11 +56,12 @@ impl Inner {
                     >= period.as_nanos() as u64;
                 let asked = c.peer_watches.load(Ordering::Relaxed);
                 let answer = asked != 0 && now.saturating_sub(asked) < timeout.as_nanos() as u64;
-                let flagged = self.watch.get().is_some()
-                    && watched
-                    && flagged_at
-                        .get(&c.peer())
-                        .is_none_or(|t| t.elapsed() >= period);
+                // Without a watch every link is watched here, and its heartbeats ask for answers.
+                let flagged = self.watch.get().is_none()
+                    || watched
+                        && flagged_at
+                            .get(&c.peer())
+                            .is_none_or(|t| t.elapsed() >= period);
                 // Watched links every period (the peer must keep answering); others when
                 // idle, and with a watch only while the peer asks.
                 let due = match self.watch.get() {

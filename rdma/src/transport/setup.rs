@@ -81,6 +81,7 @@ impl Inner {
             last_recv: AtomicU64::new(now),
             last_send: AtomicU64::new(now),
             peer_watches: AtomicU64::new(0),
+            watching_since: AtomicU64::new(0),
             installed: AtomicBool::new(false),
             consuming_paused: AtomicBool::new(false),
         };

@@ -37,6 +37,10 @@ pub(super) struct Conn {
     /// ... of the last heartbeat received that asked for an answer (the peer watches this
     /// node; 0: never): heartbeats go back while it is recent (see `heartbeat`).
     pub(super) peer_watches: AtomicU64,
+    /// ... of the first flagged heartbeat this node sent since it began watching the peer
+    /// (0: not watching it): a link that was quiet while nobody watched it is given a full
+    /// heartbeat timeout from then before its silence counts.
+    pub(super) watching_since: AtomicU64,
     /// The peer closed the link for being idle: the flusher shuts it once nothing is queued.
     pub(super) close_when_flushed: std::sync::atomic::AtomicBool,
     /// Whole frames queued while another thread held the writer; sent, in order, by the next

@@ -1,8 +1,9 @@
 //! The heartbeat thread. Without a watch (the default) every link that sent nothing for a
 //! quarter of the heartbeat timeout gets a heartbeat, so the peer's reader (which fails a
-//! link silent for the timeout) hears from us. With a watch (`Transport::set_watch`), only
+//! link silent for the timeout) hears from us; it is flagged [`HB_WATCHING`], as every link
+//! is watched here, so that a peer with a watch answers. With a watch (`Transport::set_watch`), only
 //! watched links prove their peer alive: each gets a heartbeat flagged [`HB_WATCHING`] every
-//! quarter period whatever else it carries, the peer answers with plain heartbeats while
+//! quarter of the heartbeat timeout whatever else it carries, the peer answers with plain heartbeats while
 //! such flags keep coming, and links no side watches carry none: a node's heartbeats per
 //! period are as many as the peers it watches and is watched by, whatever the cluster size.
 
@@ -22,6 +23,22 @@ impl Inner {
     /// watch, the watched ones with.
     pub(super) fn watches(&self, peer: NodeId) -> bool {
         self.watch.get().is_none_or(|w| w(peer))
+    }
+
+    /// Whether `c`, silent since `last_rx` (ns), is to be failed: silent for the heartbeat
+    /// timeout, watched, and (with a watch) watched for the timeout at least.
+    pub(super) fn silent_too_long(&self, c: &Conn, quiet_for: std::time::Duration) -> bool {
+        let timeout = self.cfg.heartbeat_timeout;
+        if quiet_for < timeout {
+            return false;
+        }
+        if self.watch.get().is_none() {
+            return true;
+        }
+        let since = c.watching_since.load(Ordering::Relaxed);
+        self.watches(c.peer())
+            && since != 0
+            && self.links.now_ns().saturating_sub(since) >= timeout.as_nanos() as u64
     }
 
     pub(super) fn heartbeat_loop(self: Arc<Self>) {
@@ -65,12 +82,18 @@ impl Inner {
     /// plain.
     fn heartbeat_for(&self, c: &Conn, now: u64, period: u64) -> Option<bool> {
         let idle = now.saturating_sub(c.last_send.load(Ordering::Relaxed)) >= period;
+        // Without a watch every link is watched here: its heartbeats ask for answers too (a
+        // peer with a watch answers only those; this node may get its watch later, or never).
         let Some(watch) = self.watch.get() else {
-            return idle.then_some(false);
+            return idle.then_some(true);
         };
         if watch(c.peer()) {
+            if c.watching_since.load(Ordering::Relaxed) == 0 {
+                c.watching_since.store(now.max(1), Ordering::Relaxed);
+            }
             return Some(true);
         }
+        c.watching_since.store(0, Ordering::Relaxed);
         let asked = c.peer_watches.load(Ordering::Relaxed);
         let timeout = self.cfg.heartbeat_timeout.as_nanos() as u64;
         let watched_by_peer = asked != 0 && now.saturating_sub(asked) < timeout;

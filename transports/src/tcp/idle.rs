@@ -10,9 +10,12 @@
 //! peer until then, so the peer's frames keep their order. The peer, reading `Idle`, sends
 //! what it had queued, takes the link out of its table and shuts the socket down. Neither
 //! side reports the other down; a peer that dies meanwhile is noticed by the heartbeat
-//! silence of the closing link, and reported on its next use. A link the node above depends on (its idle guard names the
-//! peer: a request waits for that peer's answer, a stream runs with it, a directory entry
-//! lists its copies) stays, so its heartbeats keep proving the peer alive to its dependants.
+//! silence of the closing link, and reported on its next use. A link the node above depends
+//! on (its idle guard names the peer: a request waits for that peer's answer, a stream runs
+//! with it, a directory entry lists its copies) stays, and so does a link that proves a peer
+//! alive (watched from either side, `Transport::set_watch`); without a watch every link's
+//! heartbeats prove its peer alive, with one only the watched links' do, and deaths reach
+//! the other links' ends from the watchers (`phalanx::node::gossip`).
 
 use super::conn::Conn;
 use super::Inner;
@@ -48,7 +51,8 @@ impl Inner {
         let watched_by_peer = asked != 0
             && self.links.now_ns().saturating_sub(asked)
                 < self.cfg.heartbeat_timeout.as_nanos() as u64;
-        if watched_by_peer || (self.watch.get().is_some() && self.watches(peer)) {
+        // (Without a watch here, none: every link's heartbeats are flagged then.)
+        if self.watch.get().is_some() && (watched_by_peer || self.watches(peer)) {
             return;
         }
         let kept = kept.get_or_insert_with(|| match self.idle_guard.get() {

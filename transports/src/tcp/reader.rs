@@ -215,9 +215,11 @@ impl Inner {
         let reason = loop {
             match self.read_some(&mut r) {
                 Turn::Later => continue,
-                // Silent, but not watched: its peer's death reaches us another way.
+                // Silent, but not watched (long enough): its peer's death reaches us
+                // another way, or later.
                 Turn::Failed(TransportError::Io(e))
-                    if e.kind() == ErrorKind::TimedOut && !self.watches(r.conn.peer()) =>
+                    if e.kind() == ErrorKind::TimedOut
+                        && !self.silent_too_long(&r.conn, r.last_rx.elapsed()) =>
                 {
                     continue
                 }
@@ -277,12 +279,11 @@ impl Inner {
 
     /// Fails the connections of `set` that sent nothing for the heartbeat timeout.
     fn fail_silent(&self, set: &PollSet) {
-        let timeout = self.cfg.heartbeat_timeout;
         let silent: Vec<Reading> = {
             let mut map = set.conns.lock().unwrap();
             let tokens: Vec<u64> = map
                 .iter()
-                .filter(|(_, r)| r.last_rx.elapsed() >= timeout && self.watches(r.conn.peer()))
+                .filter(|(_, r)| self.silent_too_long(&r.conn, r.last_rx.elapsed()))
                 .map(|(&t, _)| t)
                 .collect();
             tokens.iter().filter_map(|t| map.remove(t)).collect()

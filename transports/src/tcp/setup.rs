@@ -65,6 +65,7 @@ impl Inner {
             last_send: AtomicU64::new(self.links.now_ns()),
             last_used: AtomicU64::new(self.links.now_ns()),
             peer_watches: AtomicU64::new(0),
+            watching_since: AtomicU64::new(0),
             close_when_flushed: Default::default(),
             overflow: Mutex::new(Vec::new()),
             tail_len: Default::default(),
