@@ -59,8 +59,10 @@ impl TcpConfig {
     /// Default idle timeout of links made on demand.
     pub const ON_DEMAND_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
-    /// Links read by a thread of their own when links are made on demand.
-    pub const ON_DEMAND_DEDICATED_READERS: usize = 2;
+    /// Links read by a thread of their own when links are made on demand: none. The first
+    /// links such a node makes are to the ring neighbours it watches (heartbeats only), so
+    /// readers of their own would go to them; the epoll readers serve every link.
+    pub const ON_DEMAND_DEDICATED_READERS: usize = 0;
 }
 
 impl Default for TcpConfig {
