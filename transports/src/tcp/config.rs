@@ -38,9 +38,10 @@ pub struct TcpConfig {
 }
 
 impl TcpConfig {
-    /// These settings with links made on demand, for a large cluster: a node then has at most
-    /// [`TcpConfig::ON_DEMAND_DEDICATED_READERS`] links with a reader of their own (the rest
-    /// share the epoll readers), so its threads stay few whatever the number of its links.
+    /// These settings with links made on demand, for a large cluster: a node then has
+    /// [`TcpConfig::ON_DEMAND_DEDICATED_READERS`] links with a reader of their own (none: the
+    /// epoll readers serve them all), so its threads stay few whatever the number of its
+    /// links.
     pub fn on_demand(self) -> TcpConfig {
         TcpConfig {
             on_demand: true,
@@ -49,9 +50,7 @@ impl TcpConfig {
             } else {
                 self.idle_timeout
             },
-            dedicated_readers: self
-                .dedicated_readers
-                .min(Self::ON_DEMAND_DEDICATED_READERS),
+            dedicated_readers: Self::ON_DEMAND_DEDICATED_READERS,
             ..self
         }
     }
