@@ -41,6 +41,21 @@ fn linked_off_ring(c: &LocalCluster, k: usize, n: usize) -> Option<usize> {
     (0..n).find(|&p| p != k && !ring.contains(&p) && c.node(k).transport().is_connected(p as u32))
 }
 
+/// A small node and links on demand with a short heartbeat, for the membership tests.
+fn watching_config(heartbeat: Duration) -> (NodeConfig, TcpConfig) {
+    let cfg = NodeConfig {
+        arena_size: 16 << 20,
+        op_timeout: Duration::from_secs(30),
+        ..NodeConfig::default()
+    };
+    let tcp = TcpConfig {
+        heartbeat_timeout: heartbeat,
+        ..TcpConfig::default()
+    }
+    .on_demand();
+    (cfg, tcp)
+}
+
 /// Links of node `k`: open now, most at once.
 fn links(c: &LocalCluster, k: usize) -> (usize, usize) {
     let l = c.node(k).transport().link_counts().unwrap();
@@ -222,16 +237,7 @@ fn a_dead_shard_moves_its_entries_for_nodes_that_never_linked_it() {
 fn a_silent_node_is_believed_dead_everywhere_within_the_heartbeat_bound() {
     let n = 16;
     let heartbeat = Duration::from_millis(500);
-    let cfg = NodeConfig {
-        arena_size: 16 << 20,
-        op_timeout: Duration::from_secs(30),
-        ..NodeConfig::default()
-    };
-    let tcp = TcpConfig {
-        heartbeat_timeout: heartbeat,
-        ..TcpConfig::default()
-    }
-    .on_demand();
+    let (cfg, tcp) = watching_config(heartbeat);
     let c = LocalCluster::start(n, cfg, tcp).unwrap();
     for k in 0..n as usize {
         let mut w = c.node(k).watched_peers();
@@ -299,16 +305,7 @@ fn a_silent_node_is_believed_dead_everywhere_within_the_heartbeat_bound() {
 #[test]
 fn a_live_node_refutes_news_of_its_death() {
     let n = 16;
-    let cfg = NodeConfig {
-        arena_size: 16 << 20,
-        op_timeout: Duration::from_secs(30),
-        ..NodeConfig::default()
-    };
-    let tcp = TcpConfig {
-        heartbeat_timeout: Duration::from_millis(500),
-        ..TcpConfig::default()
-    }
-    .on_demand();
+    let (cfg, tcp) = watching_config(Duration::from_millis(500));
     let c = LocalCluster::start(n, cfg, tcp).unwrap();
     let (liar, victim) = (3, 9u32);
     c.node(liar).announce_death(victim);
@@ -347,16 +344,7 @@ fn a_restarted_node_is_believed_alive_again_everywhere() {
             .try_init();
     }
     let n = 12;
-    let cfg = NodeConfig {
-        arena_size: 16 << 20,
-        op_timeout: Duration::from_secs(30),
-        ..NodeConfig::default()
-    };
-    let tcp = TcpConfig {
-        heartbeat_timeout: Duration::from_millis(500),
-        ..TcpConfig::default()
-    }
-    .on_demand();
+    let (cfg, tcp) = watching_config(Duration::from_millis(500));
     let mut c = LocalCluster::start(n, cfg.clone(), tcp.clone()).unwrap();
     let victim = 6u32;
     let everyone = |c: &LocalCluster, down: bool| {
