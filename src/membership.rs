@@ -53,6 +53,11 @@ impl Membership {
         *self.ring.lock().unwrap() = Some(ring_of(self.id, self.nodes, &down));
     }
 
+    /// Whether this node watches a ring (see [`Membership::watch_ring`]).
+    pub fn watching(&self) -> bool {
+        self.ring.lock().unwrap().is_some()
+    }
+
     /// The ring neighbours this node watches (empty without a ring).
     pub fn ring(&self) -> Vec<NodeId> {
         self.ring.lock().unwrap().clone().unwrap_or_default()
@@ -130,26 +135,25 @@ impl Membership {
     /// alive in a later one came first; true if it was up until now.
     pub fn mark_down_at(&self, peer: NodeId, inc: u64) -> bool {
         let mut i = self.incarnations.lock().unwrap();
+        self.down_at(&mut i, peer, inc)
+    }
+
+    /// Records `peer` as down (in the incarnation last heard of); true if it was up until
+    /// now.
+    pub fn mark_down(&self, peer: NodeId) -> bool {
+        let mut i = self.incarnations.lock().unwrap();
+        let known = i.alive.get(&peer).copied().unwrap_or(0);
+        self.down_at(&mut i, peer, known)
+    }
+
+    /// Records `peer` as down in incarnation `inc` unless it was heard alive in a later one,
+    /// under the incarnations' lock `i` (an `Up` cannot slip in between).
+    fn down_at(&self, i: &mut Incarnations, peer: NodeId, inc: u64) -> bool {
         if inc < i.alive.get(&peer).copied().unwrap_or(0) {
             return false;
         }
         let d = i.dead.entry(peer).or_insert(0);
         *d = (*d).max(inc);
-        // Under the incarnations' lock: an `Up` cannot slip in between.
-        self.set_down(peer)
-    }
-
-    /// Records `peer` as down; true if it was up until now.
-    pub fn mark_down(&self, peer: NodeId) -> bool {
-        let mut i = self.incarnations.lock().unwrap();
-        let known = i.alive.get(&peer).copied().unwrap_or(0);
-        let d = i.dead.entry(peer).or_insert(0);
-        *d = (*d).max(known);
-        self.set_down(peer)
-    }
-
-    /// [`Membership::mark_down`] under the incarnations' lock.
-    fn set_down(&self, peer: NodeId) -> bool {
         let mut down = self.down.lock().unwrap();
         let newly = down.insert(peer);
         if newly {

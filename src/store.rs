@@ -180,14 +180,24 @@ impl Store {
         let Some(&k) = st.by_id.get(id) else {
             return;
         };
-        let c = st.copies.get_mut(&k).expect("live copy");
+        let c = &st.copies[&k];
         if c.pinned || c.status == CopyStatus::Complete {
             return;
         }
+        Self::fail_locked(st, k);
+    }
+
+    /// Fails copy `key` under the store's lock: its readers are woken to an error, its name
+    /// is free again (if it still held it), and it is dropped once unused.
+    fn fail_locked(st: &mut State, key: u64) {
+        let c = st.copies.get_mut(&key).expect("live copy");
         c.status = CopyStatus::Failed;
         c.progress.notify_all();
-        st.by_id.remove(id);
-        Self::detach(st, k);
+        let id = c.id.clone();
+        if st.by_id.get(&id) == Some(&key) {
+            st.by_id.remove(&id);
+        }
+        Self::detach(st, key);
     }
 
     fn create_with(
@@ -451,14 +461,7 @@ impl CopyRef {
     /// Marks the copy failed and detaches it; readers waiting on it get an error.
     pub fn fail(&self) {
         let mut st = self.store.lock();
-        let c = st.copies.get_mut(&self.key).expect("live copy");
-        c.status = CopyStatus::Failed;
-        let id = c.id.clone();
-        if st.by_id.get(&id) == Some(&self.key) {
-            st.by_id.remove(&id);
-        }
-        st.copies[&self.key].progress.notify_all();
-        Store::detach(&mut st, self.key);
+        Store::fail_locked(&mut st, self.key);
         self.store.changed.notify_all();
     }
 

@@ -438,6 +438,13 @@ fn raise_open_files_limit() {
     }
 }
 
+/// The smallest, the median (the upper one of an even count) and the largest of `v`; None
+/// if it is empty.
+fn min_median_max(mut v: Vec<f64>) -> Option<(f64, f64, f64)> {
+    v.sort_by(f64::total_cmp);
+    Some((*v.first()?, v[v.len() / 2], *v.last()?))
+}
+
 /// Node N/2 of an in-process cluster goes silent (`Node::freeze`): how long each other node
 /// takes to believe it dead, against the bound of the heartbeat timeout plus one heartbeat
 /// period (the watchers' silence check); polled every millisecond for ten bounds at most.
@@ -456,11 +463,10 @@ fn print_silent_death(nodes: &[Node], heartbeat: Duration, json: bool) {
     let quiet = heartbeat * 2;
     std::thread::sleep(quiet);
     let periods = quiet.as_secs_f64() / (heartbeat.as_secs_f64() / 4.0);
-    let mut per: Vec<f64> = (0..n)
+    let per: Vec<f64> = (0..n)
         .map(|k| (sent(k) - before[k]) as f64 / periods)
         .collect();
-    per.sort_by(f64::total_cmp);
-    let (q0, q1, q2) = (per[0], per[n / 2], per[n - 1]);
+    let (q0, q1, q2) = min_median_max(per).unwrap_or_default();
     if json {
         println!(
             "{}",
@@ -488,20 +494,19 @@ fn print_silent_death(nodes: &[Node], heartbeat: Duration, json: bool) {
         }
         std::thread::sleep(Duration::from_millis(1));
     }
-    let mut times: Vec<f64> = learnt
+    let times: Vec<f64> = learnt
         .iter()
         .enumerate()
         .filter(|&(k, _)| k != victim)
         .filter_map(|(_, t)| t.map(|t| t.as_secs_f64() * 1e3))
         .collect();
-    times.sort_by(f64::total_cmp);
     let (told, others) = (times.len(), n - 1);
-    let at = |q: f64| {
-        times
-            .get(((times.len() as f64 - 1.0) * q) as usize)
-            .copied()
-    };
-    let (lo, med, hi) = (at(0.0), at(0.5), at(1.0));
+    let spread = min_median_max(times);
+    let (lo, med, hi) = (
+        spread.map(|s| s.0),
+        spread.map(|s| s.1),
+        spread.map(|s| s.2),
+    );
     let ms = |t: Option<f64>| t.map_or("-".to_string(), |t| format!("{t:.0}"));
     if json {
         println!(
@@ -575,11 +580,8 @@ fn print_scale(nodes: &[Node], elapsed: Duration, heartbeat: Duration, json: boo
         }
         return;
     }
-    let stat = |f: &dyn Fn(&Row) -> f64| {
-        let mut v: Vec<f64> = rows.iter().map(f).collect();
-        v.sort_by(f64::total_cmp);
-        (v[0], v[v.len() / 2], v[v.len() - 1])
-    };
+    let stat =
+        |f: &dyn Fn(&Row) -> f64| min_median_max(rows.iter().map(f).collect()).unwrap_or_default();
     let (t0, t1, t2) = stat(&|r| r.peak as f64);
     let (l0, l1, l2) = stat(&|r| r.links.peak as f64);
     let (h0, h1, h2) = stat(&|r| r.hb_per_period);

@@ -412,7 +412,7 @@ impl Shard {
                 // over; plain readers wait for the new copy.
                 if let Some(q) = self.waiting.get_mut(&id) {
                     q.retain(|w| {
-                        let stale = w.resume && w.epoch != Some(now);
+                        let stale = w.stale(now);
                         if stale {
                             reply(out, w.node, w.rid, Reply::Located(Located::Reset));
                         }

@@ -119,21 +119,37 @@ impl Inner {
                 let newly = self.members.mark_down(peer);
                 self.on_peer_down(peer, &reason);
                 if newly {
-                    let dir = self.dir.clone();
-                    let job = move || dir.republish_after_death(peer);
-                    self.rpc.enqueue(Work::Run(Box::new(job)));
-                    self.after_local_death(peer, watched);
+                    self.after_death(peer);
+                    // Seen by one of its watchers: every node is told.
+                    if watched {
+                        self.announce_death(peer);
+                    }
                 }
             }
             Event::PeerUp { peer } => {
                 if self.members.mark_up(peer) {
-                    let dir = self.dir.clone();
-                    let job = move || dir.republish_after_rejoin(peer);
-                    self.rpc.enqueue(Work::Run(Box::new(job)));
-                    self.link_ring();
+                    self.after_rejoin(peer);
                 }
             }
         }
+    }
+
+    /// What follows `peer` newly believed dead (its link failed, or its watchers said so):
+    /// its directory entries are republished at their new owners, and the ring's new
+    /// neighbours linked.
+    pub(super) fn after_death(self: &Arc<Self>, peer: NodeId) {
+        let dir = self.dir.clone();
+        let job = move || dir.republish_after_death(peer);
+        self.rpc.enqueue(Work::Run(Box::new(job)));
+        self.link_ring();
+    }
+
+    /// What follows `peer` newly believed alive again (it linked, or refuted its death).
+    pub(super) fn after_rejoin(self: &Arc<Self>, peer: NodeId) {
+        let dir = self.dir.clone();
+        let job = move || dir.republish_after_rejoin(peer);
+        self.rpc.enqueue(Work::Run(Box::new(job)));
+        self.link_ring();
     }
 
     /// A message this node sent itself, handled on the sender's thread (which may block).

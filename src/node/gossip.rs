@@ -37,31 +37,17 @@ fn gap(lo: NodeId, hi: NodeId, n: u32) -> u32 {
 }
 
 impl Inner {
-    /// Whether this node spreads deaths (it watches a ring).
-    fn gossips(&self) -> bool {
-        !self.members.ring().is_empty()
-    }
-
-    /// This node saw `peer` die (a transport event; `watched`: `peer` was one of its ring
-    /// neighbours): every node is told, and the ring's new neighbours are linked.
-    pub(super) fn after_local_death(self: &Arc<Self>, peer: NodeId, watched: bool) {
-        if watched {
-            let inc = self.members.incarnation_of(peer);
-            self.spread(News::Down(peer, inc), self.id);
-        }
-        self.link_ring();
-    }
-
     /// A restarted node tells every other that it is alive, in an incarnation above its old
     /// life's (nodes that buried it take it back, and its entries come home).
     pub(super) fn announce_alive(self: &Arc<Self>) {
-        if self.gossips() {
+        if self.members.watching() {
             let inc = self.members.incarnation_of(self.id);
             self.spread(News::Up(self.id, inc), self.id);
         }
     }
 
-    /// Test hook: spreads the death of `peer` as its watcher would, whatever the truth.
+    /// Tells every node that `peer` died, as its watcher (also a test hook, through
+    /// `Node::announce_death`, whatever the truth).
     pub(super) fn announce_death(self: &Arc<Self>, peer: NodeId) {
         let inc = self.members.incarnation_of(peer);
         self.spread(News::Down(peer, inc), self.id);
@@ -234,10 +220,7 @@ impl Inner {
             return;
         }
         debug!(node = self.id, peer, "alive again, by its own word");
-        let dir = self.dir.clone();
-        let job = move || dir.republish_after_rejoin(peer);
-        self.rpc.enqueue(Work::Run(Box::new(job)));
-        self.link_ring();
+        self.after_rejoin(peer);
     }
 
     /// Handles the death of `peer` (in incarnation `inc`) learnt from others as if its link
@@ -247,12 +230,7 @@ impl Inner {
             return;
         }
         self.on_peer_down(peer, reason);
-        let dir = self.dir.clone();
-        let job = move || dir.republish_after_death(peer);
-        self.rpc.enqueue(Work::Run(Box::new(job)));
-        if self.gossips() {
-            self.link_ring();
-        }
+        self.after_death(peer);
     }
 }
 

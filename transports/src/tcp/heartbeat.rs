@@ -94,9 +94,13 @@ impl Inner {
             return Some(true);
         }
         c.watching_since.store(0, Ordering::Relaxed);
+        (idle && self.watched_by_peer(c, now)).then_some(false)
+    }
+
+    /// Whether the peer of `c` watches this node: a flagged heartbeat came from it within
+    /// the heartbeat timeout before `now`.
+    pub(super) fn watched_by_peer(&self, c: &Conn, now: u64) -> bool {
         let asked = c.peer_watches.load(Ordering::Relaxed);
-        let timeout = self.cfg.heartbeat_timeout.as_nanos() as u64;
-        let watched_by_peer = asked != 0 && now.saturating_sub(asked) < timeout;
-        (idle && watched_by_peer).then_some(false)
+        asked != 0 && now.saturating_sub(asked) < self.cfg.heartbeat_timeout.as_nanos() as u64
     }
 }

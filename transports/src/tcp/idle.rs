@@ -47,10 +47,7 @@ impl Inner {
             return;
         }
         // A link that proves a peer alive (watched from either side) stays.
-        let asked = conn.peer_watches.load(Ordering::Relaxed);
-        let watched_by_peer = asked != 0
-            && self.links.now_ns().saturating_sub(asked)
-                < self.cfg.heartbeat_timeout.as_nanos() as u64;
+        let watched_by_peer = self.watched_by_peer(conn, self.links.now_ns());
         // (Without a watch here, none: every link's heartbeats are flagged then.)
         if self.watch.get().is_some() && (watched_by_peer || self.watches(peer)) {
             return;
