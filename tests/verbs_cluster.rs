@@ -105,9 +105,10 @@ fn verbs_broadcast_and_reduce() {
     }
 }
 
-/// Sixteen nodes whose verbs links (queue pairs and their eager rings) are made on first use:
-/// a broadcast and a reduce over 15 of them are correct, and each node's eager memory is that
-/// of the links it used (the sixteenth, which takes part in nothing, has none).
+/// Sixteen nodes whose verbs links (queue pairs) are made on first use: a broadcast and a
+/// reduce over 15 of them are correct, the sixteenth links only its ring neighbours, and each
+/// node's eager memory stays within what its configuration fixes (the shared receive queue,
+/// the staging pool and the ring pool), whatever the number of peers it linked.
 #[test]
 fn verbs_links_made_on_demand() {
     if !phalanx_rdma::rdma_available() {
@@ -124,8 +125,12 @@ fn verbs_links_made_on_demand() {
     )
     .unwrap();
     t.set_on_demand(true);
-    let ring = match &t {
-        TransportSettings::Rdma(r) => 2 * r.ring_blocks * r.block_size,
+    let (ring, bound) = match &t {
+        TransportSettings::Rdma(r) => {
+            let ring = ((2 * r.ring_blocks * r.block_size + 128) as u64).next_multiple_of(4096);
+            let pools = ((r.srq_blocks + r.staging_blocks) * r.block_size) as u64;
+            (ring, pools + r.ring_pool as u64 * ring)
+        }
         _ => unreachable!("verbs settings"),
     };
     let cfg = NodeConfig {
@@ -171,14 +176,26 @@ fn verbs_links_made_on_demand() {
     let links: Vec<usize> = (0..N as usize)
         .map(|k| c.node(k).transport().link_counts().unwrap().peak)
         .collect();
-    let eager: Vec<usize> = links.iter().map(|l| l * ring).collect();
+    let eager: Vec<u64> = (0..N as usize)
+        .map(|k| c.node(k).transport().eager_memory().unwrap().1)
+        .collect();
     println!(
-        "verbs on demand, {N} nodes: links at most open per node {links:?}; eager ring memory \
-         per node (links x {} KiB) {:?} KiB; a mesh: {} KiB each",
-        ring >> 10,
+        "verbs on demand, {N} nodes: links at most open per node {links:?}; eager memory per \
+         node at most {:?} KiB, bound {} KiB whatever N (shared pools + ring pool); a ring \
+         per link would take {:?} KiB",
         eager.iter().map(|e| e >> 10).collect::<Vec<_>>(),
-        ((N as usize - 1) * ring) >> 10
+        bound >> 10,
+        links
+            .iter()
+            .map(|&l| (l as u64 * ring) >> 10)
+            .collect::<Vec<_>>(),
     );
+    for (k, &e) in eager.iter().enumerate() {
+        assert!(
+            e <= bound,
+            "node {k}: {e} bytes of eager memory, bound {bound}"
+        );
+    }
     // The idle node links only the four ring neighbours it watches.
     assert!(
         links[IDLE] <= 4,

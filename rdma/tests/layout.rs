@@ -269,6 +269,24 @@ fn checks() -> Checks {
         max_recv_sge => max_recv_sge : "max_recv_sge",
         max_inline_data => max_inline_data : "max_inline_data",
     });
+    layout!(c, sys::ibv_srq, rs::ibv_srq, "struct ibv_srq", {
+        context => context : "context",
+        srq_context => srq_context : "srq_context",
+        pd => pd : "pd",
+        handle => handle : "handle",
+        mutex => mutex : "mutex",
+        cond => cond : "cond",
+        events_completed => events_completed : "events_completed",
+    });
+    layout!(c, sys::ibv_srq_attr, rs::ibv_srq_attr, "struct ibv_srq_attr", {
+        max_wr => max_wr : "max_wr",
+        max_sge => max_sge : "max_sge",
+        srq_limit => srq_limit : "srq_limit",
+    });
+    layout!(c, sys::ibv_srq_init_attr, rs::ibv_srq_init_attr, "struct ibv_srq_init_attr", {
+        srq_context => srq_context : "srq_context",
+        attr => attr : "attr",
+    });
     layout!(c, sys::ibv_qp_init_attr, rs::ibv_qp_init_attr, "struct ibv_qp_init_attr", {
         qp_context => qp_context : "qp_context",
         send_cq => send_cq : "send_cq",
@@ -379,6 +397,11 @@ fn checks() -> Checks {
 
     constant!(c, IBV_WC_SUCCESS, Some(rs::ibv_wc_status::IBV_WC_SUCCESS));
     constant!(c, IBV_WC_RECV, Some(rs::ibv_wc_opcode::IBV_WC_RECV));
+    constant!(
+        c,
+        IBV_WC_RECV_RDMA_WITH_IMM,
+        Some(rs::ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM)
+    );
     constant!(
         c,
         IBV_WC_WITH_IMM,
@@ -503,6 +526,11 @@ fn checks() -> Checks {
         c,
         IBV_WR_RDMA_WRITE_WITH_IMM,
         Some(rs::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM)
+    );
+    constant!(
+        c,
+        IBV_WR_SEND_WITH_IMM,
+        Some(rs::ibv_wr_opcode::IBV_WR_SEND_WITH_IMM)
     );
     constant!(
         c,

@@ -30,6 +30,14 @@ fn cfg() -> RdmaConfig {
     }
 }
 
+/// Links without rings of their own: every block through the shared pools.
+fn shared_cfg() -> RdmaConfig {
+    RdmaConfig {
+        ring_pool: 0,
+        ..cfg()
+    }
+}
+
 struct Node {
     t: RdmaTransport,
     arena: Arc<Arena>,
@@ -133,17 +141,13 @@ fn pattern(i: usize, len: usize) -> Vec<u8> {
     (0..len).map(|j| (i * 31 + j * 7) as u8).collect()
 }
 
-#[test]
-fn ctrl_ring_wraps_over_many_laps() {
-    if !have_device("ctrl_ring_wraps_over_many_laps") {
-        return;
-    }
+fn ctrl_ring_wraps_over_many_laps_with(base: RdmaConfig) {
     // 2 blocks of 128 bytes: 75 payload bytes each, so many messages fragment, and the
     // counter byte (1..=255) wraps several times.
     let c = RdmaConfig {
         block_size: 128,
         ring_blocks: 2,
-        ..cfg()
+        ..base.clone()
     };
     let (a, b) = pair(c, 1 << 20);
     let count = 1200;
@@ -182,13 +186,9 @@ fn ctrl_ring_wraps_over_many_laps() {
     b.t.shutdown();
 }
 
-#[test]
-fn large_ctrl_messages_fragment_in_order_both_ways() {
-    if !have_device("large_ctrl_messages_fragment_in_order_both_ways") {
-        return;
-    }
-    let (a, b) = pair(cfg(), 1 << 20);
-    let max = phalanx_rdma::block::max_payload(cfg().block_size);
+fn large_ctrl_messages_fragment_in_order_both_ways_with(base: RdmaConfig) {
+    let (a, b) = pair(base.clone(), 1 << 20);
+    let max = phalanx_rdma::block::max_payload(base.clone().block_size);
     let sizes = [
         0,
         1,
@@ -232,12 +232,8 @@ fn large_ctrl_messages_fragment_in_order_both_ways() {
     b.t.shutdown();
 }
 
-#[test]
-fn small_write_goes_through_blocks() {
-    if !have_device("small_write_goes_through_blocks") {
-        return;
-    }
-    let (a, b) = pair(cfg(), 4 << 20);
+fn small_write_goes_through_blocks_with(base: RdmaConfig) {
+    let (a, b) = pair(base.clone(), 4 << 20);
     let len = 4096;
     fill(&a.arena, 8192, len, 42);
     let (a0, b0) = (a.t.stats(), b.t.stats());
@@ -279,13 +275,9 @@ fn small_write_goes_through_blocks() {
     b.t.shutdown();
 }
 
-#[test]
-fn large_write_is_zero_copy_rendezvous() {
-    if !have_device("large_write_is_zero_copy_rendezvous") {
-        return;
-    }
+fn large_write_is_zero_copy_rendezvous_with(base: RdmaConfig) {
     let len: u64 = 64 << 20;
-    let (a, b) = pair(cfg(), (len + (1 << 20)) as usize);
+    let (a, b) = pair(base.clone(), (len + (1 << 20)) as usize);
     fill(&a.arena, 4096, len, 7);
     let (a0, b0) = (a.t.stats(), b.t.stats());
     let dst =
@@ -537,12 +529,8 @@ fn busy_poll_mode_and_concurrent_senders() {
     b.t.shutdown();
 }
 
-#[test]
-fn event_handler_replies_with_nonblocking_sends() {
-    if !have_device("event_handler_replies_with_nonblocking_sends") {
-        return;
-    }
-    let (a, b) = pair(cfg(), 1 << 20);
+fn event_handler_replies_with_nonblocking_sends_with(base: RdmaConfig) {
+    let (a, b) = pair(base.clone(), 1 << 20);
     // b answers every ping from its progress thread; when a reply cannot go out without
     // blocking it is handed to a helper thread that uses the blocking send.
     let (fallback_tx, fallback_rx) = crossbeam_channel::unbounded::<Vec<u8>>();
@@ -841,12 +829,8 @@ fn paint(arena: &Arena, off: u64, len: u64, byte: u8) {
 /// A peer that keeps its link alive but consumes nothing (no credit comes back) stalls no
 /// one: a sender waits for a credit at most twice the heartbeat timeout, then the link fails
 /// and the send returns an error.
-#[test]
-fn a_peer_that_stops_consuming_is_dropped_not_waited_on() {
-    if !have_device("a_peer_that_stops_consuming_is_dropped_not_waited_on") {
-        return;
-    }
-    let c = cfg();
+fn a_peer_that_stops_consuming_is_dropped_not_waited_on_with(base: RdmaConfig) {
+    let c = base.clone();
     let (hb, blocks) = (c.heartbeat_timeout, c.ring_blocks);
     // Node 1 plays the hostile peer: it consumes nothing but keeps the link alive (its
     // heartbeats reach node 0, which consumes them and returns their credits).
@@ -880,4 +864,323 @@ fn a_peer_that_stops_consuming_is_dropped_not_waited_on() {
     );
     a.t.shutdown();
     b.t.shutdown();
+}
+
+#[test]
+fn ctrl_ring_wraps_over_many_laps() {
+    if have_device("ctrl_ring_wraps_over_many_laps") {
+        ctrl_ring_wraps_over_many_laps_with(cfg());
+    }
+}
+
+/// The same over links without rings of their own (the shared receive queue and staging pool).
+#[test]
+fn ctrl_ring_wraps_over_many_laps_shared() {
+    if have_device("ctrl_ring_wraps_over_many_laps_shared") {
+        ctrl_ring_wraps_over_many_laps_with(shared_cfg());
+    }
+}
+
+#[test]
+fn large_ctrl_messages_fragment_in_order_both_ways() {
+    if have_device("large_ctrl_messages_fragment_in_order_both_ways") {
+        large_ctrl_messages_fragment_in_order_both_ways_with(cfg());
+    }
+}
+
+/// The same over links without rings of their own (the shared receive queue and staging pool).
+#[test]
+fn large_ctrl_messages_fragment_in_order_both_ways_shared() {
+    if have_device("large_ctrl_messages_fragment_in_order_both_ways_shared") {
+        large_ctrl_messages_fragment_in_order_both_ways_with(shared_cfg());
+    }
+}
+
+#[test]
+fn small_write_goes_through_blocks() {
+    if have_device("small_write_goes_through_blocks") {
+        small_write_goes_through_blocks_with(cfg());
+    }
+}
+
+/// The same over links without rings of their own (the shared receive queue and staging pool).
+#[test]
+fn small_write_goes_through_blocks_shared() {
+    if have_device("small_write_goes_through_blocks_shared") {
+        small_write_goes_through_blocks_with(shared_cfg());
+    }
+}
+
+#[test]
+fn large_write_is_zero_copy_rendezvous() {
+    if have_device("large_write_is_zero_copy_rendezvous") {
+        large_write_is_zero_copy_rendezvous_with(cfg());
+    }
+}
+
+/// The same over links without rings of their own (the shared receive queue and staging pool).
+#[test]
+fn large_write_is_zero_copy_rendezvous_shared() {
+    if have_device("large_write_is_zero_copy_rendezvous_shared") {
+        large_write_is_zero_copy_rendezvous_with(shared_cfg());
+    }
+}
+
+#[test]
+fn event_handler_replies_with_nonblocking_sends() {
+    if have_device("event_handler_replies_with_nonblocking_sends") {
+        event_handler_replies_with_nonblocking_sends_with(cfg());
+    }
+}
+
+/// The same over links without rings of their own (the shared receive queue and staging pool).
+#[test]
+fn event_handler_replies_with_nonblocking_sends_shared() {
+    if have_device("event_handler_replies_with_nonblocking_sends_shared") {
+        event_handler_replies_with_nonblocking_sends_with(shared_cfg());
+    }
+}
+
+#[test]
+fn a_peer_that_stops_consuming_is_dropped_not_waited_on() {
+    if have_device("a_peer_that_stops_consuming_is_dropped_not_waited_on") {
+        a_peer_that_stops_consuming_is_dropped_not_waited_on_with(cfg());
+    }
+}
+
+/// The same over links without rings of their own (the shared receive queue and staging pool).
+#[test]
+fn a_peer_that_stops_consuming_is_dropped_not_waited_on_shared() {
+    if have_device("a_peer_that_stops_consuming_is_dropped_not_waited_on_shared") {
+        a_peer_that_stops_consuming_is_dropped_not_waited_on_with(shared_cfg());
+    }
+}
+
+/// Eager memory does not grow with the number of peers: with two places in the ring pool, a
+/// node linked to four peers registers the shared pools and two rings, no more, and its links
+/// with and without rings (at least two of them without one) carry every message,
+/// in order, both ways.
+#[test]
+fn eager_memory_is_bounded_by_the_pools() {
+    if !have_device("eager_memory_is_bounded_by_the_pools") {
+        return;
+    }
+    const N: usize = 5;
+    const MSGS: u32 = 150;
+    let c = RdmaConfig {
+        ring_pool: 2,
+        srq_blocks: 64,
+        staging_blocks: 32,
+        ..cfg()
+    };
+    let nodes: Vec<Node> = (0..N)
+        .map(|i| node(i as NodeId, c.clone(), 1 << 20))
+        .collect();
+    let peers: Vec<(NodeId, SocketAddr)> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (i as NodeId, n.t.listen_addr()))
+        .collect();
+    std::thread::scope(|s| {
+        for n in &nodes {
+            let peers = &peers;
+            s.spawn(move || n.t.connect(peers, false).expect("connect"));
+        }
+    });
+    for n in &nodes {
+        for _ in 1..N {
+            let e = next_event(n, Duration::from_secs(20));
+            assert!(matches!(e, Event::PeerUp { .. }), "{e:?}");
+        }
+    }
+    std::thread::scope(|s| {
+        for (i, n) in nodes.iter().enumerate() {
+            s.spawn(move || {
+                for k in 0..MSGS {
+                    for j in (0..N).filter(|&j| j != i) {
+                        let len = (k as usize * 97) % 20_000;
+                        let mut m = pattern(i * 1000 + k as usize, len);
+                        m.splice(0..0, k.to_le_bytes());
+                        n.t.send(j as NodeId, &m).expect("send");
+                    }
+                }
+            });
+        }
+        for (j, n) in nodes.iter().enumerate() {
+            s.spawn(move || {
+                let mut next = [0u32; N];
+                for _ in 0..(N - 1) * MSGS as usize {
+                    match next_event(n, Duration::from_secs(60)) {
+                        Event::Ctrl { peer, msg } => {
+                            let k = u32::from_le_bytes(msg[..4].try_into().unwrap());
+                            let i = peer as usize;
+                            assert_eq!(k, next[i], "node {j}: message from {i} in order");
+                            let len = (k as usize * 97) % 20_000;
+                            assert!(msg[4..] == pattern(i * 1000 + k as usize, len)[..]);
+                            next[i] += 1;
+                        }
+                        other => panic!("node {j}: unexpected event {other:?}"),
+                    }
+                }
+            });
+        }
+    });
+    let pools = ((c.srq_blocks + c.staging_blocks) * c.block_size) as u64;
+    let ring = ((2 * c.ring_blocks * c.block_size + 128) as u64).next_multiple_of(4096);
+    let bound = pools + c.ring_pool as u64 * ring;
+    let mem: Vec<(u64, u64)> = nodes.iter().map(|n| n.t.eager_memory()).collect();
+    println!(
+        "{N} nodes, {} links each, ring pool {}: eager memory per node (now, peak) {:?} KiB; \
+         bound {} KiB (pools {} KiB + {} rings of {} KiB); {} KiB if every link had a ring",
+        N - 1,
+        c.ring_pool,
+        mem.iter()
+            .map(|(a, b)| (a >> 10, b >> 10))
+            .collect::<Vec<_>>(),
+        bound >> 10,
+        pools >> 10,
+        c.ring_pool,
+        ring >> 10,
+        (pools + (N as u64 - 1) * ring) >> 10
+    );
+    for (i, &(now, peak)) in mem.iter().enumerate() {
+        assert!(peak <= bound, "node {i}: {peak} bytes of eager memory");
+        assert!(now >= pools && now <= peak);
+    }
+    for n in &nodes {
+        assert_eq!(n.t.stats().malformed_frames, 0);
+        n.t.shutdown();
+    }
+}
+
+/// The median round trip of a small control message over one link.
+fn ping_pong_us(c: RdmaConfig, rounds: usize) -> (f64, f64) {
+    let (a, b) = pair(c, 1 << 20);
+    let mut times = Vec::with_capacity(rounds);
+    let msg = [7u8; 64];
+    for _ in 0..rounds {
+        let t0 = Instant::now();
+        a.t.send(1, &msg).unwrap();
+        assert!(matches!(
+            next_event(&b, Duration::from_secs(10)),
+            Event::Ctrl { .. }
+        ));
+        b.t.send(0, &msg).unwrap();
+        assert!(matches!(
+            next_event(&a, Duration::from_secs(10)),
+            Event::Ctrl { .. }
+        ));
+        times.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
+    a.t.shutdown();
+    b.t.shutdown();
+    times.sort_by(f64::total_cmp);
+    (times[rounds / 2], times[rounds * 99 / 100])
+}
+
+/// What a link without a ring costs in latency: 64-byte round trips over a ring link and a
+/// shared-pool link, printed (a correctness VM: figures for comparison, not speed).
+#[test]
+fn shared_pool_latency_against_rings() {
+    if !have_device("shared_pool_latency_against_rings") {
+        return;
+    }
+    let rounds = 300;
+    let ring = ping_pong_us(cfg(), rounds);
+    let shared = ping_pong_us(shared_cfg(), rounds);
+    let ring2 = ping_pong_us(cfg(), rounds);
+    println!(
+        "64-byte round trip, median (p99) of {rounds}: ring {:.1} us ({:.1}), shared pool \
+         {:.1} us ({:.1}), ring again {:.1} us ({:.1}); shared / ring {:.2}",
+        ring.0,
+        ring.1,
+        shared.0,
+        shared.1,
+        ring2.0,
+        ring2.1,
+        shared.0 / ring.0.min(ring2.0)
+    );
+}
+
+/// A peer whose NIC takes nothing (its shared receive queue left empty) cannot hold the
+/// staging pool every other link sends from: its link fails once its sends have not completed
+/// for the heartbeat timeout, and a send to another peer then goes out.
+#[test]
+fn a_peer_that_takes_nothing_cannot_hold_the_staging_pool() {
+    if !have_device("a_peer_that_takes_nothing_cannot_hold_the_staging_pool") {
+        return;
+    }
+    let base = RdmaConfig {
+        ring_pool: 0,
+        ..cfg()
+    };
+    let hb = base.heartbeat_timeout;
+    let a = node(
+        0,
+        RdmaConfig {
+            staging_blocks: 8,
+            ..base.clone()
+        },
+        1 << 20,
+    );
+    // Node 1 reposts nothing it receives: its 4 receive blocks fill, then its NIC refuses.
+    let b = node(
+        1,
+        RdmaConfig {
+            srq_blocks: 4,
+            ..base.clone()
+        },
+        1 << 20,
+    );
+    let c = node(2, base, 1 << 20);
+    let peers = [
+        (0, a.t.listen_addr()),
+        (1, b.t.listen_addr()),
+        (2, c.t.listen_addr()),
+    ];
+    std::thread::scope(|s| {
+        for n in [&a, &b, &c] {
+            let peers = &peers;
+            s.spawn(move || n.t.connect(peers, false).expect("connect"));
+        }
+    });
+    for n in [&a, &b, &c] {
+        for _ in 0..2 {
+            let e = next_event(n, Duration::from_secs(20));
+            assert!(matches!(e, Event::PeerUp { .. }), "{e:?}");
+        }
+    }
+    b.t.pause_consuming(0, true).expect("pause");
+    // More than node 1 can take and than node 0 has staging blocks: the sender stalls.
+    let ta = a.t.clone();
+    let hog = std::thread::spawn(move || {
+        let mut sent = 0;
+        while sent < 40 && ta.send(1, &[1u8; 100]).is_ok() {
+            sent += 1;
+        }
+        sent
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    a.t.send(2, b"still sending")
+        .expect("a send to another peer");
+    let took = t0.elapsed();
+    match next_event(&c, Duration::from_secs(10)) {
+        Event::Ctrl { peer: 0, msg } => assert_eq!(msg, b"still sending"),
+        other => panic!("unexpected event {other:?}"),
+    }
+    let sent = hog.join().unwrap();
+    println!(
+        "{sent} sends to the peer that takes nothing went out; a send to another peer took \
+         {took:?} (heartbeat timeout {hb:?})"
+    );
+    assert!(sent < 40, "sends to the peer that takes nothing stopped");
+    assert!(took < hb * 2 + Duration::from_secs(3), "{took:?}");
+    assert!(
+        !a.t.is_connected(1),
+        "the link to the peer that takes nothing is down"
+    );
+    for n in [a, b, c] {
+        n.t.shutdown();
+    }
 }

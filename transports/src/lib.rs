@@ -256,6 +256,13 @@ pub trait Transport: Send + Sync + 'static {
         None
     }
 
+    /// Bytes of registered memory the transport keeps for small messages (verbs: the eager
+    /// rings, staging and shared receive queue), now and at most so far; None if it keeps
+    /// none of its own (TCP: kernel socket buffers).
+    fn eager_memory(&self) -> Option<(u64, u64)> {
+        None
+    }
+
     /// Counters since start.
     fn stats(&self) -> TransportStats;
 

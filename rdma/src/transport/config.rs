@@ -15,8 +15,19 @@ pub struct RdmaConfig {
     pub gid_index: Option<u8>,
     /// Bytes per eager block (header 48 + trailer 5 included). Both peers must agree.
     pub block_size: usize,
-    /// Blocks per ring (per connection and direction). Both peers must agree.
+    /// Blocks per ring (per connection and direction), and the blocks a sender may have
+    /// unconsumed at its peer on any link. Both peers must agree.
     pub ring_blocks: usize,
+    /// Links with a private ring (the fast path: blocks RDMA-written into the peer's ring,
+    /// polled by their counter bytes) at most; a link made when the pool is taken, on
+    /// either side, sends its blocks into the peer's shared receive queue instead. Eager
+    /// memory per node is at most `ring_pool` x 2 x `ring_blocks` x `block_size` plus the two
+    /// shared pools below, whatever the number of peers.
+    pub ring_pool: usize,
+    /// Blocks of the shared receive queue (every link's receives come from it).
+    pub srq_blocks: usize,
+    /// Blocks of the shared staging pool the links without a ring send from.
+    pub staging_blocks: usize,
     /// Data writes of at least this many bytes go by rendezvous (zero copy); smaller ones
     /// ride the eager blocks.
     pub rendezvous_threshold: u64,
@@ -60,6 +71,9 @@ impl Default for RdmaConfig {
             gid_index: None,
             block_size: 8192,
             ring_blocks: 64,
+            ring_pool: 8,
+            srq_blocks: 512,
+            staging_blocks: 128,
             rendezvous_threshold: DEFAULT_RENDEZVOUS_THRESHOLD,
             chunk_size: 1 << 20,
             write_window: 8,

@@ -1,6 +1,6 @@
-//! One verbs connection: its QP, its private registered buffer and the layout of that
-//! buffer, the sender and receiver state, and the primitives every send path uses (waiting
-//! on the link, the send lock, posting an RDMA write).
+//! One verbs connection: its QP, its private registered buffer (a link with a ring of its
+//! own) and the layout of that buffer, the sender and receiver state, and the primitives
+//! every send path uses (waiting on the link, the send lock, posting an RDMA write).
 
 use super::{Inner, WR_APP};
 use crate::verbs::{MemoryRegion, QueuePair};
@@ -53,6 +53,9 @@ pub(super) struct TxState {
     pub(super) next_seq: u64,
     /// Application work requests posted so far (the next one's number).
     pub(super) next_op: u64,
+    /// Shared-pool links: staging blocks taken ahead for the message being sent
+    /// (`try_send_ctrl` takes every block it needs before sending, or sends nothing).
+    pub(super) reserved: Vec<u32>,
 }
 
 /// Receiver side state, touched by the progress thread (and setup).
@@ -67,6 +70,9 @@ pub(super) struct RxState {
     pub(super) credit_in_flight: bool,
     /// A control message being reassembled from fragments.
     pub(super) partial: Option<(usize, Vec<u8>)>,
+    /// Shared-pool links: received blocks not consumed yet (block, length, immediate), in
+    /// order, while consuming is paused (test hook) or until the progress thread gets to them.
+    pub(super) held: std::collections::VecDeque<(u32, u32, u32)>,
 }
 
 pub(super) struct Conn {
@@ -74,7 +80,14 @@ pub(super) struct Conn {
     /// Declared first: dropped (destroyed) before the buffers below, and it keeps every MR
     /// it posted from alive until then anyway.
     pub(super) qp: QueuePair,
-    pub(super) bufs: Arc<MemoryRegion>,
+    /// The private ring, staging copy and notification buffers of a link in the ring pool;
+    /// `None` on a shared-pool link, whose blocks go through the node's SRQ and staging pool.
+    pub(super) bufs: Option<Arc<MemoryRegion>>,
+    /// The link's place in the ring pool, while `bufs` exists.
+    pub(super) ring: Option<super::shared::RingTicket>,
+    /// Staging blocks of the shared pool held by sends in flight (after `qp`: given back
+    /// once it is destroyed).
+    pub(super) staged: super::shared::Staged,
     pub(super) lay: Layout,
     pub(super) remote: RemoteRing,
     pub(super) sq_depth: u64,
@@ -106,6 +119,11 @@ pub(super) struct Conn {
 }
 
 impl Conn {
+    /// Whether the link's blocks go through the shared pools (no private ring).
+    pub(super) fn is_shared(&self) -> bool {
+        self.bufs.is_none()
+    }
+
     pub(super) fn notify(&self) {
         drop(self.sig.lock().unwrap());
         self.cv.notify_all();

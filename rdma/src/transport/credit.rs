@@ -1,5 +1,6 @@
 //! Credits: the receiver writes its running count of consumed blocks (with its complement)
-//! into the sender's notification buffer; the sender writes block `seq` only once
+//! into the sender's notification buffer (on a link without rings: sends the count's low 31
+//! bits as an immediate, no payload); the sender writes block `seq` only once
 //! `seq - consumed < n`.
 
 use super::conn::Conn;
@@ -13,14 +14,19 @@ impl Inner {
     /// A credit notification arrived: read the notification buffer (count and complement),
     /// falling back to the 31 bits of the immediate if the buffer reads inconsistent.
     pub(super) fn take_credit(&self, conn: &Conn, low31: u32) {
-        let p = (conn.bufs.addr() + conn.lay.notify_in) as *const u64;
-        // SAFETY: notify_in is 16 bytes inside our registered buffer, 64-byte aligned; the
-        // peer writes it by DMA, hence volatile reads.
-        let (a, b) = unsafe {
-            (
-                std::ptr::read_volatile(p),
-                std::ptr::read_volatile(p.add(1)),
-            )
+        let (a, b) = match conn.bufs.as_ref() {
+            Some(bufs) => {
+                let p = (bufs.addr() + conn.lay.notify_in) as *const u64;
+                // SAFETY: notify_in is 16 bytes inside our registered buffer, 64-byte
+                // aligned; the peer writes it by DMA, hence volatile reads.
+                unsafe {
+                    (
+                        std::ptr::read_volatile(p),
+                        std::ptr::read_volatile(p.add(1)),
+                    )
+                }
+            }
+            None => (1, 1), // no buffer: never consistent, the immediate counts
         };
         let known = conn.peer_consumed.load(Ordering::Acquire);
         let sent = conn.sent.load(Ordering::Acquire);
@@ -43,27 +49,33 @@ impl Inner {
             return;
         }
         let count = rx.next_seq;
-        let p = (conn.bufs.addr() + conn.lay.notify_out) as *mut u64;
-        // SAFETY: notify_out is 16 bytes inside our buffer; no notification write is in
-        // flight (checked above), so the NIC is not reading it.
-        unsafe {
-            std::ptr::write_volatile(p, count);
-            std::ptr::write_volatile(p.add(1), !count);
+        if let Some(bufs) = conn.bufs.as_ref() {
+            let p = (bufs.addr() + conn.lay.notify_out) as *mut u64;
+            // SAFETY: notify_out is 16 bytes inside our buffer; no notification write is in
+            // flight (checked above), so the NIC is not reading it.
+            unsafe {
+                std::ptr::write_volatile(p, count);
+                std::ptr::write_volatile(p.add(1), !count);
+            }
         }
         rx.credit_in_flight = true;
         rx.returned = count;
         drop(rx);
         conn.sq_inflight.fetch_add(1, Ordering::AcqRel);
         let imm = IMM_CREDIT | (count as u32 & IMM_MASK);
-        if let Err(e) = conn.qp.post_write(
-            WR_CREDIT,
-            &conn.bufs,
-            conn.lay.notify_out,
-            16,
-            conn.remote.notify_addr,
-            conn.remote.notify_rkey,
-            Some(imm),
-        ) {
+        let posted = match conn.bufs.as_ref() {
+            Some(bufs) => conn.qp.post_write(
+                WR_CREDIT,
+                bufs,
+                conn.lay.notify_out,
+                16,
+                conn.remote.notify_addr,
+                conn.remote.notify_rkey,
+                Some(imm),
+            ),
+            None => conn.qp.post_send_imm(WR_CREDIT, &self.pool.tx, 0, 0, imm),
+        };
+        if let Err(e) = posted {
             conn.sq_inflight.fetch_sub(1, Ordering::AcqRel);
             self.fail_conn(conn, format!("cannot post credit: {e}"));
         }

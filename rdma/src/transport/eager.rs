@@ -1,6 +1,8 @@
 //! The eager path, sending side: messages composed in the staging copy of the peer's ring
-//! and RDMA-written, bottom-filled, into its block `seq % n` once a credit allows it.
-//! Control messages always go this way, data writes below the rendezvous threshold too.
+//! and RDMA-written, bottom-filled, into its block `seq % n` once a credit allows it; on a
+//! link without rings, composed in a block of the shared staging pool and sent into the
+//! peer's shared receive queue, under the same credits. Control messages always go this
+//! way, data writes below the rendezvous threshold too.
 
 use super::conn::{Conn, TxState};
 use super::{Inner, WriteReq, IMM_MASK};
@@ -29,16 +31,18 @@ impl Inner {
         })? {
             return Ok(false);
         }
+        let Some(bufs) = conn.bufs.clone() else {
+            return self.send_shared(conn, tx, h, payload, deadline);
+        };
         let slot = conn.staging_block(seq);
         // SAFETY: staging slot `seq % n` was last used by block `seq - n`, which the peer has
         // consumed (credit check above), so the NIC finished reading it; only the holder of
         // the send lock (us) writes staging slots.
-        let blk = unsafe { conn.bufs.arena().slice_mut(slot, conn.lay.bsize as u64) };
+        let blk = unsafe { bufs.arena().slice_mut(slot, conn.lay.bsize as u64) };
         let start = block::encode(blk, conn.lay.n, seq, h, payload);
         conn.sent.fetch_add(1, Ordering::AcqRel);
         let len = (conn.lay.bsize - start) as u32;
         let raddr = conn.remote.ring_addr + (seq % n) * conn.lay.bsize as u64 + start as u64;
-        let bufs = conn.bufs.clone();
         match self.post_app_write(
             conn,
             tx,
@@ -56,6 +60,99 @@ impl Inner {
             Err(e) => {
                 conn.sent.fetch_sub(1, Ordering::AcqRel);
                 Err(e)
+            }
+        }
+    }
+
+    /// `send_block` on a link without rings (the credit is there): the block is composed in a
+    /// staging block of the shared pool, held until the send completes, and sent with its
+    /// sequence number as the immediate.
+    fn send_shared(
+        &self,
+        conn: &Conn,
+        tx: &mut TxState,
+        h: &Header,
+        payload: &[u8],
+        deadline: Option<Instant>,
+    ) -> Result<bool, TransportError> {
+        let seq = tx.next_seq;
+        let pool = &self.pool;
+        let slot = match tx.reserved.pop() {
+            Some(s) => s,
+            None => match self.take_staging(conn, deadline) {
+                Some(s) => s,
+                None if conn.is_failed() => return Err(self.peer_failed(conn)),
+                None => return Ok(false),
+            },
+        };
+        let bsize = conn.lay.bsize;
+        let off = slot as u64 * bsize as u64;
+        // SAFETY: a staging block taken from the pool is ours alone until its send completes
+        // (then `Staged::completed` gives it back); the NIC reads it only after the post.
+        let blk = unsafe { pool.tx.arena().slice_mut(off, bsize as u64) };
+        let start = block::encode(blk, conn.lay.n, seq, h, payload);
+        let len = (bsize - start) as u32;
+        // Held before posting, so that its completion finds it; op is post_app's number.
+        let now = Instant::now();
+        conn.staged
+            .held
+            .lock()
+            .unwrap()
+            .push_back((tx.next_op, slot, now));
+        conn.sent.fetch_add(1, Ordering::AcqRel);
+        let imm = seq as u32 & IMM_MASK;
+        let res = self.post_app(conn, tx, |wr_id| {
+            conn.qp
+                .post_send_imm(wr_id, &pool.tx, off + start as u64, len, imm)
+        });
+        match res {
+            Ok(_) => {
+                tx.next_seq += 1;
+                Ok(true)
+            }
+            Err(e) => {
+                conn.sent.fetch_sub(1, Ordering::AcqRel);
+                let mut held = conn.staged.held.lock().unwrap();
+                if held.back().is_some_and(|&(_, s, _)| s == slot) {
+                    held.pop_back();
+                    drop(held);
+                    pool.release_staging([slot]);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// A block of the shared staging pool, waiting until `deadline` (none: for ever). While
+    /// it waits, links whose sends have not completed for the heartbeat timeout are failed:
+    /// their peer's NIC takes nothing (its receive queue stays empty) and they must not hold
+    /// the pool every other link sends from (their blocks come back when they are dropped).
+    /// `None` also once `conn` has failed meanwhile.
+    fn take_staging(&self, conn: &Conn, deadline: Option<Instant>) -> Option<u32> {
+        let step = (self.cfg.heartbeat_timeout / 4).max(std::time::Duration::from_millis(1));
+        loop {
+            let now = Instant::now();
+            let until = deadline.map_or(now + step, |d| d.min(now + step));
+            if let Some(s) = self.pool.take_staging(Some(until)) {
+                return Some(s);
+            }
+            let stuck: Vec<Arc<Conn>> = self
+                .by_qpn
+                .lock()
+                .unwrap()
+                .values()
+                .filter(|c| {
+                    c.staged
+                        .oldest()
+                        .is_some_and(|t| t.elapsed() > self.cfg.heartbeat_timeout)
+                })
+                .cloned()
+                .collect();
+            for c in stuck {
+                self.fail_conn(&c, "sends not completing: the peer takes nothing".into());
+            }
+            if conn.is_failed() || deadline.is_some_and(|d| Instant::now() >= d) {
+                return None;
             }
         }
     }
@@ -130,7 +227,17 @@ impl Inner {
         if blocks > free_blocks || blocks > free_sq {
             return Ok(false);
         }
-        self.send_ctrl(conn, &mut tx, msg)?;
+        if conn.is_shared() {
+            // Every staging block it needs, now, or nothing is sent.
+            let Some(slots) = self.pool.try_take_staging(blocks as usize) else {
+                return Ok(false);
+            };
+            tx.reserved = slots;
+        }
+        let res = self.send_ctrl(conn, &mut tx, msg);
+        let left = std::mem::take(&mut tx.reserved);
+        self.pool.release_staging(left);
+        res?;
         Ok(true)
     }
 

@@ -1,8 +1,9 @@
 //! The verbs transport: RC queue pairs set up over an out-of-band TCP exchange, an eager
 //! ring of bottom-filled blocks per connection with credits returned through notification
-//! buffers, and rendezvous RDMA writes straight between the registered arenas.
+//! buffers (for at most `ring_pool` links; the others share one receive queue and one staging
+//! pool), and rendezvous RDMA writes straight between the registered arenas.
 //!
-//! Per connection and direction (see `README.md` for a picture):
+//! Per connection and direction, on a link with rings (see `README.md` for a picture):
 //! - the receiver owns a ring of `ring_blocks` blocks of `block_size` bytes; the sender
 //!   keeps a staging copy of the same geometry in its own registered buffer, composes
 //!   message `seq` in staging slot `seq % n` and RDMA-writes it, bottom-filled, into the
@@ -19,6 +20,13 @@
 //!   is a type 2 memory window the receiver bound over the granted range on this
 //!   connection's QP (`window`): the arena itself accepts no remote access.
 //!
+//! A link made when the ring pool is taken (on either side) has no ring: its blocks, of the
+//! same format and under the same credits, are composed in a block of the node's shared
+//! staging pool and *sent* (send-with-immediate, immediate = `seq`) into the peer's shared
+//! receive queue, and credits go back as an immediate alone. Every QP takes its receives from
+//! that queue, so eager memory per node is fixed by the configuration, not by the number of
+//! peers (`shared`).
+//!
 //! Files, one job each:
 //! - `config`: [`RdmaConfig`];
 //! - `hello`: the out-of-band hello and ready byte; `setup`: QP and buffers of a
@@ -26,7 +34,8 @@
 //! - `conn`: a connection, its buffer layout, its send and receive state, and the
 //!   primitives of every send path (wait, send lock, posting a write);
 //! - `eager`: sending blocks (control messages and small writes); `ring`: consuming them;
-//!   `credit`: the credits that pace the sender;
+//!   `credit`: the credits that pace the sender; `shared`: the shared receive queue, the
+//!   staging pool and the ring pool;
 //! - `rendezvous`: the zero-copy path of large writes; `window`: the memory window a grant
 //!   binds for them;
 //! - `progress`, `heartbeat`: the two threads;
@@ -42,6 +51,7 @@ mod progress;
 mod rendezvous;
 mod ring;
 mod setup;
+mod shared;
 mod window;
 
 pub use config::{RdmaConfig, DEFAULT_RENDEZVOUS_THRESHOLD};
@@ -82,6 +92,8 @@ struct Inner {
     ctx: Arc<Context>,
     pd: Arc<ProtectionDomain>,
     cq: Arc<CompletionQueue>,
+    /// The shared receive queue, the staging pool and the ring pool (`shared`).
+    pool: Arc<shared::SharedPool>,
     port: PortInfo,
     gid: GidInfo,
     rc: RcParams,
@@ -140,9 +152,14 @@ impl RdmaTransport {
         addr: SocketAddr,
         cfg: RdmaConfig,
     ) -> Result<RdmaTransport, TransportError> {
-        if cfg.block_size < block::MIN_BLOCK || cfg.ring_blocks < 1 {
+        if cfg.block_size < block::MIN_BLOCK
+            || cfg.ring_blocks < 1
+            || cfg.srq_blocks < 1
+            || cfg.staging_blocks < 1
+        {
             return Err(setup_err(format!(
-                "block_size must be at least {} and ring_blocks at least 1",
+                "block_size must be at least {}, and ring_blocks, srq_blocks and \
+                 staging_blocks at least 1",
                 block::MIN_BLOCK
             )));
         }
@@ -167,6 +184,19 @@ impl RdmaTransport {
         };
         let pd = ProtectionDomain::new(&ctx)?;
         let cq = CompletionQueue::new(&ctx, cfg.cq_entries)?;
+        let placement = Placement::plan(ctx.name(), id, &cfg);
+        let pool = shared::SharedPool::new(
+            &pd,
+            cfg.block_size,
+            cfg.srq_blocks,
+            cfg.staging_blocks,
+            cfg.ring_pool,
+            |mem| {
+                if let Some(node) = placement.memory_node {
+                    let _ = topology::bind_memory(mem.as_ptr(), mem.len(), node);
+                }
+            },
+        )?;
         let listener = TcpListener::bind(addr)
             .map_err(|e| setup_err(format!("node {id}: bind {addr}: {e}")))?;
         let listen_addr = listener.local_addr()?;
@@ -184,7 +214,6 @@ impl RdmaTransport {
             lid = port.lid,
             "verbs transport up"
         );
-        let placement = Placement::plan(ctx.name(), id, &cfg);
         info!(
             node = id,
             device = ctx.name(),
@@ -211,6 +240,7 @@ impl RdmaTransport {
             ctx,
             pd,
             cq,
+            pool,
             port,
             gid,
             rc,
@@ -308,6 +338,12 @@ impl RdmaTransport {
         conn.consuming_paused.store(paused, Ordering::Relaxed);
         self.inner.wake_progress();
         Ok(())
+    }
+
+    /// Bytes of eager memory (rings, staging, the shared receive queue) registered now, and
+    /// at most so far.
+    pub fn eager_memory(&self) -> (u64, u64) {
+        self.inner.pool.bytes()
     }
 
     /// Name of the opened device.
@@ -431,6 +467,10 @@ impl Transport for RdmaTransport {
 
     fn name(&self) -> &'static str {
         "rdma"
+    }
+
+    fn eager_memory(&self) -> Option<(u64, u64)> {
+        Some(self.inner.pool.bytes())
     }
 
     fn register_arena(&self, arena: Arc<Arena>) -> Result<(), TransportError> {

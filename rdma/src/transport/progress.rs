@@ -4,7 +4,7 @@
 use super::conn::Conn;
 use super::{Inner, IMM_CREDIT, IMM_MASK, WR_CREDIT, WR_TAG};
 use crate::block;
-use crate::verbs::WorkCompletion;
+use crate::verbs::{sys, WorkCompletion};
 use phalanx_transport::Link;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::atomic::Ordering;
@@ -64,7 +64,11 @@ impl Inner {
                     && !c.is_failed()
                     && !c.consuming_paused.load(Ordering::Relaxed)
                 {
-                    self.scan_ring(c);
+                    if c.is_shared() {
+                        self.consume_shared(c);
+                    } else {
+                        self.scan_ring(c);
+                    }
                 }
             }
             if self.cfg.busy_poll {
@@ -83,8 +87,30 @@ impl Inner {
         }
     }
 
+    /// Gives receive block `b` back to the shared receive queue. A block that cannot be
+    /// reposted is lost to the queue (logged): the SRQ only fails that way when it is gone.
+    pub(super) fn repost_block(&self, b: u32) {
+        if let Err(e) = self.pool.repost(b) {
+            error!(
+                node = self.id,
+                block = b,
+                "cannot repost a shared receive: {e}"
+            );
+        }
+    }
+
     fn handle_wc(&self, wc: &WorkCompletion) {
-        let Some(conn) = self.by_qpn.lock().unwrap().get(&wc.qp_num).cloned() else {
+        let conn = self.by_qpn.lock().unwrap().get(&wc.qp_num).cloned();
+        if wc.is_recv() {
+            // Every receive is a block of the shared receive queue (its index is the wr_id).
+            let b = wc.wr_id as u32;
+            match conn {
+                Some(c) => self.handle_recv(&c, wc, b),
+                None => self.repost_block(b), // a retired QP's
+            }
+            return;
+        }
+        let Some(conn) = conn else {
             return; // a retired QP's flushed work
         };
         if !wc.is_ok() {
@@ -100,38 +126,88 @@ impl Inner {
             }
             return;
         }
-        if wc.is_recv() {
-            if let Err(e) = conn.qp.post_recv(0) {
-                self.fail_conn(&conn, format!("cannot repost receive: {e}"));
+        conn.sq_inflight.fetch_sub(1, Ordering::AcqRel);
+        match wc.wr_id & WR_TAG {
+            WR_CREDIT => {
+                conn.rx.lock().unwrap().credit_in_flight = false;
+                self.return_credit(&conn);
+            }
+            _ => {
+                let op = wc.wr_id & !WR_TAG;
+                conn.ops_done.fetch_max(op + 1, Ordering::AcqRel);
+                conn.staged.completed(op + 1);
+            }
+        }
+        conn.notify();
+    }
+
+    /// A receive completed on `conn` into shared block `b`. On a link with a private ring it
+    /// only carries an immediate (a block landed in the ring, or a credit); on a shared-pool
+    /// link it is the block itself, or a credit.
+    fn handle_recv(&self, conn: &Arc<Conn>, wc: &WorkCompletion, b: u32) {
+        let fail = |b: Option<u32>, why: String| {
+            if let Some(b) = b {
+                self.repost_block(b);
+            }
+            if !conn.is_failed() {
+                self.links
+                    .counters
+                    .malformed_frames
+                    .fetch_add(1, Ordering::Relaxed);
+                self.fail_conn(conn, why);
+            }
+        };
+        if !wc.is_ok() {
+            self.repost_block(b);
+            if !conn.is_failed() {
+                let why = format!(
+                    "receive completion error: {} (status {})",
+                    wc.status_str(),
+                    wc.status
+                );
+                self.fail_conn(conn, why);
+            }
+            return;
+        }
+        conn.last_recv.store(self.links.now_ns(), Ordering::Relaxed);
+        let Some(imm) = wc.imm else {
+            return fail(Some(b), "a receive without immediate data".into());
+        };
+        if conn.is_shared() {
+            if wc.opcode != sys::IBV_WC_RECV {
+                return fail(Some(b), "an RDMA write to a link without a ring".into());
+            }
+            if imm & IMM_CREDIT != 0 {
+                self.repost_block(b);
+                self.take_credit(conn, imm & IMM_MASK);
                 return;
             }
-            conn.last_recv.store(self.links.now_ns(), Ordering::Relaxed);
-            let imm = wc.imm.unwrap_or(0);
-            if imm & IMM_CREDIT != 0 {
-                self.take_credit(&conn, imm & IMM_MASK);
-            } else {
-                let mut rx = conn.rx.lock().unwrap();
-                let seen = block::extend31(rx.imm_seen, imm);
-                if seen != rx.imm_seen {
-                    drop(rx);
-                    self.fail_conn(&conn, format!("block immediate {imm} out of order"));
-                    return;
-                }
-                rx.imm_seen += 1;
+            let mut rx = conn.rx.lock().unwrap();
+            rx.held.push_back((b, wc.byte_len, imm));
+            let first = rx.held.len() == 1;
+            drop(rx);
+            if first
+                && conn.installed.load(Ordering::Acquire)
+                && !conn.consuming_paused.load(Ordering::Relaxed)
+            {
+                self.consume_shared(conn);
             }
+            return;
+        }
+        self.repost_block(b);
+        if wc.opcode != sys::IBV_WC_RECV_RDMA_WITH_IMM {
+            return fail(None, "a send to a link with a ring".into());
+        }
+        if imm & IMM_CREDIT != 0 {
+            self.take_credit(conn, imm & IMM_MASK);
         } else {
-            conn.sq_inflight.fetch_sub(1, Ordering::AcqRel);
-            match wc.wr_id & WR_TAG {
-                WR_CREDIT => {
-                    conn.rx.lock().unwrap().credit_in_flight = false;
-                    self.return_credit(&conn);
-                }
-                _ => {
-                    let op = wc.wr_id & !WR_TAG;
-                    conn.ops_done.fetch_max(op + 1, Ordering::AcqRel);
-                }
+            let mut rx = conn.rx.lock().unwrap();
+            let seen = block::extend31(rx.imm_seen, imm);
+            if seen != rx.imm_seen {
+                drop(rx);
+                return fail(None, format!("block immediate {imm} out of order"));
             }
-            conn.notify();
+            rx.imm_seen += 1;
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The eager path, receiving side: the progress thread consumes the valid blocks at the
-//! head of a connection's ring in order and acts on each.
+//! head of a connection's ring in order (or, on a link without a ring, the blocks it received
+//! in the shared receive queue, in order) and acts on each.
 
 use super::conn::{Conn, RxState};
 use super::Inner;
@@ -18,7 +19,10 @@ impl Inner {
             let mut rx = conn.rx.lock().unwrap();
             let seq = rx.next_seq;
             let off = conn.ring_block(seq);
-            let last = (conn.bufs.addr() + off + bsize - 1) as *const u8;
+            let Some(bufs) = conn.bufs.as_ref() else {
+                return; // a link without a ring: `consume_shared`
+            };
+            let last = (bufs.addr() + off + bsize - 1) as *const u8;
             // SAFETY: the block lies inside our registered buffer; the counter byte is read
             // volatile because the NIC writes it.
             let lap = unsafe { std::ptr::read_volatile(last) };
@@ -29,7 +33,7 @@ impl Inner {
             // SAFETY: the peer writes block `seq % n` only for message `seq` (its previous
             // content was consumed and credited), and writes nothing else there until we
             // return credit for `seq`, so the bytes are stable once they validate.
-            let blk = unsafe { conn.bufs.arena().slice(off, bsize) };
+            let blk = unsafe { bufs.arena().slice(off, bsize) };
             match block::decode(blk, n, seq) {
                 BlockState::Ready(h, payload) => {
                     let res = self.deliver(conn, &mut rx, &h, payload);
@@ -69,6 +73,71 @@ impl Inner {
             }
         }
         if consumed_any {
+            self.return_credit(conn);
+        }
+    }
+
+    /// Consumes the blocks a shared-pool link received, in order, each checked against the
+    /// sequence number and the credit the sender had, then given back to the shared receive
+    /// queue.
+    pub(super) fn consume_shared(&self, conn: &Arc<Conn>) {
+        let n = conn.lay.n as u64;
+        let mut consumed_any = false;
+        loop {
+            let mut rx = conn.rx.lock().unwrap();
+            let Some(&(b, len, imm)) = rx.held.front() else {
+                break;
+            };
+            rx.held.pop_front();
+            let seq = rx.next_seq;
+            let res = if block::extend31(seq, imm) != seq {
+                Err(TransportError::Malformed(format!(
+                    "block immediate {imm} out of order (expected {seq})"
+                )))
+            } else if seq >= rx.returned + n {
+                Err(TransportError::Malformed(format!(
+                    "block {seq} sent beyond the credit given ({} consumed, {n} in flight)",
+                    rx.returned
+                )))
+            } else if (len as usize) < block::HEADER_LEN + block::TRAILER_LEN
+                || len as usize > conn.lay.bsize
+            {
+                Err(TransportError::Malformed(format!("a block of {len} bytes")))
+            } else {
+                // SAFETY: block `b`'s receive completed and it is reposted only below, after
+                // the last use of this slice (`deliver` copies what it keeps).
+                let blk = unsafe { self.pool.received(b, len as usize) };
+                match block::decode(blk, conn.lay.n, seq) {
+                    BlockState::Ready(h, payload) => self.deliver(conn, &mut rx, &h, payload),
+                    other => Err(TransportError::Malformed(format!(
+                        "block {seq} invalid: {other:?}"
+                    ))),
+                }
+            };
+            rx.next_seq += 1;
+            drop(rx);
+            self.repost_block(b);
+            match res {
+                Ok(true) => consumed_any = true,
+                Ok(false) => {
+                    self.fail_conn(conn, PEER_LEFT.into());
+                    return;
+                }
+                Err(e) => {
+                    self.links
+                        .counters
+                        .malformed_frames
+                        .fetch_add(1, Ordering::Relaxed);
+                    self.fail_conn(conn, format!("malformed block: {e}"));
+                    return;
+                }
+            }
+            if conn.consuming_paused.load(Ordering::Relaxed) {
+                break;
+            }
+        }
+        if consumed_any {
+            conn.last_recv.store(self.links.now_ns(), Ordering::Relaxed);
             self.return_credit(conn);
         }
     }

@@ -3,6 +3,7 @@
 
 use super::conn::{Conn, Layout, RemoteRing, RxState, TxState};
 use super::hello::{Hello, HELLO_LEN, READY_BYTE};
+use super::shared::Staged;
 use super::{setup_err, Inner};
 use crate::verbs::{MemoryRegion, QpEndpoint, QueuePair};
 use phalanx_transport::{Arena, Event, Link, LinkState, NodeId, TransportError};
@@ -22,7 +23,18 @@ impl Inner {
         ((x ^ (x >> 32)) & 0xff_ffff) as u32
     }
 
+    /// Our hello: with a private ring, where the peer writes our blocks and credits; without
+    /// one (addresses and keys 0), the peer sends its blocks to our shared receive queue.
     fn local_hello(&self, conn: &Conn, psn: u32) -> Hello {
+        let (ring_addr, ring_rkey, notify_addr, notify_rkey) = match &conn.bufs {
+            Some(b) => (
+                b.addr() + conn.lay.ring,
+                b.rkey(),
+                b.addr() + conn.lay.notify_in,
+                b.rkey(),
+            ),
+            None => (0, 0, 0, 0),
+        };
         Hello {
             node: self.id,
             ep: QpEndpoint {
@@ -32,44 +44,57 @@ impl Inner {
                 gid: self.gid.gid,
                 mtu: self.port.active_mtu,
             },
-            ring_addr: conn.bufs.addr() + conn.lay.ring,
-            ring_rkey: conn.bufs.rkey(),
+            ring_addr,
+            ring_rkey,
             ring_blocks: conn.lay.n as u32,
             block_size: conn.lay.bsize as u32,
-            notify_addr: conn.bufs.addr() + conn.lay.notify_in,
-            notify_rkey: conn.bufs.rkey(),
+            notify_addr,
+            notify_rkey,
         }
     }
 
-    /// Creates a connection's QP and buffers, moves the QP to INIT and posts its receives.
-    /// The connection is known to the progress thread (by QP number) from here on.
-    fn new_conn(&self, peer: NodeId) -> Result<Conn, TransportError> {
+    /// Creates a connection's QP (its receives from the shared receive queue) and, with
+    /// `want_ring` and a place free in the ring pool, its private ring buffers; moves the QP
+    /// to INIT.
+    fn new_conn(&self, peer: NodeId, want_ring: bool) -> Result<Conn, TransportError> {
         let lay = Layout::new(self.cfg.ring_blocks, self.cfg.block_size);
-        let mem = Arc::new(Arena::new(lay.total, false)?);
-        self.place(&mem, "connection buffers");
-        let bufs = Arc::new(MemoryRegion::register(&self.pd, mem)?);
-        let counters = &self.links.counters;
-        counters.registrations.fetch_add(1, Ordering::Relaxed);
+        let ticket = if want_ring {
+            self.pool.take_ring(lay.total as u64)
+        } else {
+            None
+        };
+        let bufs = match ticket {
+            Some(_) => {
+                let mem = Arc::new(Arena::new(lay.total, false)?);
+                self.place(&mem, "connection buffers");
+                let bufs = Arc::new(MemoryRegion::register(&self.pd, mem)?);
+                let counters = &self.links.counters;
+                counters.registrations.fetch_add(1, Ordering::Relaxed);
+                Some(bufs)
+            }
+            None => None,
+        };
         let max_wr = self.ctx.max_qp_wr().max(16) as u64;
         let sq_depth = ((lay.n + self.cfg.write_window + 8) as u64).min(max_wr);
-        // Receives absorb block writes (at most n unconsumed) and credit notifications.
-        let rq_depth = ((2 * lay.n + 16) as u64).min(max_wr);
-        let qp = QueuePair::new(&self.pd, &self.cq, sq_depth as u32, rq_depth as u32)?;
+        let qp = QueuePair::new(&self.pd, &self.cq, sq_depth as u32, 0, Some(&self.pool.srq))?;
         qp.to_init(&self.rc)?;
-        for _ in 0..rq_depth {
-            qp.post_recv(0)?;
-        }
         let now = self.links.now_ns();
         let conn = Conn {
             link: LinkState::new(peer),
             qp,
             bufs,
+            ring: ticket,
+            staged: Staged {
+                pool: self.pool.clone(),
+                held: Mutex::new(Default::default()),
+            },
             lay,
             remote: RemoteRing::default(),
             sq_depth,
             tx: Mutex::new(TxState {
                 next_seq: 0,
                 next_op: 0,
+                reserved: Vec::new(),
             }),
             rx: Mutex::new(RxState::default()),
             peer_consumed: AtomicU64::new(0),
@@ -88,7 +113,8 @@ impl Inner {
         Ok(conn)
     }
 
-    /// Fills in the peer's ring descriptors and brings the QP to RTS.
+    /// Fills in the peer's ring descriptors (a link has rings both ways or none: without the
+    /// peer's, ours is given back to the pool) and brings the QP to RTS.
     fn finish_conn(
         &self,
         mut conn: Conn,
@@ -101,6 +127,10 @@ impl Inner {
                 "ring geometry mismatch with peer {}: ours {}x{} bytes, theirs {}x{}",
                 remote.node, conn.lay.n, conn.lay.bsize, remote.ring_blocks, remote.block_size
             )));
+        }
+        if remote.ring_rkey == 0 || remote.notify_rkey == 0 {
+            conn.bufs = None;
+            conn.ring = None;
         }
         conn.remote = RemoteRing {
             ring_addr: remote.ring_addr,
@@ -132,7 +162,7 @@ impl Inner {
         s.set_read_timeout(Some(self.cfg.connect_timeout))?;
         s.set_write_timeout(Some(self.cfg.connect_timeout))?;
         let psn = self.next_psn();
-        let conn = self.new_conn(peer)?;
+        let conn = self.new_conn(peer, true)?;
         s.write_all(&self.local_hello(&conn, psn).encode())?;
         let mut b = [0u8; HELLO_LEN];
         s.read_exact(&mut b)?;
@@ -173,7 +203,8 @@ impl Inner {
             )));
         }
         let psn = self.next_psn();
-        let conn = self.new_conn(peer)?;
+        let offered = remote.ring_rkey != 0 && remote.notify_rkey != 0;
+        let conn = self.new_conn(peer, offered)?;
         let hello = self.local_hello(&conn, psn);
         let conn = self.finish_conn(conn, &remote, psn)?;
         // RTS before answering: the dialer may send as soon as it has our answer.
@@ -218,8 +249,13 @@ impl Inner {
     }
 
     /// Forgets a connection's QP number: the progress thread ignores its work from now on.
+    /// Its held receive blocks go back to the shared receive queue.
     fn forget(&self, conn: &Conn) {
         self.by_qpn.lock().unwrap().remove(&conn.qp.qpn());
+        let held = std::mem::take(&mut conn.rx.lock().unwrap().held);
+        for (b, _, _) in held {
+            self.repost_block(b);
+        }
     }
 
     /// Stops a connection without any event: QP to error, forgotten by the progress thread.

@@ -16,6 +16,7 @@ mod mr;
 mod mw;
 mod pd;
 mod qp;
+mod srq;
 pub mod sys;
 
 pub use cq::{CompletionChannel, CompletionQueue, WorkCompletion};
@@ -27,6 +28,7 @@ pub use mr::{Access, MemoryRegion};
 pub use mw::MemoryWindow;
 pub use pd::ProtectionDomain;
 pub use qp::{QpEndpoint, QpState, QueuePair, RcParams};
+pub use srq::SharedReceiveQueue;
 
 use std::io;
 

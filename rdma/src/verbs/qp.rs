@@ -3,7 +3,9 @@
 use super::sys::{
     self, ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_recv_wr, ibv_send_wr, ibv_sge, Lib,
 };
-use super::{CompletionQueue, MemoryRegion, MemoryWindow, ProtectionDomain, VerbsError};
+use super::{
+    CompletionQueue, MemoryRegion, MemoryWindow, ProtectionDomain, SharedReceiveQueue, VerbsError,
+};
 use std::sync::{Arc, Mutex};
 
 /// What one side tells the other to connect an RC queue pair.
@@ -50,6 +52,8 @@ pub struct QueuePair {
     state: Mutex<QpState>,
     // Dropped after the QP is destroyed in Drop::drop.
     in_use: Mutex<Vec<Arc<MemoryRegion>>>,
+    /// The SRQ the receives come from, if any (destroyed after the QP).
+    srq: Option<Arc<SharedReceiveQueue>>,
     _cq: Arc<CompletionQueue>,
     _pd: Arc<ProtectionDomain>,
 }
@@ -60,12 +64,14 @@ unsafe impl Send for QueuePair {}
 unsafe impl Sync for QueuePair {}
 
 impl QueuePair {
-    /// Creates an RC QP whose send and receive completions go to `cq`.
+    /// Creates an RC QP whose send and receive completions go to `cq`; with `srq`, its
+    /// receives come from that shared queue (and `max_recv_wr` is ignored).
     pub fn new(
         pd: &Arc<ProtectionDomain>,
         cq: &Arc<CompletionQueue>,
         max_send_wr: u32,
         max_recv_wr: u32,
+        srq: Option<&Arc<SharedReceiveQueue>>,
     ) -> Result<QueuePair, VerbsError> {
         // SAFETY: ibv_qp_init_attr is plain old data; zero is valid (null pointers).
         let mut a: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
@@ -74,12 +80,15 @@ impl QueuePair {
         a.qp_type = sys::IBV_QPT_RC;
         a.sq_sig_all = 0;
         a.cap.max_send_wr = max_send_wr;
-        a.cap.max_recv_wr = max_recv_wr;
+        a.cap.max_recv_wr = if srq.is_some() { 0 } else { max_recv_wr };
+        if let Some(s) = srq {
+            a.srq = s.raw();
+        }
         a.cap.max_send_sge = 1;
         a.cap.max_recv_sge = 1;
         a.cap.max_inline_data = 0;
         let lib = pd.context().lib;
-        // SAFETY: the PD and the CQ are alive (we keep Arcs); `a` is fully initialised.
+        // SAFETY: the PD, the CQ and the SRQ are alive (we keep Arcs); `a` is fully initialised.
         let qp = unsafe { (lib.create_qp)(pd.pd, &mut a) };
         if qp.is_null() {
             return Err(VerbsError::errno("ibv_create_qp"));
@@ -92,6 +101,7 @@ impl QueuePair {
             qpn,
             state: Mutex::new(QpState::Reset),
             in_use: Mutex::new(Vec::new()),
+            srq: srq.cloned(),
             _cq: cq.clone(),
             _pd: pd.clone(),
         })
@@ -231,6 +241,30 @@ impl QueuePair {
         self.post_rdma(wr_id, opcode, mr, offset, len, remote_addr, rkey, imm)
     }
 
+    /// Posts one signaled send with immediate data `imm` of `[offset, offset + len)` of `mr`
+    /// into the peer's next receive. The QP keeps `mr` alive until it is destroyed; the
+    /// caller must not modify the source bytes until the completion of `wr_id`.
+    pub fn post_send_imm(
+        &self,
+        wr_id: u64,
+        mr: &Arc<MemoryRegion>,
+        offset: u64,
+        len: u32,
+        imm: u32,
+    ) -> Result<(), VerbsError> {
+        match offset.checked_add(len as u64) {
+            Some(end) if end <= mr.len() as u64 => {}
+            _ => {
+                return Err(VerbsError::Invalid(format!(
+                    "send source {offset}+{len} outside a region of {}",
+                    mr.len()
+                )))
+            }
+        }
+        let send = sys::IBV_WR_SEND_WITH_IMM;
+        self.post_rdma(wr_id, send, mr, offset, len, 0, 0, Some(imm))
+    }
+
     /// Posts one signaled RDMA work request `opcode` between `[offset, offset + len)` of `mr`
     /// (checked by the caller to lie inside it) and `remote_addr`/`rkey`, with immediate data
     /// when `imm` is set. The QP keeps `mr` alive until it is destroyed.
@@ -345,8 +379,14 @@ impl QueuePair {
         self.post_rdma(wr_id, read, mr, offset, len, remote_addr, rkey, None)
     }
 
-    /// Posts a receive with no buffer: it only absorbs one write-with-immediate.
+    /// Posts a receive with no buffer: it only absorbs one write-with-immediate. Not for a
+    /// QP attached to an SRQ (its receives are the SRQ's).
     pub fn post_recv(&self, wr_id: u64) -> Result<(), VerbsError> {
+        if self.srq.is_some() {
+            return Err(VerbsError::Invalid(
+                "receives of this QP come from its SRQ".into(),
+            ));
+        }
         // SAFETY: ibv_recv_wr is plain old data; zero is valid.
         let mut wr: ibv_recv_wr = unsafe { std::mem::zeroed() };
         wr.wr_id = wr_id;

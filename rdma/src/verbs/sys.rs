@@ -4,12 +4,13 @@
 //! first time verbs are needed and resolves every exported function once, by symbol version
 //! (`dlvsym`, e.g. `ibv_reg_mr@IBVERBS_1.1`, the version verbs.h binds to today). The four
 //! calls verbs.h implements as `static inline` functions (`ibv_post_send`, `ibv_post_recv`,
-//! `ibv_poll_cq`, `ibv_req_notify_cq`) go through the context's ops table exactly as verbs.h
-//! does ([`post_send`], [`post_recv`], [`poll_cq`], [`req_notify_cq`]).
+//! `ibv_post_srq_recv`, `ibv_poll_cq`, `ibv_req_notify_cq`) go through the context's ops
+//! table exactly as verbs.h does ([`post_send`], [`post_recv`], [`post_srq_recv`],
+//! [`poll_cq`], [`req_notify_cq`]).
 //!
 //! The structures are `#[repr(C)]` copies of rdma-core's `infiniband/verbs.h` (x86-64 and
 //! other LP64 Linux targets), limited to what Phalanx touches; handles Phalanx never looks
-//! into (`ibv_device`, `ibv_srq`, `ibv_ah`) are opaque. The `layout-check` feature
+//! into (`ibv_device`, `ibv_ah`) are opaque. The `layout-check` feature
 //! (`tests/layout.rs`) checks size, alignment and every field offset of each structure, and
 //! the value of each constant, against `rdma-sys` (bindgen over the system headers) and
 //! against the C compiler.
@@ -25,11 +26,6 @@ use std::sync::OnceLock;
 /// `struct ibv_device` (only ever handled by pointer).
 #[repr(C)]
 pub struct ibv_device {
-    _opaque: [u8; 0],
-}
-/// `struct ibv_srq` (only ever a null pointer here).
-#[repr(C)]
-pub struct ibv_srq {
     _opaque: [u8; 0],
 }
 /// `struct ibv_ah` (only ever a pointer inside an unused union member).
@@ -68,7 +64,9 @@ pub struct ibv_context_ops {
     pub _compat_modify_srq: UnusedOp,
     pub _compat_query_srq: UnusedOp,
     pub _compat_destroy_srq: UnusedOp,
-    pub post_srq_recv: UnusedOp,
+    pub post_srq_recv: Option<
+        unsafe extern "C" fn(*mut ibv_srq, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int,
+    >,
     pub _compat_create_qp: UnusedOp,
     pub _compat_query_qp: UnusedOp,
     pub _compat_modify_qp: UnusedOp,
@@ -288,6 +286,34 @@ pub struct ibv_qp_cap {
     pub max_inline_data: u32,
 }
 
+/// `struct ibv_srq`: a shared receive queue (its `context` leads to the ops table).
+#[repr(C)]
+pub struct ibv_srq {
+    pub context: *mut ibv_context,
+    pub srq_context: *mut c_void,
+    pub pd: *mut ibv_pd,
+    pub handle: u32,
+    pub mutex: libc::pthread_mutex_t,
+    pub cond: libc::pthread_cond_t,
+    pub events_completed: u32,
+}
+
+/// `struct ibv_srq_attr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_srq_attr {
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub srq_limit: u32,
+}
+
+/// `struct ibv_srq_init_attr`.
+#[repr(C)]
+pub struct ibv_srq_init_attr {
+    pub srq_context: *mut c_void,
+    pub attr: ibv_srq_attr,
+}
+
 /// `struct ibv_qp_init_attr`.
 #[repr(C)]
 pub struct ibv_qp_init_attr {
@@ -476,6 +502,8 @@ pub struct ibv_wc {
 pub const IBV_WC_SUCCESS: c_uint = 0;
 /// `IBV_WC_RECV`: receive opcodes of `ibv_wc.opcode` have this bit.
 pub const IBV_WC_RECV: c_uint = 1 << 7;
+/// `IBV_WC_RECV_RDMA_WITH_IMM`: the receive side of a write-with-immediate.
+pub const IBV_WC_RECV_RDMA_WITH_IMM: c_uint = IBV_WC_RECV + 1;
 pub const IBV_WC_WITH_IMM: c_uint = 1 << 1;
 
 pub const IBV_ACCESS_LOCAL_WRITE: c_uint = 1;
@@ -526,6 +554,7 @@ pub const IBV_QP_DEST_QPN: c_uint = 1 << 20;
 
 pub const IBV_WR_RDMA_WRITE: c_uint = 0;
 pub const IBV_WR_RDMA_WRITE_WITH_IMM: c_uint = 1;
+pub const IBV_WR_SEND_WITH_IMM: c_uint = 3;
 pub const IBV_WR_RDMA_READ: c_uint = 4;
 pub const IBV_WR_BIND_MW: c_uint = 8;
 
@@ -574,6 +603,8 @@ pub struct Lib {
     pub create_qp: unsafe extern "C" fn(*mut ibv_pd, *mut ibv_qp_init_attr) -> *mut ibv_qp,
     pub modify_qp: unsafe extern "C" fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int,
     pub destroy_qp: unsafe extern "C" fn(*mut ibv_qp) -> c_int,
+    pub create_srq: unsafe extern "C" fn(*mut ibv_pd, *mut ibv_srq_init_attr) -> *mut ibv_srq,
+    pub destroy_srq: unsafe extern "C" fn(*mut ibv_srq) -> c_int,
     pub wc_status_str: unsafe extern "C" fn(c_uint) -> *const c_char,
 }
 
@@ -696,6 +727,8 @@ impl Lib {
             create_qp: f!("ibv_create_qp", "IBVERBS_1.1"),
             modify_qp: f!("ibv_modify_qp", "IBVERBS_1.1"),
             destroy_qp: f!("ibv_destroy_qp", "IBVERBS_1.1"),
+            create_srq: f!("ibv_create_srq", "IBVERBS_1.1"),
+            destroy_srq: f!("ibv_destroy_srq", "IBVERBS_1.1"),
             wc_status_str: f!("ibv_wc_status_str", "IBVERBS_1.1"),
         })
     }
@@ -781,6 +814,24 @@ pub unsafe fn post_recv(
     match unsafe { (*(*qp).context).ops.post_recv } {
         // SAFETY: the caller's contract is post_recv's.
         Some(f) => unsafe { f(qp, wr, bad) },
+        None => libc::EOPNOTSUPP,
+    }
+}
+
+/// `ibv_post_srq_recv`: `srq->context->ops.post_srq_recv(srq, wr, bad)`.
+///
+/// # Safety
+/// `srq` is a live SRQ; `wr` is a valid chain whose buffers are registered and live.
+#[inline]
+pub unsafe fn post_srq_recv(
+    srq: *mut ibv_srq,
+    wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+) -> c_int {
+    // SAFETY: a live SRQ points at its live context, whose ops table the provider filled in.
+    match unsafe { (*(*srq).context).ops.post_srq_recv } {
+        // SAFETY: the caller's contract is post_srq_recv's.
+        Some(f) => unsafe { f(srq, wr, bad) },
         None => libc::EOPNOTSUPP,
     }
 }
