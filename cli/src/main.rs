@@ -373,7 +373,8 @@ fn bench_cmd(a: BenchArgs) -> Result<()> {
                 }
             }
             print_records(&rank0, a.json);
-            print_scale(&c.nodes, started.elapsed(), heartbeat, a.json);
+            let largest = sizes.iter().max().copied().unwrap_or(0);
+            print_scale(&c.nodes, started.elapsed(), heartbeat, largest, a.json);
             if a.freeze_one {
                 print_silent_death(&c.nodes, heartbeat, a.json);
             }
@@ -536,7 +537,9 @@ fn print_silent_death(nodes: &[Node], heartbeat: Duration, json: bool) {
 /// (open at the end, most at once) and the heartbeats it sent per heartbeat period (a quarter
 /// of `heartbeat`) over `elapsed`. The process's thread count is printed beside the sum of the
 /// nodes' as a check of the accounting.
-fn print_scale(nodes: &[Node], elapsed: Duration, heartbeat: Duration, json: bool) {
+/// Per node of an in-process bench: peak threads, links, heartbeats; and the process's peak
+/// memory (with `largest`, the largest object size of the run, which it mostly holds).
+fn print_scale(nodes: &[Node], elapsed: Duration, heartbeat: Duration, largest: u64, json: bool) {
     struct Row {
         id: u32,
         peak: usize,
@@ -560,15 +563,29 @@ fn print_scale(nodes: &[Node], elapsed: Duration, heartbeat: Duration, json: boo
             }
         })
         .collect();
-    let process = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Threads:").map(|v| v.trim().to_string()))
-        })
-        .unwrap_or_else(|| "?".into());
+    let status = |field: &str| {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix(field).map(|v| v.trim().to_string()))
+            })
+    };
+    let process = status("Threads:").unwrap_or_else(|| "?".into());
+    // The process's peak resident memory (all nodes of the bench share the process).
+    let peak_rss: Option<u64> = status("VmHWM:")
+        .and_then(|v| v.trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kib| kib << 10);
     let live: usize = rows.iter().map(|r| r.live).sum();
     if json {
+        if let Some(rss) = peak_rss {
+            println!(
+                "{}",
+                serde_json::json!({"scale_process": true, "nodes": nodes.len(),
+                    "largest_size_bytes": largest, "peak_rss_bytes": rss,
+                    "peak_rss_per_node_bytes": rss / nodes.len().max(1) as u64})
+            );
+        }
         for r in &rows {
             println!(
                 "{}",
@@ -594,6 +611,13 @@ fn print_scale(nodes: &[Node], elapsed: Duration, heartbeat: Duration, json: boo
         heartbeat / 4,
         elapsed.as_secs_f64(),
     );
+    if let Some(rss) = peak_rss {
+        println!(
+            "# process peak RSS {:.0} MiB, {:.1} MiB per node",
+            rss as f64 / (1 << 20) as f64,
+            rss as f64 / (1 << 20) as f64 / rows.len().max(1) as f64
+        );
+    }
     if let Some(busiest) = rows.iter().max_by_key(|r| r.peak) {
         let roles: Vec<String> = phalanx::transport::threads::roles(busiest.id)
             .into_iter()

@@ -5,7 +5,11 @@
 //! collective (and cluster size and transport) it draws median latency against message size on
 //! log-log axes, one line per algorithm — for reduce and allreduce one per tree degree too —
 //! with the min..max range of each point as a bar. Where records of one size were taken at
-//! several arrival intervals, it also draws latency against the interval. Files are SVG.
+//! several arrival intervals, it also draws latency against the interval; where records of
+//! one collective were taken at several cluster sizes (`bench --local N`), latency against
+//! the number of nodes, one line per size, and from the bench's per-node scale records
+//! (`scale_node`, `scale_process`) peak threads and peak memory per node against it. Files
+//! are SVG.
 //!
 //! Series: `star`, `phalanx` and, for reduce/allreduce, `phalanx d=K`. A record may carry
 //! `degree_requested` ("auto", "n" or a number); without it the degree the run used names the
@@ -72,14 +76,15 @@ impl PlotRecord {
     }
 }
 
-/// Reads JSON-lines records; `#` comments and blank lines are skipped.
+/// Reads JSON-lines records; `#` comments, blank lines and the bench's other records (scale
+/// and membership figures: objects without a `collective`) are skipped.
 pub fn read_records(path: &Path) -> Result<Vec<PlotRecord>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
+        if line.is_empty() || line.starts_with('#') || !is_bench_record(line) {
             continue;
         }
         let r: PlotRecord = serde_json::from_str(line)
@@ -154,7 +159,210 @@ pub fn plot(results: &Path, out_dir: &Path) -> Result<Vec<PathBuf>> {
         draw(&path, &title, &series, Axis::Interval)?;
         written.push(path);
     }
+    written.extend(plot_vs_nodes(&records, results, out_dir, &stem)?);
     Ok(written)
+}
+
+/// Whether a JSON line is a bench record (has a `collective`); a line that is not JSON counts
+/// as one, so that its error is reported.
+fn is_bench_record(line: &str) -> bool {
+    match serde_json::from_str::<serde_json::Value>(line) {
+        Ok(serde_json::Value::Object(m)) => m.contains_key("collective"),
+        _ => true,
+    }
+}
+
+/// Per cluster size: peak threads of each node, and per largest object size of a run the
+/// process's peak RSS per node.
+#[derive(Default)]
+struct ScaleFigures {
+    threads: BTreeMap<u32, Vec<f64>>,
+    rss_per_node: BTreeMap<u64, BTreeMap<u32, f64>>,
+}
+
+fn read_scale(path: &Path) -> Result<ScaleFigures> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut f = ScaleFigures::default();
+    for line in text.lines().map(str::trim) {
+        let Ok(serde_json::Value::Object(m)) = serde_json::from_str::<serde_json::Value>(line)
+        else {
+            continue;
+        };
+        let Some(n) = m.get("nodes").and_then(|v| v.as_u64()) else {
+            continue;
+        };
+        if m.contains_key("scale_node") {
+            if let Some(t) = m.get("peak_threads").and_then(|v| v.as_f64()) {
+                f.threads.entry(n as u32).or_default().push(t);
+            }
+        } else if m.contains_key("scale_process") {
+            if let Some(b) = m.get("peak_rss_per_node_bytes").and_then(|v| v.as_f64()) {
+                let size = m
+                    .get("largest_size_bytes")
+                    .and_then(|v| v.as_u64())
+                    .unwrap_or(0);
+                // Several runs of one kind at one cluster size: the largest.
+                let e = f
+                    .rss_per_node
+                    .entry(size)
+                    .or_default()
+                    .entry(n as u32)
+                    .or_insert(0.0);
+                *e = e.max(b);
+            }
+        }
+    }
+    Ok(f)
+}
+
+/// Latency against the number of nodes (collectives measured at 2+ cluster sizes), and the
+/// scale figures against it.
+fn plot_vs_nodes(
+    records: &[PlotRecord],
+    results: &Path,
+    out_dir: &Path,
+    stem: &str,
+) -> Result<Vec<PathBuf>> {
+    let mut written = Vec::new();
+    let mut by_coll: BTreeMap<(String, String), Vec<&PlotRecord>> = BTreeMap::new();
+    for r in records {
+        if r.arrival_interval_ms.unwrap_or(0) == 0 && r.nodes.is_some() {
+            let t = r.transport.clone().unwrap_or_else(|| "tcp".into());
+            by_coll
+                .entry((r.collective.clone(), t))
+                .or_default()
+                .push(r);
+        }
+    }
+    for ((collective, transport), recs) in &by_coll {
+        let mut ns: Vec<u32> = recs.iter().filter_map(|r| r.nodes).collect();
+        ns.sort_unstable();
+        ns.dedup();
+        if ns.len() < 2 {
+            continue;
+        }
+        let mut series: BTreeMap<String, BTreeMap<u32, Point>> = BTreeMap::new();
+        for r in recs {
+            let n = r.nodes.unwrap_or(0);
+            let name = format!("{} {}", r.algo, fmt_bytes(r.size_bytes as f64));
+            let p = (
+                n as f64,
+                r.median_s,
+                r.min_s.unwrap_or(r.median_s).min(r.median_s),
+                r.max_s.unwrap_or(r.median_s).max(r.median_s),
+            );
+            series.entry(name).or_default().insert(n, p);
+        }
+        let series: BTreeMap<String, Vec<Point>> = series
+            .into_iter()
+            .map(|(k, v)| (k, v.into_values().collect()))
+            .collect();
+        let path = out_dir.join(format!(
+            "{stem}-{collective}-{transport}-latency-vs-nodes.svg"
+        ));
+        let title = format!("{stem}: {collective} over {transport}, one process");
+        draw_vs_nodes(&path, &title, "median latency", &series, true, &|y| {
+            fmt_secs(y)
+        })?;
+        written.push(path);
+    }
+    let scale = read_scale(results)?;
+    if scale.threads.len() >= 2 {
+        let mut series: BTreeMap<String, Vec<Point>> = BTreeMap::new();
+        for (&n, ts) in &scale.threads {
+            let mut ts = ts.clone();
+            ts.sort_by(f64::total_cmp);
+            let (lo, mid, hi) = (ts[0], ts[ts.len() / 2], ts[ts.len() - 1]);
+            let x = n as f64;
+            series
+                .entry("peak threads per node (median; bar: min..max)".into())
+                .or_default()
+                .push((x, mid, lo, hi));
+        }
+        let path = out_dir.join(format!("{stem}-threads-vs-nodes.svg"));
+        let title = format!("{stem}: peak threads per node");
+        draw_vs_nodes(&path, &title, "threads", &series, false, &|y| {
+            format!("{y:.0}")
+        })?;
+        written.push(path);
+    }
+    if scale.rss_per_node.values().any(|m| m.len() >= 2) {
+        let series: BTreeMap<String, Vec<Point>> = scale
+            .rss_per_node
+            .iter()
+            .map(|(&size, by_n)| {
+                let name = match size {
+                    0 => "peak RSS of the process / nodes".to_string(),
+                    s => format!("peak RSS / nodes, objects of {}", fmt_bytes(s as f64)),
+                };
+                let pts = by_n.iter().map(|(&n, &b)| (n as f64, b, b, b)).collect();
+                (name, pts)
+            })
+            .collect();
+        let path = out_dir.join(format!("{stem}-memory-vs-nodes.svg"));
+        let title = format!("{stem}: peak memory per node");
+        draw_vs_nodes(&path, &title, "bytes per node", &series, true, &|y| {
+            fmt_bytes(y)
+        })?;
+        written.push(path);
+    }
+    Ok(written)
+}
+
+/// A line chart against the number of nodes (log 2 axis labelled with the sizes measured).
+fn draw_vs_nodes(
+    path: &Path,
+    title: &str,
+    ydesc: &str,
+    series: &BTreeMap<String, Vec<Point>>,
+    log_y: bool,
+    ylabel: &dyn Fn(f64) -> String,
+) -> Result<()> {
+    let pts = series.values().flatten();
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+    for &(x, _, lo, hi) in pts {
+        x0 = x0.min(x);
+        x1 = x1.max(x);
+        y0 = y0.min(lo);
+        y1 = y1.max(hi);
+    }
+    let mut xs: Vec<f64> = series.values().flatten().map(|q| q.0).collect();
+    xs.sort_by(f64::total_cmp);
+    xs.dedup();
+    let names: Vec<&String> = series.keys().collect();
+    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(err)?;
+    let mut b = ChartBuilder::on(&root);
+    b.caption(title, ("sans-serif", 20))
+        .margin(18)
+        .x_label_area_size(48)
+        .y_label_area_size(78);
+    let x = (x0 / 1.3..x1 * 1.3).log_scale().with_key_points(xs);
+    // Log y either way (draw_lines' axis); counts (threads) from 1, so that small integers
+    // are not squeezed against the top.
+    let (ylo, yhi) = if log_y {
+        (y0 / 1.6, y1 * 1.6)
+    } else {
+        (1.0, (y1 * 1.3).max(2.0))
+    };
+    let mut chart = b
+        .build_cartesian_2d(x, (ylo..yhi).log_scale())
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("nodes")
+        .y_desc(ydesc)
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| ylabel(*y))
+        .light_line_style(RGBColor(235, 235, 235))
+        .label_style(("sans-serif", 14))
+        .axis_desc_style(("sans-serif", 15))
+        .draw()
+        .map_err(err)?;
+    draw_lines(&mut chart, &names, series)?;
+    root.present().map_err(err)?;
+    Ok(())
 }
 
 fn describe(r: &PlotRecord) -> (String, String, String) {
@@ -483,6 +691,56 @@ mod tests {
         std::fs::write(&results, "{\"collective\":\"broadcast\"}\n").unwrap();
         let e = plot(&results, &out).unwrap_err();
         assert!(format!("{e:#}").contains(":1:"), "{e:#}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn renders_plots_against_the_number_of_nodes() {
+        let dir =
+            std::env::temp_dir().join(format!("phalanx-plot-nodes-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let results = dir.join("scale.jsonl");
+        let mut lines = Vec::new();
+        for n in [8u32, 16, 64] {
+            for (size, t) in [(1u64 << 20, 0.003), (64 << 20, 0.2)] {
+                let r = rec("broadcast", "phalanx", size, t * n as f64 / 8.0, "")
+                    .replace(r#""nodes":8"#, &format!(r#""nodes":{n}"#));
+                lines.push(r);
+            }
+            for k in 0..n {
+                lines.push(format!(
+                    r#"{{"scale_node":{k},"nodes":{n},"peak_threads":{},"links_peak":3}}"#,
+                    10 + k % 4
+                ));
+            }
+            lines.push(format!(
+                r#"{{"scale_process":true,"nodes":{n},"peak_rss_bytes":1,"peak_rss_per_node_bytes":{}}}"#,
+                (6u64 << 20) + n as u64
+            ));
+        }
+        std::fs::write(&results, lines.join("\n")).unwrap();
+        let out = dir.join("plots");
+        let files = plot(&results, &out).unwrap();
+        let names: Vec<String> = files
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        for want in [
+            "scale-broadcast-tcp-latency-vs-nodes.svg",
+            "scale-threads-vs-nodes.svg",
+            "scale-memory-vs-nodes.svg",
+        ] {
+            assert!(names.contains(&want.to_string()), "{want} in {names:?}");
+        }
+        let lat = std::fs::read_to_string(out.join("scale-broadcast-tcp-latency-vs-nodes.svg"))
+            .unwrap()
+            .replace('\n', "");
+        assert!(lat.contains("phalanx 1 MiB") && lat.contains("phalanx 64 MiB"));
+        assert!(
+            lat.contains(">64</text>") && lat.contains(">8</text>"),
+            "node counts labelled"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
