@@ -1,0 +1,75 @@
+//! Where this node fetches the partitions of a partitioned allreduce from: its reduce tasks
+//! learn it from their coordinator (`ReduceTask::gather`) and leave it here for the node's
+//! assembly of the result (`Node::assemble`), which asks once per partition.
+
+use crate::protocol::GatherFrom;
+use crate::ObjectId;
+use std::collections::HashMap;
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// Hints kept at most this long unclaimed (a node whose assembly never asks, or asked
+/// before the task came and went its own way).
+const KEEP: Duration = Duration::from_secs(60);
+
+/// The hints of this node's tasks, by partition, until taken.
+#[derive(Default)]
+pub(crate) struct GatherHints {
+    hints: Mutex<HashMap<ObjectId, (GatherFrom, Instant)>>,
+    added: Condvar,
+}
+
+impl GatherHints {
+    /// A task of this node learned where to fetch `target` from.
+    pub fn record(&self, target: &ObjectId, from: GatherFrom) {
+        let mut h = self.hints.lock().unwrap();
+        h.retain(|_, (_, at)| at.elapsed() < KEEP);
+        h.insert(target.clone(), (from, Instant::now()));
+        drop(h);
+        self.added.notify_all();
+    }
+
+    /// Where to fetch `target` from, waiting up to `wait` for this node's task of it to
+    /// start; `None` if none did (the directory chooses then).
+    pub fn take(&self, target: &ObjectId, wait: Duration) -> Option<GatherFrom> {
+        let deadline = Instant::now() + wait;
+        let mut h = self.hints.lock().unwrap();
+        loop {
+            if let Some((from, _)) = h.remove(target) {
+                return Some(from);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            h = self.added.wait_timeout(h, deadline - now).unwrap().0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hint_is_taken_once_and_waited_for() {
+        let g = std::sync::Arc::new(GatherHints::default());
+        let t = ObjectId::new("x#part1of4");
+        assert_eq!(g.take(&t, Duration::from_millis(10)), None);
+        let g2 = g.clone();
+        let t2 = t.clone();
+        let h = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            g2.record(&t2, GatherFrom::Node(3));
+        });
+        assert_eq!(
+            g.take(&t, Duration::from_secs(5)),
+            Some(GatherFrom::Node(3)),
+            "waited for"
+        );
+        h.join().unwrap();
+        assert_eq!(g.take(&t, Duration::ZERO), None, "taken once");
+        g.record(&t, GatherFrom::Here);
+        assert_eq!(g.take(&t, Duration::ZERO), Some(GatherFrom::Here));
+    }
+}
