@@ -53,7 +53,12 @@ impl TransportSettings {
             TransportSettings::Tcp(c) if on => *c = c.clone().on_demand(),
             TransportSettings::Tcp(c) => c.on_demand = false,
             #[cfg(feature = "rdma")]
-            TransportSettings::Rdma(c) => c.on_demand = on,
+            TransportSettings::Rdma(c) => {
+                c.on_demand = on;
+                if on && c.idle_timeout.is_zero() {
+                    c.idle_timeout = phalanx_rdma::ON_DEMAND_IDLE_TIMEOUT;
+                }
+            }
         }
     }
 

@@ -43,6 +43,8 @@ pub enum Kind {
     DataDone = 3,
     Heartbeat = 4,
     Bye = 5,
+    /// The sender closes the link for being idle: answer with a `Bye` and close it.
+    Idle = 6,
 }
 
 impl Kind {
@@ -53,6 +55,7 @@ impl Kind {
             3 => Kind::DataDone,
             4 => Kind::Heartbeat,
             5 => Kind::Bye,
+            6 => Kind::Idle,
             _ => return None,
         })
     }

@@ -9,7 +9,9 @@ pub mod topology;
 mod transport;
 pub mod verbs;
 
-pub use transport::{RdmaConfig, RdmaTransport, DEFAULT_RENDEZVOUS_THRESHOLD};
+pub use transport::{
+    RdmaConfig, RdmaTransport, DEFAULT_RENDEZVOUS_THRESHOLD, ON_DEMAND_IDLE_TIMEOUT,
+};
 
 /// Whether this host has any RDMA device (tests skip without one).
 pub fn rdma_available() -> bool {

@@ -1184,3 +1184,99 @@ fn a_peer_that_takes_nothing_cannot_hold_the_staging_pool() {
         n.t.shutdown();
     }
 }
+
+/// Links made on demand close when idle, as over TCP: after each burst of messages both
+/// ways and a pause longer than the idle timeout the link is gone on both sides (its ring
+/// back in the pool), nobody reported the other down, and the next message makes a new link;
+/// every message arrives once and in order.
+#[test]
+fn idle_links_close_and_the_next_use_links_again() {
+    if !have_device("idle_links_close_and_the_next_use_links_again") {
+        return;
+    }
+    let c = RdmaConfig {
+        on_demand: true,
+        idle_timeout: Duration::from_millis(300),
+        ..cfg()
+    };
+    let a = node(0, c.clone(), 1 << 20);
+    let b = node(1, c.clone(), 1 << 20);
+    let peers = [(0, a.t.listen_addr()), (1, b.t.listen_addr())];
+    a.t.connect(&peers, false).expect("a");
+    b.t.connect(&peers, false).expect("b");
+    let pools = ((c.srq_blocks + c.staging_blocks) * c.block_size) as u64;
+    // Messages of one node to the other, in order; PeerUp may come between, PeerDown never.
+    let expect = |n: &Node, from: NodeId, first: u32, count: u32| {
+        let mut next = first;
+        while next < first + count {
+            match next_event(n, Duration::from_secs(20)) {
+                Event::Ctrl { peer, msg } => {
+                    assert_eq!(peer, from);
+                    let k = u32::from_le_bytes(msg[..4].try_into().unwrap());
+                    assert_eq!(k, next, "message {next} once and in order");
+                    assert!(msg[4..] == pattern(k as usize, msg.len() - 4)[..]);
+                    next += 1;
+                }
+                Event::PeerUp { .. } => {}
+                other => panic!("unexpected event {other:?}"),
+            }
+        }
+    };
+    let msg = |k: u32| {
+        let mut m = k.to_le_bytes().to_vec();
+        m.extend(pattern(k as usize, (k as usize * 131) % 9000));
+        m
+    };
+    let rounds = 3;
+    for r in 0..rounds {
+        let first = r * 40;
+        for k in first..first + 40 {
+            a.t.send(1, &msg(k)).expect("a sends");
+            b.t.send(0, &msg(k)).expect("b sends");
+        }
+        expect(&b, 0, first, 40);
+        expect(&a, 1, first, 40);
+        assert!(a.t.is_connected(1) || b.t.is_connected(0) || r > 0);
+        // Idle: closed on both sides within the idle timeout, a heartbeat pass and the
+        // goodbye.
+        let t0 = Instant::now();
+        while (a.t.is_connected(1) || b.t.is_connected(0)) && t0.elapsed() < Duration::from_secs(5)
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            !a.t.is_connected(1) && !b.t.is_connected(0),
+            "round {r}: the idle link closed on both sides"
+        );
+        // The ring goes back once the link is dropped (the goodbye completed).
+        let t1 = Instant::now();
+        while (a.t.eager_memory().0 > pools || b.t.eager_memory().0 > pools)
+            && t1.elapsed() < Duration::from_secs(5)
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(
+            a.t.eager_memory().0,
+            pools,
+            "round {r}: ring back in the pool"
+        );
+        assert_eq!(b.t.eager_memory().0, pools);
+        println!(
+            "round {r}: closed {:?} after the last message",
+            t0.elapsed()
+        );
+    }
+    let closed = a.t.link_counts().unwrap().idle_closed + b.t.link_counts().unwrap().idle_closed;
+    assert!(closed >= rounds as u64, "{closed} idle closes");
+    for n in [&a, &b] {
+        assert_eq!(n.t.stats().peers_down, 0, "nobody reported down");
+        assert_eq!(n.t.stats().malformed_frames, 0);
+        assert!(n
+            .t
+            .events()
+            .try_iter()
+            .all(|e| !matches!(e, Event::PeerDown { .. })));
+    }
+    a.t.shutdown();
+    b.t.shutdown();
+}

@@ -1,25 +1,27 @@
 //! Allreduce: every participant ends with a complete copy of `target = ⊕ sources`.
 //!
 //! Two algorithms, chosen by the coordinator per call ([`partitions`]):
-//! - **tree** (small objects, subsets, `required`/`claims`): one dynamic reduce into `target`
-//!   while every participant streams `target` as it fills (a reduce, then a broadcast: every
-//!   inner node receives the object twice, 2 S/B at best);
-//! - **partitioned** (objects of `NodeConfig::allreduce_partition_min` bytes or more, all
-//!   inputs used): the object
-//!   is cut into one partition per input and each partition is reduced by its own dynamic
-//!   tree (reduce-scatter), the trees' placements rotated so that each has its root, and its
-//!   leaf, on a different node; every participant then fetches the partitions with the
-//!   receiver-driven broadcast as they are produced (allgather) and assembles its copy of
-//!   `target`: (n-1)/n S in and out per node in each phase, a ring's 2(n-1)/n S/B, with each
-//!   partition still placed in arrival order and repaired like any reduce.
+//! - **tree** (small objects, subsets, `required`/`claims`, and inputs not all there when
+//!   the allreduce starts): one dynamic reduce into `target` while every participant streams
+//!   `target` as it fills (a reduce, then a broadcast: every inner node receives the object
+//!   twice, 2 S/B at best; inputs are placed as they arrive, so late ones find the early
+//!   ones reduced);
+//! - **partitioned** (objects of `NodeConfig::allreduce_partition_min` bytes or more, 8 MiB
+//!   by default, all inputs used and every one there, partial or complete, when it starts):
+//!   the object is cut into one partition per input and each partition is reduced by its own
+//!   dynamic tree (reduce-scatter), the trees' placements rotated so that each has its root,
+//!   and its leaf, on a different node; every participant then fetches the partitions as they
+//!   are produced (allgather) and assembles its copy of `target`. A partition reduced by a
+//!   chain is fetched along that chain (`GatherHint`: root -> leaf -> ... -> the root's
+//!   child), so that, as in a ring, every node receives and sends (n-1)/n S in each phase:
+//!   2(n-1)/n S/B, with each partition still placed in arrival order and repaired like any
+//!   reduce (after a death the directory chooses the sources again).
 //!
-//! The choice is by measurement: on the 8 emulated hosts of this machine (8 processes sharing
-//! 2 cores, so the hosts' CPUs and not the 1 Gbit/s links limit large transfers) the tree
-//! was faster at 16 and 64 MiB (both algorithms move the same 14 S bytes in all; the
-//! partitioned one balances them over the links, which pays only when the links are the
-//! bottleneck, and copies each result once more to assemble it), so the default threshold is
-//! never; `allreduce_partition_min` (config) turns it on, 8 MiB ([`PARTITION_MIN`]) being a
-//! sensible value where links limit.
+//! The choice is by measurement (README "Partitioned allreduce"): on 8 emulated hosts at
+//! 1 Gbit/s, with every input there, the partitioned one took 64 MiB in 1100-1154 ms where the
+//! tree took 1178-1197 ms, and 16 MiB in 283-296 against 302-313 ms; with inputs arriving
+//! 50 ms apart the tree, which has reduced the first inputs by the time the last comes,
+//! finishes 0.8 s after the last arrival where every partition's tree would wait for it.
 //!
 //! The coordinator announces its choice in a small object `{target}#plan` (the partitions'
 //! bounds) when the object is large enough for the partitioned algorithm; participants that

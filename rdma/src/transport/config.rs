@@ -45,6 +45,10 @@ pub struct RdmaConfig {
     /// With `on_demand`: for this long after `connect` a dial keeps trying (peers started
     /// one by one may not listen yet).
     pub startup_grace: Duration,
+    /// With `on_demand`: a link that carried no control message or data for this long,
+    /// through which the peer holds no grant and which no side watches, is closed (its QP
+    /// destroyed, its ring given back to the pool); zero never closes one.
+    pub idle_timeout: Duration,
     /// Spin on the CQ and the rings instead of sleeping on the completion channel.
     pub busy_poll: bool,
     /// NIC-local placement: bind registered memory to the device's NUMA node and (with
@@ -81,6 +85,7 @@ impl Default for RdmaConfig {
             connect_timeout: Duration::from_secs(30),
             on_demand: false,
             startup_grace: Duration::ZERO,
+            idle_timeout: Duration::ZERO,
             busy_poll: false,
             numa_placement: true,
             cq_entries: 16384,
@@ -90,6 +95,9 @@ impl Default for RdmaConfig {
         }
     }
 }
+
+/// Default idle timeout of links made on demand (`TransportSettings::set_on_demand`).
+pub const ON_DEMAND_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Default eager/rendezvous boundary (see README: measured on rxe in the test VM).
 pub const DEFAULT_RENDEZVOUS_THRESHOLD: u64 = 8 << 10;

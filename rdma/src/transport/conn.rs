@@ -106,6 +106,8 @@ pub(super) struct Conn {
     pub(super) cv: Condvar,
     pub(super) last_recv: AtomicU64,
     pub(super) last_send: AtomicU64,
+    /// ... of the last control message or data block sent or delivered (what idle means).
+    pub(super) last_used: AtomicU64,
     /// ... of the last heartbeat received that asked for an answer (the peer watches this
     /// node; 0: never).
     pub(super) peer_watches: AtomicU64,
@@ -193,7 +195,8 @@ impl Inner {
         }
     }
 
-    /// Takes the connection's send lock; fails if the link is down.
+    /// Takes the connection's send lock; fails if the link is down, or closing for being
+    /// idle (`PeerUnavailable`: the caller takes the peer's next link).
     pub(super) fn lock_tx<'a>(
         &self,
         conn: &'a Conn,
@@ -201,6 +204,9 @@ impl Inner {
         let g = conn.tx.lock().unwrap();
         if conn.is_failed() {
             return Err(self.peer_failed(conn));
+        }
+        if conn.is_retiring() {
+            return Err(TransportError::PeerUnavailable(conn.peer()));
         }
         Ok(g)
     }

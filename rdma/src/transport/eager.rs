@@ -205,6 +205,7 @@ impl Inner {
         }
         let counters = &self.links.counters;
         counters.ctrl_sent.fetch_add(1, Ordering::Relaxed);
+        conn.last_used.store(self.links.now_ns(), Ordering::Relaxed);
         Ok(())
     }
 
@@ -216,6 +217,9 @@ impl Inner {
         };
         if conn.is_failed() {
             return Err(TransportError::PeerUnavailable(conn.peer()));
+        }
+        if conn.is_retiring() {
+            return Ok(false); // closing for being idle: the blocking send takes the next link
         }
         // Only if every fragment has a credit and a send-queue slot right now.
         let max = block::max_payload(conn.lay.bsize);
@@ -274,6 +278,7 @@ impl Inner {
             counters.data_bytes_sent.fetch_add(n, Ordering::Relaxed);
             done += n;
         }
+        conn.last_used.store(self.links.now_ns(), Ordering::Relaxed);
         Ok(())
     }
 }

@@ -31,7 +31,9 @@ impl Inner {
         let mut flagged_at: std::collections::HashMap<NodeId, Instant> = Default::default();
         while !self.links.is_closing() {
             std::thread::sleep(tick);
+            self.finish_idle_closes();
             let conns = self.links.snapshot();
+            let mut kept = None;
             for c in conns {
                 let now = self.links.now_ns();
                 let silent = now.saturating_sub(c.last_recv.load(Ordering::Relaxed));
@@ -50,6 +52,10 @@ impl Inner {
                     || (since != 0 && now.saturating_sub(since) > timeout.as_nanos() as u64);
                 if silent > timeout.as_nanos() as u64 && watched && watched_long {
                     self.fail_conn(&c, format!("no heartbeat for {timeout:?}"));
+                    continue;
+                }
+                self.close_if_idle(&c, &mut kept);
+                if c.is_retiring() {
                     continue;
                 }
                 let idle = now.saturating_sub(c.last_send.load(Ordering::Relaxed))

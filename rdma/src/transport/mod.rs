@@ -47,6 +47,7 @@ mod credit;
 mod eager;
 mod heartbeat;
 mod hello;
+mod idle;
 mod progress;
 mod rendezvous;
 mod ring;
@@ -54,7 +55,7 @@ mod setup;
 mod shared;
 mod window;
 
-pub use config::{RdmaConfig, DEFAULT_RENDEZVOUS_THRESHOLD};
+pub use config::{RdmaConfig, DEFAULT_RENDEZVOUS_THRESHOLD, ON_DEMAND_IDLE_TIMEOUT};
 
 use crate::block::{self, Header, Kind};
 use crate::topology::{self, Placement};
@@ -121,6 +122,12 @@ struct Inner {
     rendezvous_threshold: AtomicU64,
     /// The peers this node watches (see `Transport::set_watch`); unset: every link.
     watch: std::sync::OnceLock<phalanx_transport::Watch>,
+    /// The peers the node above keeps links to (see `Transport::set_idle_guard`).
+    idle_guard: std::sync::OnceLock<phalanx_transport::IdleGuard>,
+    /// Links this node closed for being idle, until the peer's goodbye (`idle`).
+    draining: Mutex<Vec<(Arc<Conn>, Instant)>>,
+    /// Links the peer closed for being idle, whose goodbye is still to be sent.
+    byes_due: Mutex<Vec<Arc<Conn>>>,
 }
 
 /// One data write as [`Transport::write`] takes it, its bounds already checked; what the
@@ -256,6 +263,9 @@ impl RdmaTransport {
             wake,
             threads: Mutex::new(Vec::new()),
             watch: std::sync::OnceLock::new(),
+            idle_guard: std::sync::OnceLock::new(),
+            draining: Mutex::new(Vec::new()),
+            byes_due: Mutex::new(Vec::new()),
             psn_seed: AtomicU64::new(seed),
             rendezvous_threshold: AtomicU64::new(cfg_threshold),
         });
@@ -465,6 +475,10 @@ impl Transport for RdmaTransport {
         true
     }
 
+    fn set_idle_guard(&self, guard: phalanx_transport::IdleGuard) {
+        let _ = self.inner.idle_guard.set(guard);
+    }
+
     fn name(&self) -> &'static str {
         "rdma"
     }
@@ -556,9 +570,16 @@ impl Transport for RdmaTransport {
     fn send(&self, peer: NodeId, msg: &[u8]) -> Result<(), TransportError> {
         check_ctrl_len(msg)?;
         let inner = &self.inner;
-        let conn = inner.links.link(peer)?;
-        let mut tx = inner.lock_tx(&conn)?;
-        inner.send_ctrl(&conn, &mut tx, msg)
+        loop {
+            let conn = inner.links.link(peer)?;
+            let mut tx = match inner.lock_tx(&conn) {
+                Ok(tx) => tx,
+                // Closed for being idle under us: nothing went; the next link takes it.
+                Err(_) if conn.is_retiring() => continue,
+                Err(e) => return Err(e),
+            };
+            return inner.send_ctrl(&conn, &mut tx, msg);
+        }
     }
 
     /// Small writes (below the rendezvous threshold, or to a region without addr/rkey) take
@@ -576,8 +597,8 @@ impl Transport for RdmaTransport {
         let mr = inner.arena_mr()?;
         mr.arena().check(src_offset, len)?;
         dst.check(dst_offset, len)?;
-        let conn = inner.links.link(peer)?;
         if len == 0 {
+            inner.links.link(peer)?;
             return Ok(());
         }
         let w = WriteReq {
@@ -590,10 +611,19 @@ impl Transport for RdmaTransport {
         let rendezvous = len >= inner.rendezvous_threshold.load(Ordering::Relaxed)
             && dst.rkey != 0
             && dst.addr != 0;
-        if rendezvous {
-            inner.write_rendezvous(&conn, &mr, &w)
-        } else {
-            inner.write_eager(&conn, &mr, &w)
+        loop {
+            let conn = inner.links.link(peer)?;
+            let r = if rendezvous {
+                inner.write_rendezvous(&conn, &mr, &w)
+            } else {
+                inner.write_eager(&conn, &mr, &w)
+            };
+            match r {
+                // Closed for being idle before anything went (both paths refuse a retiring
+                // link at their first send lock, and fail otherwise): the next link.
+                Err(TransportError::PeerUnavailable(_)) if conn.is_retiring() => continue,
+                r => return r,
+            }
         }
     }
 

@@ -33,7 +33,18 @@ impl Inner {
                 self.wait_for(conn, None, || conn.ops_done.load(Ordering::Acquire) > op)?;
             }
             let n = (w.len - done).min(chunk);
-            let mut tx = self.lock_tx(conn)?;
+            let mut tx = match self.lock_tx(conn) {
+                Ok(tx) => tx,
+                // Closed for being idle after some chunks went: the write cannot move to the
+                // next link (its grant's window is bound to this QP).
+                Err(TransportError::PeerUnavailable(peer)) if done > 0 => {
+                    return Err(TransportError::PeerFailed {
+                        peer,
+                        reason: "link closed for being idle during a write".into(),
+                    })
+                }
+                Err(e) => return Err(e),
+            };
             let op = self.post_app_write(
                 conn,
                 &mut tx,
@@ -58,6 +69,7 @@ impl Inner {
             last_op = op;
             let counters = &self.links.counters;
             counters.data_bytes_sent.fetch_add(n, Ordering::Relaxed);
+            conn.last_used.store(self.links.now_ns(), Ordering::Relaxed);
             done += n;
         }
         // The source may be reused once the last chunk write has completed.

@@ -145,7 +145,7 @@ impl Inner {
     /// Acts on one block message. `Ok(false)` on a goodbye.
     fn deliver(
         &self,
-        conn: &Conn,
+        conn: &Arc<Conn>,
         rx: &mut RxState,
         h: &Header,
         payload: &[u8],
@@ -159,6 +159,7 @@ impl Inner {
                 }
             }
             Kind::Bye => return Ok(false),
+            Kind::Idle => self.closed_by_peer_for_idle(conn),
             Kind::Ctrl => {
                 if h.flags & FLAG_FIRST != 0 {
                     if rx.partial.is_some() {
@@ -197,6 +198,7 @@ impl Inner {
                         .counters
                         .ctrl_received
                         .fetch_add(1, Ordering::Relaxed);
+                    conn.last_used.store(self.links.now_ns(), Ordering::Relaxed);
                     self.links.emit(Event::Ctrl { peer, msg });
                 }
             }
@@ -225,6 +227,7 @@ impl Inner {
                     .data_bytes_received
                     .fetch_add(len, Ordering::Relaxed);
                 drop(held);
+                conn.last_used.store(self.links.now_ns(), Ordering::Relaxed);
                 self.links.emit(Event::Data {
                     peer,
                     stream: h.a,

@@ -105,6 +105,7 @@ impl Inner {
             cv: Condvar::new(),
             last_recv: AtomicU64::new(now),
             last_send: AtomicU64::new(now),
+            last_used: AtomicU64::new(now),
             peer_watches: AtomicU64::new(0),
             watching_since: AtomicU64::new(0),
             installed: AtomicBool::new(false),
