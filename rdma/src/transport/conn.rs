@@ -121,6 +121,13 @@ pub(super) struct Conn {
 }
 
 impl Conn {
+    /// Whether the peer watches this node through this link: its last heartbeat that asked
+    /// for an answer came less than `timeout` (ns) before `now`.
+    pub(super) fn watched_by_peer(&self, now: u64, timeout: u64) -> bool {
+        let asked = self.peer_watches.load(Ordering::Relaxed);
+        asked != 0 && now.saturating_sub(asked) < timeout
+    }
+
     /// Whether the link's blocks go through the shared pools (no private ring).
     pub(super) fn is_shared(&self) -> bool {
         self.bufs.is_none()

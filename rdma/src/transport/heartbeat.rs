@@ -17,7 +17,7 @@ pub(super) const HB_WATCHING: u64 = 1;
 
 impl Inner {
     /// Whether this node fails the link to `peer` when silent (all links without a watch).
-    fn watches(&self, peer: NodeId) -> bool {
+    pub(super) fn watches(&self, peer: NodeId) -> bool {
         self.watch.get().is_none_or(|w| w(peer))
     }
 
@@ -60,8 +60,7 @@ impl Inner {
                 }
                 let idle = now.saturating_sub(c.last_send.load(Ordering::Relaxed))
                     >= period.as_nanos() as u64;
-                let asked = c.peer_watches.load(Ordering::Relaxed);
-                let answer = asked != 0 && now.saturating_sub(asked) < timeout.as_nanos() as u64;
+                let answer = c.watched_by_peer(now, timeout.as_nanos() as u64);
                 // Without a watch every link is watched here, and its heartbeats ask for answers.
                 let flagged = self.watch.get().is_none()
                     || watched

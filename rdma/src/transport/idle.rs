@@ -39,13 +39,10 @@ impl Inner {
         }
         // A link that proves a peer alive (watched from either side) stays; without a watch
         // here every link's heartbeats are flagged, and none is watched in particular.
-        if self.watch.get().is_some() {
-            let asked = conn.peer_watches.load(Ordering::Relaxed);
-            let watched_by_peer = asked != 0
-                && now.saturating_sub(asked) < self.cfg.heartbeat_timeout.as_nanos() as u64;
-            if watched_by_peer || self.watch.get().is_some_and(|w| w(peer)) {
-                return;
-            }
+        let timeout = self.cfg.heartbeat_timeout.as_nanos() as u64;
+        if self.watch.get().is_some() && (conn.watched_by_peer(now, timeout) || self.watches(peer))
+        {
+            return;
         }
         let kept = kept.get_or_insert_with(|| match self.idle_guard.get() {
             Some(guard) => guard(),

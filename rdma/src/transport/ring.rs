@@ -41,20 +41,8 @@ impl Inner {
                     drop(rx);
                     consumed_any = true;
                     conn.last_recv.store(self.links.now_ns(), Ordering::Relaxed);
-                    match res {
-                        Ok(true) => {}
-                        Ok(false) => {
-                            self.fail_conn(conn, PEER_LEFT.into());
-                            return;
-                        }
-                        Err(e) => {
-                            self.links
-                                .counters
-                                .malformed_frames
-                                .fetch_add(1, Ordering::Relaxed);
-                            self.fail_conn(conn, format!("malformed block: {e}"));
-                            return;
-                        }
+                    if !self.consumed(conn, res) {
+                        return;
                     }
                 }
                 BlockState::Stale | BlockState::Torn(_) if seq >= rx.imm_seen => break,
@@ -117,21 +105,10 @@ impl Inner {
             rx.next_seq += 1;
             drop(rx);
             self.repost_block(b);
-            match res {
-                Ok(true) => consumed_any = true,
-                Ok(false) => {
-                    self.fail_conn(conn, PEER_LEFT.into());
-                    return;
-                }
-                Err(e) => {
-                    self.links
-                        .counters
-                        .malformed_frames
-                        .fetch_add(1, Ordering::Relaxed);
-                    self.fail_conn(conn, format!("malformed block: {e}"));
-                    return;
-                }
+            if !self.consumed(conn, res) {
+                return;
             }
+            consumed_any = true;
             if conn.consuming_paused.load(Ordering::Relaxed) {
                 break;
             }
@@ -139,6 +116,24 @@ impl Inner {
         if consumed_any {
             conn.last_recv.store(self.links.now_ns(), Ordering::Relaxed);
             self.return_credit(conn);
+        }
+    }
+
+    /// After one block was acted on: false once the link has ended (a goodbye, or a block
+    /// that did not decode or broke a rule: counted as malformed).
+    fn consumed(&self, conn: &Arc<Conn>, res: Result<bool, TransportError>) -> bool {
+        match res {
+            Ok(true) => true,
+            Ok(false) => {
+                self.fail_conn(conn, PEER_LEFT.into());
+                false
+            }
+            Err(e) => {
+                let counters = &self.links.counters;
+                counters.malformed_frames.fetch_add(1, Ordering::Relaxed);
+                self.fail_conn(conn, format!("malformed block: {e}"));
+                false
+            }
         }
     }
 
