@@ -12,7 +12,10 @@ use std::time::Duration;
 /// What rank 0 learns from one iteration.
 pub(super) struct Measure {
     pub total: f64,
-    /// Reduce, allreduce, gather: from the last input's scheduled arrival to the end.
+    /// Reduce, allreduce, gather: from the last input's scheduled arrival to the last rank
+    /// done: the iteration's time minus (n - 1) arrival intervals, the rule of
+    /// `cluster/mpi/collbench.c` (until 2026-11-25 it was rank 0's own completion, which for
+    /// an allreduce left out the readers that finish after the coordinator).
     pub after_last_ready: Option<f64>,
     pub degree: Option<usize>,
     /// Allreduce: partitions reduced side by side.
@@ -219,10 +222,9 @@ impl<'a> Round<'a> {
             node.delete(target)?;
         }
         let last_ready_at = (interval * (n - 1)).as_secs_f64();
-        let own = (done - released) as f64 / 1e9;
         Ok(Some(Measure {
             total,
-            after_last_ready: Some((own - last_ready_at).max(0.0)),
+            after_last_ready: Some((total - last_ready_at).max(0.0)),
             degree,
             partitions,
         }))
