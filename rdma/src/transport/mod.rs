@@ -38,7 +38,7 @@
 //!   staging pool and the ring pool;
 //! - `rendezvous`: the zero-copy path of large writes; `window`: the memory window a grant
 //!   binds for them;
-//! - `progress`, `heartbeat`: the two threads;
+//! - `progress`, `heartbeat`: the two threads; `idle`: closing links that stay idle;
 //! - here: [`RdmaTransport`] and its [`Transport`] implementation.
 
 mod config;
