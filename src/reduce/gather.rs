@@ -12,6 +12,9 @@ use std::time::{Duration, Instant};
 /// before the task came and went its own way).
 const KEEP: Duration = Duration::from_secs(60);
 
+/// Hints kept at most (the oldest go first): a coordinator cannot grow the table for ever.
+const MAX_HINTS: usize = 4096;
+
 /// The hints of this node's tasks, by partition, until taken.
 #[derive(Default)]
 pub(crate) struct GatherHints {
@@ -24,6 +27,15 @@ impl GatherHints {
     pub fn record(&self, target: &ObjectId, from: GatherFrom) {
         let mut h = self.hints.lock().unwrap();
         h.retain(|_, (_, at)| at.elapsed() < KEEP);
+        if h.len() >= MAX_HINTS {
+            let oldest = h
+                .iter()
+                .min_by_key(|(_, (_, at))| *at)
+                .map(|(k, _)| k.clone());
+            if let Some(k) = oldest {
+                h.remove(&k);
+            }
+        }
         h.insert(target.clone(), (from, Instant::now()));
         drop(h);
         self.added.notify_all();
@@ -71,5 +83,16 @@ mod tests {
         assert_eq!(g.take(&t, Duration::ZERO), None, "taken once");
         g.record(&t, GatherFrom::Here);
         assert_eq!(g.take(&t, Duration::ZERO), Some(GatherFrom::Here));
+    }
+
+    #[test]
+    fn the_table_is_bounded() {
+        let g = GatherHints::default();
+        for k in 0..MAX_HINTS + 10 {
+            g.record(&ObjectId::new(format!("t{k}")), GatherFrom::Node(1));
+        }
+        assert_eq!(g.hints.lock().unwrap().len(), MAX_HINTS);
+        let last = ObjectId::new(format!("t{}", MAX_HINTS + 9));
+        assert_eq!(g.take(&last, Duration::ZERO), Some(GatherFrom::Node(1)));
     }
 }

@@ -118,6 +118,9 @@ pub(super) struct Conn {
     /// Test hook: the progress thread leaves this connection's ring alone (a peer that keeps
     /// its link alive but consumes nothing).
     pub(super) consuming_paused: AtomicBool,
+    /// The peer closed the link for being idle: our `Bye` is due (queued once, whatever
+    /// number of `Idle` blocks it sends).
+    pub(super) bye_due: AtomicBool,
 }
 
 impl Conn {

@@ -86,7 +86,9 @@ impl Inner {
         if !conn.is_retiring() && !self.links.retire(conn, false) {
             return; // no longer the current link (failed, or replaced): nothing to close
         }
-        self.byes_due.lock().unwrap().push(conn.clone());
+        if !conn.bye_due.swap(true, Ordering::AcqRel) {
+            self.byes_due.lock().unwrap().push(conn.clone());
+        }
     }
 
     /// Heartbeat thread: sends the `Bye` of each link the peer closed for being idle, waits

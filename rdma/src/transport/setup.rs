@@ -110,6 +110,7 @@ impl Inner {
             watching_since: AtomicU64::new(0),
             installed: AtomicBool::new(false),
             consuming_paused: AtomicBool::new(false),
+            bye_due: AtomicBool::new(false),
         };
         Ok(conn)
     }
