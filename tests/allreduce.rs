@@ -114,11 +114,9 @@ fn run(
     })
 }
 
-/// With the default configuration an allreduce of 8 MiB whose inputs are all there is
-/// partitioned; one whose inputs are not all there yet is one tree (placing them as they
-/// come), and its readers learn it from the plan.
+/// With the default configuration (partitioning off) the same call is one tree.
 #[test]
-fn the_default_allreduce_partitions_only_when_every_input_is_there() {
+fn the_default_allreduce_is_one_tree() {
     let n = 3;
     let c = LocalCluster::start(n as u32, NodeConfig::default(), tcp()).unwrap();
     let size = PARTITION_MIN;
@@ -133,36 +131,7 @@ fn the_default_allreduce_partitions_only_when_every_input_is_there() {
         DType::F32,
         &[1, 2],
     );
-    assert_eq!(parts, 3, "every input there: partitioned");
-    let want = reference(&inputs, ReduceOp::Sum, DType::F32);
-    assert!(all.iter().all(|v| *v == want));
-
-    // Input 2 comes 300 ms after the allreduce starts.
-    let late = input(2, size, DType::F32);
-    let (mut inputs, sources) = put_inputs(&c, "arl", &[0, 1], size, DType::F32);
-    let late_id = ObjectId::new("arl/in2");
-    let mut all_sources = sources.clone();
-    all_sources.push(late_id.clone());
-    let target = ObjectId::new("arl/out");
-    let (all, parts) = std::thread::scope(|s| {
-        let node2 = c.node(2).clone();
-        let late2 = late.clone();
-        s.spawn(move || {
-            std::thread::sleep(Duration::from_millis(300));
-            node2.put(late_id, &late2).unwrap();
-        });
-        run(
-            &c,
-            &target,
-            &all_sources,
-            size,
-            ReduceOp::Sum,
-            DType::F32,
-            &[1, 2],
-        )
-    });
-    assert_eq!(parts, 1, "an input not there yet: one tree");
-    inputs.push(late);
+    assert_eq!(parts, 1);
     let want = reference(&inputs, ReduceOp::Sum, DType::F32);
     assert!(all.iter().all(|v| *v == want));
 }

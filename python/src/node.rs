@@ -286,8 +286,8 @@ impl Node {
             )));
         }
         if self.node.id() != coordinator {
-            // The size, from an input held here: a partitioned allreduce (from
-            // `allreduce_partition_min`, 8 MiB by default) is assembled here from its partitions.
+            // The size, from an input held here: a partitioned allreduce (nodes configured
+            // with `allreduce_partition_min`) is assembled here from its partitions.
             let size = sources
                 .iter()
                 .find_map(|s| self.node.local_copy(s.as_str()).map(|c| c.size));

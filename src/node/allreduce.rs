@@ -1,27 +1,25 @@
 //! Allreduce: every participant ends with a complete copy of `target = ⊕ sources`.
 //!
 //! Two algorithms, chosen by the coordinator per call ([`partitions`]):
-//! - **tree** (small objects, subsets, `required`/`claims`, and inputs not all there when
-//!   the allreduce starts): one dynamic reduce into `target` while every participant streams
-//!   `target` as it fills (a reduce, then a broadcast: every inner node receives the object
-//!   twice, 2 S/B at best; inputs are placed as they arrive, so late ones find the early
-//!   ones reduced);
-//! - **partitioned** (objects of `NodeConfig::allreduce_partition_min` bytes or more, 8 MiB
-//!   by default, all inputs used and every one there, partial or complete, when it starts):
-//!   the object is cut into one partition per input and each partition is reduced by its own
-//!   dynamic tree (reduce-scatter), the trees' placements rotated so that each has its root,
-//!   and its leaf, on a different node; every participant then fetches the partitions as they
-//!   are produced (allgather) and assembles its copy of `target`. A partition reduced by a
-//!   chain is fetched along that chain (`GatherHint`: root -> leaf -> ... -> the root's
-//!   child), so that, as in a ring, every node receives and sends (n-1)/n S in each phase:
-//!   2(n-1)/n S/B, with each partition still placed in arrival order and repaired like any
-//!   reduce (after a death the directory chooses the sources again).
+//! - **tree** (small objects, subsets, `required`/`claims`): one dynamic reduce into `target`
+//!   while every participant streams `target` as it fills (a reduce, then a broadcast: every
+//!   inner node receives the object twice, 2 S/B at best);
+//! - **partitioned** (objects of `NodeConfig::allreduce_partition_min` bytes or more, all
+//!   inputs used): the object
+//!   is cut into one partition per input and each partition is reduced by its own dynamic
+//!   tree (reduce-scatter), the trees' placements rotated so that each has its root, and its
+//!   leaf, on a different node; every participant then fetches the partitions with the
+//!   receiver-driven broadcast as they are produced (allgather) and assembles its copy of
+//!   `target`: (n-1)/n S in and out per node in each phase, a ring's 2(n-1)/n S/B, with each
+//!   partition still placed in arrival order and repaired like any reduce.
 //!
-//! The choice is by measurement (README "Partitioned allreduce"): on 8 emulated hosts at
-//! 1 Gbit/s, with every input there, the partitioned one took 64 MiB in 1100-1154 ms where the
-//! tree took 1178-1197 ms, and 16 MiB in 283-296 against 302-313 ms; with inputs arriving
-//! 50 ms apart the tree, which has reduced the first inputs by the time the last comes,
-//! finishes 0.8 s after the last arrival where every partition's tree would wait for it.
+//! The choice is by measurement: on the 8 emulated hosts of this machine (8 processes sharing
+//! 2 cores, so the hosts' CPUs and not the 1 Gbit/s links limit large transfers) the tree
+//! was faster at 16 and 64 MiB (both algorithms move the same 14 S bytes in all; the
+//! partitioned one balances them over the links, which pays only when the links are the
+//! bottleneck, and copies each result once more to assemble it), so the default threshold is
+//! never; `allreduce_partition_min` (config) turns it on, 8 MiB ([`PARTITION_MIN`]) being a
+//! sensible value where links limit.
 //!
 //! The coordinator announces its choice in a small object `{target}#plan` (the partitions'
 //! bounds) when the object is large enough for the partitioned algorithm; participants that
@@ -30,7 +28,6 @@
 
 use super::Node;
 use crate::ops::{DType, ReduceOp};
-use crate::protocol::GatherFrom;
 use crate::reduce::{Hooks, ReduceOptions, ReduceOutcome};
 use crate::store::CopyStatus;
 use crate::view::ObjectView;
@@ -39,21 +36,6 @@ use crate::{Error, ObjectId, Result};
 /// A good `NodeConfig::allreduce_partition_min` where the links, not the hosts' CPUs, are the
 /// bottleneck (the default is never: see the module).
 pub const PARTITION_MIN: u64 = 8 << 20;
-
-/// How long a participant's assembly waits for its task of a partition to say where to fetch
-/// that partition from (tasks go out as soon as the inputs are placed); then the directory
-/// chooses.
-const HINT_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
-
-/// How long the coordinator waits for every input to be there before it settles for one tree.
-const PRESENT_GRACE: std::time::Duration = std::time::Duration::from_millis(20);
-
-/// A partition fetched along its chain that makes no progress for this long is fetched
-/// through the directory instead (a repair can leave two nodes naming each other).
-const HINT_STALL: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// How long a partition's root waits for its own task's output to appear.
-const HERE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// At most this many partitions (each fetched at once by every participant; a plan that
 /// names more is refused).
@@ -148,15 +130,7 @@ impl Node {
             .find_map(|s| self.inner.store.lookup(s).map(|c| c.size()));
         let dynamic_only = !opts.required.is_empty() || opts.claims.is_some();
         let parts = match size {
-            // Partitioned only if every input is there (partial or complete) as it starts:
-            // each partition's tree waits for every input, where one tree places inputs as
-            // they arrive and has reduced the early ones by the time the last comes.
-            Some(s)
-                if !dynamic_only
-                    && opts.range.is_none()
-                    && partitions(s, sources.len(), dtype, min).len() > 1
-                    && self.inputs_present(sources, PRESENT_GRACE) =>
-            {
+            Some(s) if !dynamic_only && opts.range.is_none() => {
                 partitions(s, sources.len(), dtype, min)
             }
             // Options a partition cannot honour, or the size unknown here (no input on this
@@ -324,8 +298,7 @@ impl Node {
             let fetches: Vec<_> = (0..n)
                 .map(|p| {
                     let id = part_id(target, p, n);
-                    let size = parts[p].1 - parts[p].0;
-                    s.spawn(move || self.fetch_partition(&id, size))
+                    s.spawn(move || self.get_view(id))
                 })
                 .collect();
             // In order: the copy fills front to back, so readers of a partial copy could
@@ -354,44 +327,6 @@ impl Node {
             return Err(e);
         }
         inner.dir.publish(target, size, true)
-    }
-
-    /// Whether every input has a copy somewhere (partial or complete), waiting up to `grace`
-    /// for the last ones (inputs put at the same moment as the call).
-    fn inputs_present(&self, sources: &[ObjectId], grace: std::time::Duration) -> bool {
-        let deadline = std::time::Instant::now() + grace;
-        let mut missing: Vec<&ObjectId> = sources
-            .iter()
-            .filter(|s| self.inner.store.lookup(s).is_none())
-            .collect();
-        loop {
-            missing.retain(|s| {
-                !matches!(self.locate((*s).clone()), Ok(Some(info)) if !info.locations.is_empty())
-            });
-            if missing.is_empty() {
-                return true;
-            }
-            if std::time::Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(2));
-        }
-    }
-
-    /// One partition for [`Node::assemble`]: from the node this node's task of that partition
-    /// names (the partition's chain, as a ring allgather would: see `GatherHint`), else from
-    /// wherever the directory says.
-    fn fetch_partition(&self, id: &ObjectId, size: u64) -> Result<ObjectView> {
-        match self.inner.reducer.gather_hint(id, HINT_WAIT) {
-            Some(GatherFrom::Node(source)) => self.get_view_via(id, source, size, HINT_STALL),
-            // Produced here: the task's output, once it has made it (a repair may move the
-            // partition elsewhere: then, or if it fails, wherever the directory says).
-            Some(GatherFrom::Here) => match self.inner.store.wait_lookup(id, HERE_WAIT) {
-                Ok(c) => self.wait_complete(c).or_else(|_| self.get_view(id.clone())),
-                Err(_) => self.get_view(id.clone()),
-            },
-            None => self.get_view(id.clone()),
-        }
     }
 
     /// Deletes the result of an allreduce everywhere: `target`, and its plan and partitions

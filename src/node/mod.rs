@@ -12,7 +12,6 @@ mod start;
 use crate::config::{NodeConfig, INLINE_LIMIT};
 use crate::directory::{Assignment, DirClient, Shard};
 use crate::fault::{FaultHook, FaultPlan};
-use crate::hop::hop;
 use crate::membership::Membership;
 use crate::protocol::ObjectInfo;
 use crate::reduce::Reducer;
@@ -194,76 +193,27 @@ impl Node {
             None => (Instant::now() + op_timeout, Driver::Caller),
         };
         refetching(deadline, || {
-            let fetched = self
+            match self
                 .inner
                 .transfers
-                .fetch_until(&id, exclude, driver, deadline)?;
-            Self::complete_view(fetched, deadline, timeout.is_some(), op_timeout)
+                .fetch_until(&id, exclude, driver, deadline)?
+            {
+                Fetched::Owned(v) => Ok(ObjectView::Owned(v)),
+                Fetched::Copy(c) => {
+                    let size = c.size();
+                    let mut wm = 0;
+                    while wm < size || c.status() != CopyStatus::Complete {
+                        // Without a timeout: at most the op timeout without progress.
+                        let wait = match timeout {
+                            Some(_) => deadline.saturating_duration_since(Instant::now()),
+                            None => op_timeout,
+                        };
+                        wm = c.wait_beyond(wm, wait)?;
+                    }
+                    Ok(ObjectView::Arena(c))
+                }
+            }
         })
-    }
-
-    /// Like [`Node::get_view`], pulling from `source` at once (it holds or fetches `id`, of
-    /// `size` bytes, before this node: `Transfers::fetch_from`). A pull that fails, or makes
-    /// no progress for `stall` (the hint was stale: after a repair two nodes can name each
-    /// other), is dropped and the directory chooses.
-    pub(crate) fn get_view_via(
-        &self,
-        id: &ObjectId,
-        source: NodeId,
-        size: u64,
-        stall: std::time::Duration,
-    ) -> Result<ObjectView> {
-        let c = match self.inner.transfers.fetch_from(id, source, size) {
-            Ok(Fetched::Owned(v)) => return Ok(ObjectView::Owned(v)),
-            Ok(Fetched::Copy(c)) => c,
-            Err(_) => return self.get_view(id.clone()),
-        };
-        let mut wm = 0;
-        while wm < size || c.status() != CopyStatus::Complete {
-            match c.wait_beyond(wm, stall) {
-                Ok(w) => wm = w,
-                Err(e) => {
-                    hop!(self.id(), "hinted pull dropped", source = source);
-                    tracing::debug!(node = self.id(), %id, source, "hinted pull dropped: {e}");
-                    drop(c);
-                    self.evict_local(id.clone());
-                    return self.get_view(id.clone());
-                }
-            }
-        }
-        Ok(ObjectView::Arena(c))
-    }
-
-    /// Waits until a local copy is complete (at most the op timeout without progress).
-    pub(crate) fn wait_complete(&self, c: crate::store::CopyRef) -> Result<ObjectView> {
-        let t = self.inner.cfg.op_timeout;
-        Self::complete_view(Fetched::Copy(c), Instant::now() + t, false, t)
-    }
-
-    /// Waits until a fetched copy is complete: until `deadline` with `bounded`, else at most
-    /// `op_timeout` without progress.
-    fn complete_view(
-        fetched: Fetched,
-        deadline: Instant,
-        bounded: bool,
-        op_timeout: std::time::Duration,
-    ) -> Result<ObjectView> {
-        match fetched {
-            Fetched::Owned(v) => Ok(ObjectView::Owned(v)),
-            Fetched::Copy(c) => {
-                let size = c.size();
-                let mut wm = 0;
-                while wm < size || c.status() != CopyStatus::Complete {
-                    let wait = if bounded {
-                        deadline.saturating_duration_since(Instant::now())
-                    } else {
-                        op_timeout
-                    };
-                    wm = c.wait_beyond(wm, wait)?;
-                }
-                Ok(ObjectView::Arena(c))
-            }
-        }
     }
 
     /// A reader that returns bytes as soon as they have arrived.

@@ -12,7 +12,7 @@ mod reply;
 pub use directory::{DirMsg, Located, LocationInfo, ObjectInfo};
 pub use member::MemberMsg;
 pub use pull::PullMsg;
-pub use reduce::{GatherFrom, GatherHint, ReduceMsg, ReduceTask};
+pub use reduce::{ReduceMsg, ReduceTask};
 pub use reply::Reply;
 
 use crate::ObjectId;

@@ -38,26 +38,4 @@ pub struct ReduceTask {
     /// has its completion, so a reader anywhere finds it as soon as the reduce returns
     /// (the shard may be a third node, and the name may have been deleted just before).
     pub result: bool,
-    /// A partition of a partitioned allreduce reduced by a chain: the partition's object and
-    /// where this node should fetch its copy of it from for the allgather (see
-    /// `crate::reduce::GatherHints`).
-    pub gather: Option<GatherHint>,
-}
-
-/// Where a participant of a partitioned allreduce fetches one partition from: along the
-/// partition's own chain (from its child's node; the chain's leaf from the root), so that
-/// every link carries the partitions of the allgather as a ring does, once each.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum GatherFrom {
-    /// This node produces the partition (the chain's root).
-    Here,
-    /// From this node, which holds or fetches it before this one does.
-    Node(NodeId),
-}
-
-/// The partition (`target` of the reduce) and where this node fetches it from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GatherHint {
-    pub target: ObjectId,
-    pub from: GatherFrom,
 }

@@ -12,7 +12,6 @@
 
 mod claims;
 mod coordinator;
-mod gather;
 mod run;
 mod task;
 mod tree;
@@ -186,21 +185,9 @@ pub(crate) struct Reducer {
     /// Where tasks run.
     workers: Arc<Workers>,
     tasks: task::Tasks,
-    /// Where this node fetches the partitions of partitioned allreduces from.
-    gather: gather::GatherHints,
 }
 
 impl Reducer {
-    /// Where to fetch partition `target` of a partitioned allreduce from, as this node's
-    /// task of that partition learned it; waits up to `wait` for that task to start.
-    pub fn gather_hint(
-        &self,
-        target: &ObjectId,
-        wait: Duration,
-    ) -> Option<crate::protocol::GatherFrom> {
-        self.gather.take(target, wait)
-    }
-
     pub fn new(d: ReduceDeps) -> Reducer {
         Reducer {
             id: d.rpc.id(),
@@ -212,7 +199,6 @@ impl Reducer {
             transfers: d.transfers,
             workers: d.workers,
             tasks: task::Tasks::default(),
-            gather: gather::GatherHints::default(),
         }
     }
 

@@ -5,7 +5,7 @@
 
 use super::{choose_degree, ReduceOptions, SourceClaims, Tree};
 use crate::ops::{combine, combine_into, DType, ReduceOp};
-use crate::protocol::{GatherFrom, GatherHint, ObjectInfo, ReduceTask, Reply};
+use crate::protocol::{ObjectInfo, ReduceTask, Reply};
 use crate::{Error, ObjectId, Result};
 use crossbeam_channel::Receiver;
 use phalanx_transport::NodeId;
@@ -358,37 +358,10 @@ impl Run {
                     dtype: self.dtype,
                     chunk: self.chunk,
                     result: p == 0,
-                    gather: self.gather_hint(&tree, p),
                 },
             ));
         }
         out
-    }
-
-    /// Where the node of position `p` fetches this partition from in the allgather of a
-    /// partitioned allreduce, when the partition is reduced by a chain: the root produces it,
-    /// every other position fetches it from its child's node and the leaf from the root's,
-    /// so the partition travels the chain's links once more, root -> leaf -> ... -> the root's
-    /// child (with every partition rotated, a ring). `None` otherwise (other trees, plain
-    /// reduces), and once a node of the run has died: hints of a repaired tree and of the
-    /// first one could name each other in a circle, so the directory chooses then.
-    fn gather_hint(&self, tree: &Tree, p: usize) -> Option<GatherHint> {
-        let repaired = !self.dead.is_empty() || self.gen.iter().any(|&g| g > 0);
-        if self.range.is_none() || tree.degree != 1 || repaired {
-            return None;
-        }
-        let node_of = |q: usize| self.slots[q].map(|s| s.1);
-        let from = if p == 0 {
-            GatherFrom::Here
-        } else if let Some(&c) = tree.children[p].first() {
-            GatherFrom::Node(node_of(c)?)
-        } else {
-            GatherFrom::Node(node_of(0)?)
-        };
-        Some(GatherHint {
-            target: self.target.clone(),
-            from,
-        })
     }
 
     /// A node died: positions it held leave the tree and, with every ancestor that had not

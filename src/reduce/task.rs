@@ -130,9 +130,6 @@ impl Reducer {
                 t.children_at.len()
             )));
         }
-        if let Some(g) = &t.gather {
-            self.gather.record(&g.target, g.from);
-        }
         let own = self.input(&t.own)?;
         let children = self.inputs(t)?;
         let slice_ok = t
