@@ -319,17 +319,8 @@ fn draw_vs_nodes(
     log_y: bool,
     ylabel: &dyn Fn(f64) -> String,
 ) -> Result<()> {
-    let pts = series.values().flatten();
-    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
-    for &(x, _, lo, hi) in pts {
-        x0 = x0.min(x);
-        x1 = x1.max(x);
-        y0 = y0.min(lo);
-        y1 = y1.max(hi);
-    }
-    let mut xs: Vec<f64> = series.values().flatten().map(|q| q.0).collect();
-    xs.sort_by(f64::total_cmp);
-    xs.dedup();
+    let (x0, x1, y0, y1) = extent(series);
+    let xs = measured_xs(series);
     let names: Vec<&String> = series.keys().collect();
     let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
@@ -427,15 +418,28 @@ fn color_of(name: &str, index: usize) -> RGBColor {
     }
 }
 
-fn draw(path: &Path, title: &str, series: &BTreeMap<String, Vec<Point>>, axis: Axis) -> Result<()> {
-    let pts = series.values().flatten();
+/// The smallest and largest x, and the lowest and highest y (whiskers included).
+fn extent(series: &BTreeMap<String, Vec<Point>>) -> (f64, f64, f64, f64) {
     let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
-    for &(x, _, lo, hi) in pts {
+    for &(x, _, lo, hi) in series.values().flatten() {
         x0 = x0.min(x);
         x1 = x1.max(x);
         y0 = y0.min(lo);
         y1 = y1.max(hi);
     }
+    (x0, x1, y0, y1)
+}
+
+/// The x values measured, sorted and once each (the axis labels them, not powers of ten).
+fn measured_xs(series: &BTreeMap<String, Vec<Point>>) -> Vec<f64> {
+    let mut xs: Vec<f64> = series.values().flatten().map(|q| q.0).collect();
+    xs.sort_by(f64::total_cmp);
+    xs.dedup();
+    xs
+}
+
+fn draw(path: &Path, title: &str, series: &BTreeMap<String, Vec<Point>>, axis: Axis) -> Result<()> {
+    let (x0, x1, y0, y1) = extent(series);
     // Pad the ranges so the end points are not on the frame.
     let (y0, y1) = (y0 / 1.6, y1 * 1.6);
     let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
@@ -453,9 +457,7 @@ fn draw(path: &Path, title: &str, series: &BTreeMap<String, Vec<Point>>, axis: A
         Axis::Size => {
             let (x0, x1) = (x0 / 1.6, x1 * 1.6);
             // Label the measured sizes themselves (1 KiB, 64 KiB, ...), not powers of ten.
-            let mut xs: Vec<f64> = series.values().flatten().map(|q| q.0).collect();
-            xs.sort_by(f64::total_cmp);
-            xs.dedup();
+            let xs = measured_xs(series);
             let mut chart = b
                 .build_cartesian_2d(
                     (x0..x1).log_scale().with_key_points(xs),

@@ -1028,7 +1028,7 @@ fn eager_memory_is_bounded_by_the_pools() {
     let pools = ((c.srq_blocks + c.staging_blocks) * c.block_size) as u64;
     let ring = ((2 * c.ring_blocks * c.block_size + 128) as u64).next_multiple_of(4096);
     let bound = pools + c.ring_pool as u64 * ring;
-    let mem: Vec<(u64, u64)> = nodes.iter().map(|n| n.t.eager_memory()).collect();
+    let mem: Vec<(u64, u64)> = nodes.iter().map(|n| n.t.eager_memory().unwrap()).collect();
     println!(
         "{N} nodes, {} links each, ring pool {}: eager memory per node (now, peak) {:?} KiB; \
          bound {} KiB (pools {} KiB + {} rings of {} KiB); {} KiB if every link had a ring",
@@ -1250,17 +1250,17 @@ fn idle_links_close_and_the_next_use_links_again() {
         );
         // The ring goes back once the link is dropped (the goodbye completed).
         let t1 = Instant::now();
-        while (a.t.eager_memory().0 > pools || b.t.eager_memory().0 > pools)
+        while (a.t.eager_memory().unwrap().0 > pools || b.t.eager_memory().unwrap().0 > pools)
             && t1.elapsed() < Duration::from_secs(5)
         {
             std::thread::sleep(Duration::from_millis(20));
         }
         assert_eq!(
-            a.t.eager_memory().0,
+            a.t.eager_memory().unwrap().0,
             pools,
             "round {r}: ring back in the pool"
         );
-        assert_eq!(b.t.eager_memory().0, pools);
+        assert_eq!(b.t.eager_memory().unwrap().0, pools);
         println!(
             "round {r}: closed {:?} after the last message",
             t0.elapsed()

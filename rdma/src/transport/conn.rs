@@ -82,9 +82,7 @@ pub(super) struct Conn {
     pub(super) qp: QueuePair,
     /// The private ring, staging copy and notification buffers of a link in the ring pool;
     /// `None` on a shared-pool link, whose blocks go through the node's SRQ and staging pool.
-    pub(super) bufs: Option<Arc<MemoryRegion>>,
-    /// The link's place in the ring pool, while `bufs` exists.
-    pub(super) ring: Option<super::shared::RingTicket>,
+    pub(super) ring: Option<super::shared::PrivateRing>,
     /// Staging blocks of the shared pool held by sends in flight (after `qp`: given back
     /// once it is destroyed).
     pub(super) staged: super::shared::Staged,
@@ -131,9 +129,14 @@ impl Conn {
         asked != 0 && now.saturating_sub(asked) < timeout
     }
 
+    /// The registration of the link's private ring buffers, if it has one.
+    pub(super) fn bufs(&self) -> Option<&Arc<MemoryRegion>> {
+        self.ring.as_ref().map(|r| &r.mr)
+    }
+
     /// Whether the link's blocks go through the shared pools (no private ring).
     pub(super) fn is_shared(&self) -> bool {
-        self.bufs.is_none()
+        self.ring.is_none()
     }
 
     pub(super) fn notify(&self) {

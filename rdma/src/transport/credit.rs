@@ -14,7 +14,7 @@ impl Inner {
     /// A credit notification arrived: read the notification buffer (count and complement),
     /// falling back to the 31 bits of the immediate if the buffer reads inconsistent.
     pub(super) fn take_credit(&self, conn: &Conn, low31: u32) {
-        let (a, b) = match conn.bufs.as_ref() {
+        let (a, b) = match conn.bufs() {
             Some(bufs) => {
                 let p = (bufs.addr() + conn.lay.notify_in) as *const u64;
                 // SAFETY: notify_in is 16 bytes inside our registered buffer, 64-byte
@@ -49,7 +49,7 @@ impl Inner {
             return;
         }
         let count = rx.next_seq;
-        if let Some(bufs) = conn.bufs.as_ref() {
+        if let Some(bufs) = conn.bufs() {
             let p = (bufs.addr() + conn.lay.notify_out) as *mut u64;
             // SAFETY: notify_out is 16 bytes inside our buffer; no notification write is in
             // flight (checked above), so the NIC is not reading it.
@@ -63,7 +63,7 @@ impl Inner {
         drop(rx);
         conn.sq_inflight.fetch_add(1, Ordering::AcqRel);
         let imm = IMM_CREDIT | (count as u32 & IMM_MASK);
-        let posted = match conn.bufs.as_ref() {
+        let posted = match conn.bufs() {
             Some(bufs) => conn.qp.post_write(
                 WR_CREDIT,
                 bufs,

@@ -31,7 +31,7 @@ impl Inner {
         })? {
             return Ok(false);
         }
-        let Some(bufs) = conn.bufs.clone() else {
+        let Some(bufs) = conn.bufs().cloned() else {
             return self.send_shared(conn, tx, h, payload, deadline);
         };
         let slot = conn.staging_block(seq);

@@ -22,6 +22,12 @@ pub(super) struct Hello {
 }
 
 impl Hello {
+    /// Whether the sender has a private ring for this link (keys 0: it has none, blocks go
+    /// to its shared receive queue).
+    pub(super) fn offers_ring(&self) -> bool {
+        self.ring_rkey != 0 && self.notify_rkey != 0
+    }
+
     pub(super) fn encode(&self) -> [u8; HELLO_LEN] {
         let mut b = [0u8; HELLO_LEN];
         b[0..4].copy_from_slice(&HELLO_MAGIC.to_le_bytes());

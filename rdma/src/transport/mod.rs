@@ -350,12 +350,6 @@ impl RdmaTransport {
         Ok(())
     }
 
-    /// Bytes of eager memory (rings, staging, the shared receive queue) registered now, and
-    /// at most so far.
-    pub fn eager_memory(&self) -> (u64, u64) {
-        self.inner.pool.bytes()
-    }
-
     /// Name of the opened device.
     pub fn device_name(&self) -> &str {
         self.inner.ctx.name()

@@ -19,7 +19,7 @@ impl Inner {
             let mut rx = conn.rx.lock().unwrap();
             let seq = rx.next_seq;
             let off = conn.ring_block(seq);
-            let Some(bufs) = conn.bufs.as_ref() else {
+            let Some(bufs) = conn.bufs() else {
                 return; // a link without a ring: `consume_shared`
             };
             let last = (bufs.addr() + off + bsize - 1) as *const u8;

@@ -3,7 +3,7 @@
 
 use super::conn::{Conn, Layout, RemoteRing, RxState, TxState};
 use super::hello::{Hello, HELLO_LEN, READY_BYTE};
-use super::shared::Staged;
+use super::shared::{PrivateRing, Staged};
 use super::{setup_err, Inner};
 use crate::verbs::{MemoryRegion, QpEndpoint, QueuePair};
 use phalanx_transport::{Arena, Event, Link, LinkState, NodeId, TransportError};
@@ -26,7 +26,7 @@ impl Inner {
     /// Our hello: with a private ring, where the peer writes our blocks and credits; without
     /// one (addresses and keys 0), the peer sends its blocks to our shared receive queue.
     fn local_hello(&self, conn: &Conn, psn: u32) -> Hello {
-        let (ring_addr, ring_rkey, notify_addr, notify_rkey) = match &conn.bufs {
+        let (ring_addr, ring_rkey, notify_addr, notify_rkey) = match conn.bufs() {
             Some(b) => (
                 b.addr() + conn.lay.ring,
                 b.rkey(),
@@ -63,27 +63,26 @@ impl Inner {
         } else {
             None
         };
-        let bufs = match ticket {
-            Some(_) => {
+        let ring = match ticket {
+            Some(place) => {
                 let mem = Arc::new(Arena::new(lay.total, false)?);
                 self.place(&mem, "connection buffers");
-                let bufs = Arc::new(MemoryRegion::register(&self.pd, mem)?);
+                let mr = Arc::new(MemoryRegion::register(&self.pd, mem)?);
                 let counters = &self.links.counters;
                 counters.registrations.fetch_add(1, Ordering::Relaxed);
-                Some(bufs)
+                Some(PrivateRing { mr, _place: place })
             }
             None => None,
         };
         let max_wr = self.ctx.max_qp_wr().max(16) as u64;
         let sq_depth = ((lay.n + self.cfg.write_window + 8) as u64).min(max_wr);
-        let qp = QueuePair::new(&self.pd, &self.cq, sq_depth as u32, 0, Some(&self.pool.srq))?;
+        let qp = QueuePair::new(&self.pd, &self.cq, sq_depth as u32, &self.pool.srq)?;
         qp.to_init(&self.rc)?;
         let now = self.links.now_ns();
         let conn = Conn {
             link: LinkState::new(peer),
             qp,
-            bufs,
-            ring: ticket,
+            ring,
             staged: Staged {
                 pool: self.pool.clone(),
                 held: Mutex::new(Default::default()),
@@ -130,8 +129,7 @@ impl Inner {
                 remote.node, conn.lay.n, conn.lay.bsize, remote.ring_blocks, remote.block_size
             )));
         }
-        if remote.ring_rkey == 0 || remote.notify_rkey == 0 {
-            conn.bufs = None;
+        if !remote.offers_ring() {
             conn.ring = None;
         }
         conn.remote = RemoteRing {
@@ -205,8 +203,7 @@ impl Inner {
             )));
         }
         let psn = self.next_psn();
-        let offered = remote.ring_rkey != 0 && remote.notify_rkey != 0;
-        let conn = self.new_conn(peer, offered)?;
+        let conn = self.new_conn(peer, remote.offers_ring())?;
         let hello = self.local_hello(&conn, psn);
         let conn = self.finish_conn(conn, &remote, psn)?;
         // RTS before answering: the dialer may send as soon as it has our answer.

@@ -38,6 +38,13 @@ pub(super) struct RingTicket {
     bytes: u64,
 }
 
+/// The private ring, staging copy and notification buffers of a link in the ring pool, with
+/// its place in the pool (given back when the link is dropped).
+pub(super) struct PrivateRing {
+    pub(super) mr: Arc<MemoryRegion>,
+    pub(super) _place: RingTicket,
+}
+
 impl Drop for RingTicket {
     fn drop(&mut self) {
         *self.pool.rings_free.lock().unwrap() += 1;

@@ -1,8 +1,7 @@
-//! Reliable-connected queue pair: creation, state changes, posting writes, binds and receives.
+//! Reliable-connected queue pair: creation (its receives from a shared receive queue), state
+//! changes, posting writes, sends, binds and reads.
 
-use super::sys::{
-    self, ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_recv_wr, ibv_send_wr, ibv_sge, Lib,
-};
+use super::sys::{self, ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_send_wr, ibv_sge, Lib};
 use super::{
     CompletionQueue, MemoryRegion, MemoryWindow, ProtectionDomain, SharedReceiveQueue, VerbsError,
 };
@@ -52,8 +51,8 @@ pub struct QueuePair {
     state: Mutex<QpState>,
     // Dropped after the QP is destroyed in Drop::drop.
     in_use: Mutex<Vec<Arc<MemoryRegion>>>,
-    /// The SRQ the receives come from, if any (destroyed after the QP).
-    srq: Option<Arc<SharedReceiveQueue>>,
+    /// The SRQ the receives come from (destroyed after the QP).
+    _srq: Arc<SharedReceiveQueue>,
     _cq: Arc<CompletionQueue>,
     _pd: Arc<ProtectionDomain>,
 }
@@ -64,14 +63,13 @@ unsafe impl Send for QueuePair {}
 unsafe impl Sync for QueuePair {}
 
 impl QueuePair {
-    /// Creates an RC QP whose send and receive completions go to `cq`; with `srq`, its
-    /// receives come from that shared queue (and `max_recv_wr` is ignored).
+    /// Creates an RC QP whose send and receive completions go to `cq` and whose receives
+    /// come from `srq`.
     pub fn new(
         pd: &Arc<ProtectionDomain>,
         cq: &Arc<CompletionQueue>,
         max_send_wr: u32,
-        max_recv_wr: u32,
-        srq: Option<&Arc<SharedReceiveQueue>>,
+        srq: &Arc<SharedReceiveQueue>,
     ) -> Result<QueuePair, VerbsError> {
         // SAFETY: ibv_qp_init_attr is plain old data; zero is valid (null pointers).
         let mut a: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
@@ -80,10 +78,8 @@ impl QueuePair {
         a.qp_type = sys::IBV_QPT_RC;
         a.sq_sig_all = 0;
         a.cap.max_send_wr = max_send_wr;
-        a.cap.max_recv_wr = if srq.is_some() { 0 } else { max_recv_wr };
-        if let Some(s) = srq {
-            a.srq = s.raw();
-        }
+        a.cap.max_recv_wr = 0;
+        a.srq = srq.raw();
         a.cap.max_send_sge = 1;
         a.cap.max_recv_sge = 1;
         a.cap.max_inline_data = 0;
@@ -101,7 +97,7 @@ impl QueuePair {
             qpn,
             state: Mutex::new(QpState::Reset),
             in_use: Mutex::new(Vec::new()),
-            srq: srq.cloned(),
+            _srq: srq.clone(),
             _cq: cq.clone(),
             _pd: pd.clone(),
         })
@@ -377,28 +373,6 @@ impl QueuePair {
         }
         let read = sys::IBV_WR_RDMA_READ;
         self.post_rdma(wr_id, read, mr, offset, len, remote_addr, rkey, None)
-    }
-
-    /// Posts a receive with no buffer: it only absorbs one write-with-immediate. Not for a
-    /// QP attached to an SRQ (its receives are the SRQ's).
-    pub fn post_recv(&self, wr_id: u64) -> Result<(), VerbsError> {
-        if self.srq.is_some() {
-            return Err(VerbsError::Invalid(
-                "receives of this QP come from its SRQ".into(),
-            ));
-        }
-        // SAFETY: ibv_recv_wr is plain old data; zero is valid.
-        let mut wr: ibv_recv_wr = unsafe { std::mem::zeroed() };
-        wr.wr_id = wr_id;
-        wr.num_sge = 0;
-        wr.sg_list = std::ptr::null_mut();
-        let mut bad: *mut ibv_recv_wr = std::ptr::null_mut();
-        // SAFETY: the QP is alive; `wr` lives across the call and names no memory.
-        let rc = unsafe { sys::post_recv(self.qp, &mut wr, &mut bad) };
-        if rc != 0 {
-            return Err(VerbsError::code("ibv_post_recv", rc));
-        }
-        Ok(())
     }
 }
 

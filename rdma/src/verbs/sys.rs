@@ -3,10 +3,10 @@
 //! Nothing here links against libibverbs: [`lib`] opens `libibverbs.so.1` with `dlopen` the
 //! first time verbs are needed and resolves every exported function once, by symbol version
 //! (`dlvsym`, e.g. `ibv_reg_mr@IBVERBS_1.1`, the version verbs.h binds to today). The four
-//! calls verbs.h implements as `static inline` functions (`ibv_post_send`, `ibv_post_recv`,
+//! calls verbs.h implements as `static inline` functions (`ibv_post_send`,
 //! `ibv_post_srq_recv`, `ibv_poll_cq`, `ibv_req_notify_cq`) go through the context's ops
-//! table exactly as verbs.h does ([`post_send`], [`post_recv`], [`post_srq_recv`],
-//! [`poll_cq`], [`req_notify_cq`]).
+//! table exactly as verbs.h does ([`post_send`], [`post_srq_recv`], [`poll_cq`],
+//! [`req_notify_cq`]).
 //!
 //! The structures are `#[repr(C)]` copies of rdma-core's `infiniband/verbs.h` (x86-64 and
 //! other LP64 Linux targets), limited to what Phalanx touches; handles Phalanx never looks
@@ -795,24 +795,6 @@ pub unsafe fn post_send(
     // SAFETY: a live QP points at its live context, whose ops table the provider filled in.
     match unsafe { (*(*qp).context).ops.post_send } {
         // SAFETY: the caller's contract is post_send's.
-        Some(f) => unsafe { f(qp, wr, bad) },
-        None => libc::EOPNOTSUPP,
-    }
-}
-
-/// `ibv_post_recv`: `qp->context->ops.post_recv(qp, wr, bad)`.
-///
-/// # Safety
-/// `qp` is a live QP; `wr` is a valid chain whose buffers are registered and live.
-#[inline]
-pub unsafe fn post_recv(
-    qp: *mut ibv_qp,
-    wr: *mut ibv_recv_wr,
-    bad: *mut *mut ibv_recv_wr,
-) -> c_int {
-    // SAFETY: as in post_send.
-    match unsafe { (*(*qp).context).ops.post_recv } {
-        // SAFETY: the caller's contract is post_recv's.
         Some(f) => unsafe { f(qp, wr, bad) },
         None => libc::EOPNOTSUPP,
     }
