@@ -230,6 +230,8 @@ impl Reducer {
                 }
                 None => dst.copy_from_slice(own.bytes(base + off, base + end)),
             })?;
+            // On to the parent's pull at once, if it is waiting (see `transfer/serve.rs`).
+            self.transfers.forward_landed(out);
             off = end;
         }
         if cancel.load(Ordering::Acquire) || out.is_detached() {

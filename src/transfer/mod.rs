@@ -49,6 +49,9 @@ pub struct ServeRecord {
     pub source: NodeId,
     pub receiver: NodeId,
     pub bytes: u64,
+    /// Of `bytes`, those written on as they landed by the thread that took them in (a copy
+    /// still filling, forwarded without a hand-off: `serve.rs`).
+    pub forwarded: u64,
     pub start: Instant,
     pub end: Instant,
 }
@@ -83,6 +86,8 @@ pub(crate) struct Transfers {
     // Source side.
     /// Cancel flags of the pulls this node serves, by (receiver, stream).
     serving: Mutex<HashMap<(NodeId, StreamId), Arc<AtomicBool>>>,
+    /// Serves forwarded as their copies fill (`serve.rs`), by object.
+    forwards: Mutex<HashMap<ObjectId, Vec<Arc<serve::Forward>>>>,
     serve_log: Mutex<Vec<ServeRecord>>,
 }
 
@@ -102,6 +107,7 @@ impl Transfers {
             recv_log: Mutex::new(Vec::new()),
             bandwidth_bits: AtomicU64::new(0),
             serving: Mutex::new(HashMap::new()),
+            forwards: Mutex::new(HashMap::new()),
             serve_log: Mutex::new(Vec::new()),
         }
     }

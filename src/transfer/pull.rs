@@ -187,6 +187,9 @@ impl Transfers {
         };
         let ok = filled.is_ok();
         hop!(self.id, "bytes came with the location", source = source);
+        if ok {
+            self.forward_landed(copy);
+        }
         self.recv_log.lock().unwrap().push(TransferRecord {
             id: id.clone(),
             source,
@@ -606,10 +609,14 @@ impl Transfers {
         }
         ib.copy.advance_to(offset + len);
         hop!(self.id, "data in", from = peer, offset = offset, len = len);
+        let copy = ib.copy.clone();
         if offset + len >= ib.copy.size() {
             let ib = inbound.remove(&stream).expect("present");
             self.end_inbound(ib, Some(InboundEnd::Complete));
         }
+        drop(inbound);
+        // On to this copy's own receivers, from this thread (see `serve.rs`).
+        self.forward_landed(&copy);
     }
 
     /// The source will write no more for `stream`.

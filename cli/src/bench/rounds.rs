@@ -189,21 +189,11 @@ impl<'a> Round<'a> {
             self.finish(released, Some(done))?;
             return Ok(None);
         }
-        let (done, (degree, partitions), result) = if interval.is_zero() {
-            // Every input is ready at the start: rank 0 puts its own, then combines.
-            let put_done = put_input()?;
-            let (done, degree, result) = self.combine_at_root(&inputs, &target)?;
-            (done.max(put_done), degree, result)
-        } else {
-            // Rank 0's input arrives on schedule while it already combines the others.
-            std::thread::scope(|s| -> Result<_> {
-                let mine = s.spawn(put_input);
-                let out = self.combine_at_root(&inputs, &target);
-                let put_done = mine.join().expect("input thread")?;
-                let (done, degree, result) = out?;
-                Ok((done.max(put_done), degree, result))
-            })?
-        };
+        // Rank 0's input is due at the start (0 intervals late): it puts it, then combines,
+        // so the coordinator knows the object's size as it chooses the algorithm.
+        let put_done = put_input()?;
+        let (done, (degree, partitions), result) = self.combine_at_root(&inputs, &target)?;
+        let done = done.max(put_done);
         let total = self
             .finish(released, Some(done))?
             .expect("rank 0 gets the time");
