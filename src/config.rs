@@ -31,10 +31,10 @@ pub struct NodeConfig {
     pub latency_override: Option<Duration>,
     /// Fixed bandwidth in bytes/s for the reduce degree model (default: measured).
     pub bandwidth_override: Option<f64>,
-    /// Allreduces of objects this large or larger, with every input used, are reduced
-    /// partition by partition (`crate::allreduce`); `u64::MAX` (the default): never. Every
-    /// participant must have the same value. Off by default because it measured slower on
-    /// the emulated hosts (README "Allreduce").
+    /// Allreduces of objects this large or larger, with every input used and there when the
+    /// allreduce starts, are reduced partition by partition (`crate::allreduce`); default
+    /// 8 MiB (`crate::allreduce::PARTITION_MIN`), `u64::MAX`: never. Every participant must
+    /// have the same value.
     pub allreduce_partition_min: u64,
 }
 
@@ -49,7 +49,7 @@ impl Default for NodeConfig {
             spin_wait: Duration::from_micros(30),
             latency_override: None,
             bandwidth_override: None,
-            allreduce_partition_min: u64::MAX,
+            allreduce_partition_min: crate::allreduce::PARTITION_MIN,
         }
     }
 }
@@ -158,8 +158,9 @@ pub struct ClusterConfig {
     /// Bound on one link setup handshake, in milliseconds (default 3000): a peer that says
     /// nothing, or trickles, is dropped after it.
     pub handshake_timeout_ms: Option<u64>,
-    /// Allreduces of objects this large or larger (all inputs used) are reduced partition by
-    /// partition, e.g. 8388608 (default and 0: never; one tree, then a broadcast).
+    /// Allreduces of objects this large or larger (all inputs used, and there at the start)
+    /// are reduced partition by partition (default 8388608; 0: never, one tree then a
+    /// broadcast).
     pub allreduce_partition_min: Option<u64>,
     /// `"mesh"` or `"on_demand"`; default: a mesh up to 32 nodes, on demand beyond.
     pub connect: Option<Connect>,
@@ -343,7 +344,11 @@ mod tests {
                 .node_config()
                 .allreduce_partition_min
         };
-        assert_eq!(part(""), u64::MAX, "partitioned allreduce off by default");
+        assert_eq!(
+            part(""),
+            8 << 20,
+            "partitioned allreduce from 8 MiB by default"
+        );
         assert_eq!(part("allreduce_partition_min = 0\n"), u64::MAX);
         assert_eq!(part("allreduce_partition_min = 8388608\n"), 8 << 20);
     }

@@ -114,9 +114,11 @@ fn run(
     })
 }
 
-/// With the default configuration (partitioning off) the same call is one tree.
+/// With the default configuration an allreduce of 8 MiB whose inputs are all there is
+/// partitioned; one whose inputs are not all there yet is one tree (placing them as they
+/// come), and its readers learn it from the plan. Configured off, it is one tree.
 #[test]
-fn the_default_allreduce_is_one_tree() {
+fn the_default_allreduce_partitions_only_when_every_input_is_there() {
     let n = 3;
     let c = LocalCluster::start(n as u32, NodeConfig::default(), tcp()).unwrap();
     let size = PARTITION_MIN;
@@ -131,7 +133,58 @@ fn the_default_allreduce_is_one_tree() {
         DType::F32,
         &[1, 2],
     );
-    assert_eq!(parts, 1);
+    assert_eq!(parts, 3, "every input there: partitioned");
+    let want = reference(&inputs, ReduceOp::Sum, DType::F32);
+    assert!(all.iter().all(|v| *v == want));
+
+    // Input 2 comes 300 ms after the allreduce starts.
+    let late = input(2, size, DType::F32);
+    let (mut inputs, sources) = put_inputs(&c, "arl", &[0, 1], size, DType::F32);
+    let late_id = ObjectId::new("arl/in2");
+    let mut all_sources = sources.clone();
+    all_sources.push(late_id.clone());
+    let target = ObjectId::new("arl/out");
+    let (all, parts) = std::thread::scope(|s| {
+        let node2 = c.node(2).clone();
+        let late2 = late.clone();
+        s.spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            node2.put(late_id, &late2).unwrap();
+        });
+        run(
+            &c,
+            &target,
+            &all_sources,
+            size,
+            ReduceOp::Sum,
+            DType::F32,
+            &[1, 2],
+        )
+    });
+    assert_eq!(parts, 1, "an input not there yet: one tree");
+    inputs.push(late);
+    let want = reference(&inputs, ReduceOp::Sum, DType::F32);
+    assert!(all.iter().all(|v| *v == want));
+
+    // Configured off: one tree.
+    drop(c);
+    let off = NodeConfig {
+        allreduce_partition_min: u64::MAX,
+        ..NodeConfig::default()
+    };
+    let c = LocalCluster::start(n as u32, off, tcp()).unwrap();
+    let (inputs, sources) = put_inputs(&c, "aro", &[0, 1, 2], size, DType::F32);
+    let target = ObjectId::new("aro/out");
+    let (all, parts) = run(
+        &c,
+        &target,
+        &sources,
+        size,
+        ReduceOp::Sum,
+        DType::F32,
+        &[1, 2],
+    );
+    assert_eq!(parts, 1, "partitioning off: one tree");
     let want = reference(&inputs, ReduceOp::Sum, DType::F32);
     assert!(all.iter().all(|v| *v == want));
 }

@@ -141,13 +141,21 @@ fn readers_chained_on_a_filling_copy_forward_it_as_it_lands() {
         assert!(log[0].ok && log[0].bytes == SIZE, "node {k}: {log:?}");
     }
     // Every serve of the target wrote it whole, once; the readers' copies, which were
-    // still filling when the next reader asked, wrote it on as it landed.
-    let serves: Vec<_> = c
-        .nodes
-        .iter()
-        .flat_map(|n| n.serve_log())
-        .filter(|s| s.id == target)
-        .collect();
+    // still filling when the next reader asked, wrote it on as it landed. (A serve's record
+    // is written as its worker ends, which may be a moment after its receiver is done.)
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let serves = loop {
+        let serves: Vec<_> = c
+            .nodes
+            .iter()
+            .flat_map(|n| n.serve_log())
+            .filter(|s| s.id == target)
+            .collect();
+        if serves.len() >= readers.len() || std::time::Instant::now() >= deadline {
+            break serves;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
     assert_eq!(serves.len(), readers.len(), "{serves:?}");
     for s in &serves {
         assert_eq!(s.bytes, SIZE, "{s:?}");

@@ -28,6 +28,7 @@
 
 use super::Node;
 use crate::ops::{DType, ReduceOp};
+use crate::protocol::GatherFrom;
 use crate::reduce::{Hooks, ReduceOptions, ReduceOutcome};
 use crate::store::CopyStatus;
 use crate::view::ObjectView;
@@ -36,6 +37,21 @@ use crate::{Error, ObjectId, Result};
 /// A good `NodeConfig::allreduce_partition_min` where the links, not the hosts' CPUs, are the
 /// bottleneck (the default is never: see the module).
 pub const PARTITION_MIN: u64 = 8 << 20;
+
+/// How long a participant's assembly waits for a partition's coordinator to say where to
+/// fetch it from (said as soon as the partition's chain is placed); then the directory
+/// chooses.
+const HINT_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// How long the coordinator waits for every input to be there before it settles for one tree.
+const PRESENT_GRACE: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// A partition fetched along its chain that makes no progress for this long is fetched
+/// through the directory instead (a stale hint: a repair moved the partition).
+const HINT_STALL: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How long a partition's root waits for its own task's output to appear.
+const HERE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// At most this many partitions (each fetched at once by every participant; a plan that
 /// names more is refused).
@@ -130,7 +146,15 @@ impl Node {
             .find_map(|s| self.inner.store.lookup(s).map(|c| c.size()));
         let dynamic_only = !opts.required.is_empty() || opts.claims.is_some();
         let parts = match size {
-            Some(s) if !dynamic_only && opts.range.is_none() => {
+            // Partitioned only if every input is there (partial or complete) as it starts:
+            // each partition's tree waits for every input, where one tree places inputs as
+            // they arrive and has reduced the early ones by the time the last comes.
+            Some(s)
+                if !dynamic_only
+                    && opts.range.is_none()
+                    && partitions(s, sources.len(), dtype, min).len() > 1
+                    && self.inputs_present(sources, PRESENT_GRACE) =>
+            {
                 partitions(s, sources.len(), dtype, min)
             }
             // Options a partition cannot honour, or the size unknown here (no input on this
@@ -298,7 +322,8 @@ impl Node {
             let fetches: Vec<_> = (0..n)
                 .map(|p| {
                     let id = part_id(target, p, n);
-                    s.spawn(move || self.get_view(id))
+                    let size = parts[p].1 - parts[p].0;
+                    s.spawn(move || self.fetch_partition(&id, size))
                 })
                 .collect();
             // In order: the copy fills front to back, so readers of a partial copy could
@@ -327,6 +352,50 @@ impl Node {
             return Err(e);
         }
         inner.dir.publish(target, size, true)
+    }
+
+    /// Whether every input has a copy somewhere (partial or complete), waiting up to `grace`
+    /// for the last ones (inputs put at the same moment as the call).
+    fn inputs_present(&self, sources: &[ObjectId], grace: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + grace;
+        let mut missing: Vec<&ObjectId> = sources
+            .iter()
+            .filter(|s| self.inner.store.lookup(s).is_none())
+            .collect();
+        loop {
+            missing.retain(|s| {
+                !matches!(self.locate((*s).clone()), Ok(Some(info)) if !info.locations.is_empty())
+            });
+            if missing.is_empty() {
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+
+    /// One partition for [`Node::assemble`]: from the node its coordinator names (along the
+    /// partition's chain, as a ring's allgather: `Run::gather_hints`), else from wherever
+    /// the directory says.
+    fn fetch_partition(&self, id: &ObjectId, size: u64) -> Result<ObjectView> {
+        match self.inner.reducer.gather_hint(id, HINT_WAIT) {
+            Some(GatherFrom::Node(source)) => self.get_view_via(id, source, size, HINT_STALL),
+            // Produced here: the task's output, once it has made it. A repair may move the
+            // partition elsewhere, or the copy fail: then wherever the directory says.
+            Some(GatherFrom::Here) => match self.inner.store.wait_lookup(id, HERE_WAIT) {
+                Ok(c) => match self.wait_complete(c, HINT_STALL) {
+                    Ok(v) => Ok(v),
+                    Err((c, _)) => {
+                        drop(c);
+                        self.get_view(id.clone())
+                    }
+                },
+                Err(_) => self.get_view(id.clone()),
+            },
+            None => self.get_view(id.clone()),
+        }
     }
 
     /// Deletes the result of an allreduce everywhere: `target`, and its plan and partitions

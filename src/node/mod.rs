@@ -12,6 +12,7 @@ mod start;
 use crate::config::{NodeConfig, INLINE_LIMIT};
 use crate::directory::{Assignment, DirClient, Shard};
 use crate::fault::{FaultHook, FaultPlan};
+use crate::hop::hop;
 use crate::membership::Membership;
 use crate::protocol::ObjectInfo;
 use crate::reduce::Reducer;
@@ -214,6 +215,55 @@ impl Node {
                 }
             }
         })
+    }
+
+    /// Like [`Node::get_view`], pulling from `source` at once (it holds or fetches `id`, of
+    /// `size` bytes, before this node: `Transfers::fetch_from`). A pull that fails, or makes
+    /// no progress for `stall` (the hint was stale), is given up: its copy fails (so nothing
+    /// waits on it) and the directory chooses a source.
+    pub(crate) fn get_view_via(
+        &self,
+        id: &ObjectId,
+        source: NodeId,
+        size: u64,
+        stall: std::time::Duration,
+    ) -> Result<ObjectView> {
+        let c = match self.inner.transfers.fetch_from(id, source, size) {
+            Ok(Fetched::Owned(v)) => return Ok(ObjectView::Owned(v)),
+            Ok(Fetched::Copy(c)) => c,
+            Err(_) => return self.get_view(id.clone()),
+        };
+        match self.wait_complete(c, stall) {
+            Ok(v) => Ok(v),
+            Err((c, e)) => {
+                hop!(self.id(), "hinted pull dropped", source = source);
+                tracing::debug!(node = self.id(), %id, source, "hinted pull dropped: {e}");
+                if c.status() != CopyStatus::Complete {
+                    c.fail();
+                    self.inner.dir.withdraw(std::slice::from_ref(id));
+                }
+                drop(c);
+                self.get_view(id.clone())
+            }
+        }
+    }
+
+    /// Waits until a local copy is complete, giving it back with the error if it makes no
+    /// progress for `stall` (or fails).
+    pub(crate) fn wait_complete(
+        &self,
+        c: crate::store::CopyRef,
+        stall: std::time::Duration,
+    ) -> std::result::Result<ObjectView, (crate::store::CopyRef, Error)> {
+        let size = c.size();
+        let mut wm = 0;
+        while wm < size || c.status() != CopyStatus::Complete {
+            match c.wait_beyond(wm, stall) {
+                Ok(w) => wm = w,
+                Err(e) => return Err((c, e)),
+            }
+        }
+        Ok(ObjectView::Arena(c))
     }
 
     /// A reader that returns bytes as soon as they have arrived.

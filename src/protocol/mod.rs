@@ -12,7 +12,7 @@ mod reply;
 pub use directory::{DirMsg, Located, LocationInfo, ObjectInfo};
 pub use member::MemberMsg;
 pub use pull::PullMsg;
-pub use reduce::{ReduceMsg, ReduceTask};
+pub use reduce::{GatherFrom, ReduceMsg, ReduceTask};
 pub use reply::Reply;
 
 use crate::ObjectId;
@@ -99,6 +99,7 @@ impl Msg {
             },
             Msg::Reduce(ReduceMsg::Task { .. }) => "ReduceTask",
             Msg::Reduce(ReduceMsg::Cancel { .. }) => "CancelReduce",
+            Msg::Reduce(ReduceMsg::Gather { .. }) => "GatherHint",
             Msg::Store(StoreMsg::Evict { .. }) => "Evict",
             Msg::Member(MemberMsg::Down { .. }) => "MemberDown",
             Msg::Member(MemberMsg::Up { .. }) => "MemberUp",
@@ -161,6 +162,10 @@ mod tests {
                 ok: true,
             }),
             Msg::Reduce(ReduceMsg::Cancel { out: "o".into() }),
+            Msg::Reduce(ReduceMsg::Gather {
+                part: "p".into(),
+                from: GatherFrom::Node(3),
+            }),
             Msg::Store(StoreMsg::Evict {
                 rid: 9,
                 id: "e".into(),

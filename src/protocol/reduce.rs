@@ -13,6 +13,22 @@ pub enum ReduceMsg {
     Task { rid: Rid, task: ReduceTask },
     /// Stop the reduce task producing `out` (its result is discarded, no reply).
     Cancel { out: ObjectId },
+    /// Where this node fetches partition `part` of a partitioned allreduce from for its copy
+    /// of the result (sent by the partition's coordinator once its chain is placed; see
+    /// `crate::reduce::Run::gather_hints`). Advice: a stale or forged one costs a fallback
+    /// to the directory, never a wrong byte.
+    Gather { part: ObjectId, from: GatherFrom },
+}
+
+/// Where a participant of a partitioned allreduce fetches one partition from: along the
+/// partition's own chain, so that every link carries the partitions of the allgather once,
+/// as a ring does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum GatherFrom {
+    /// This node produces the partition (it roots the chain).
+    Here,
+    /// From this node, which holds or fetches it before this one does.
+    Node(NodeId),
 }
 
 /// The work of one tree position of a reduce.

@@ -248,6 +248,11 @@ impl Reducer {
                     }
                 }
             }
+            // A partition's chain is placed: where each of its nodes fetches it from.
+            for (node, from) in run.gather_hints() {
+                let part = run.target.clone();
+                let _ = self.rpc.send(node, ReduceMsg::Gather { part, from });
+            }
             if run.placed() == num {
                 if let Some(tx) = placed_tx.take() {
                     let _ = tx.send(run.used_in_arrival_order());

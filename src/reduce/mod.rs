@@ -12,6 +12,7 @@
 
 mod claims;
 mod coordinator;
+mod gather;
 mod run;
 mod task;
 mod tree;
@@ -23,7 +24,7 @@ use crate::config::NodeConfig;
 use crate::directory::DirClient;
 use crate::membership::Membership;
 use crate::ops::{DType, ReduceOp};
-use crate::protocol::ReduceMsg;
+use crate::protocol::{GatherFrom, ReduceMsg};
 use crate::rpc::Rpc;
 use crate::store::Store;
 use crate::transfer::Transfers;
@@ -185,9 +186,17 @@ pub(crate) struct Reducer {
     /// Where tasks run.
     workers: Arc<Workers>,
     tasks: task::Tasks,
+    /// Where this node fetches the partitions of partitioned allreduces from.
+    gather: gather::GatherHints,
 }
 
 impl Reducer {
+    /// Where to fetch partition `part` of a partitioned allreduce from, as its coordinator
+    /// said; waits up to `wait` for the word.
+    pub fn gather_hint(&self, part: &ObjectId, wait: Duration) -> Option<GatherFrom> {
+        self.gather.take(part, wait)
+    }
+
     pub fn new(d: ReduceDeps) -> Reducer {
         Reducer {
             id: d.rpc.id(),
@@ -199,6 +208,7 @@ impl Reducer {
             transfers: d.transfers,
             workers: d.workers,
             tasks: task::Tasks::default(),
+            gather: gather::GatherHints::default(),
         }
     }
 
@@ -207,6 +217,7 @@ impl Reducer {
         match msg {
             ReduceMsg::Task { rid, task } => self.start_task(from, rid, task),
             ReduceMsg::Cancel { out } => self.cancel_task(&out),
+            ReduceMsg::Gather { part, from } => self.gather.record(&part, from),
         }
     }
 

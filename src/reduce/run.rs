@@ -5,7 +5,7 @@
 
 use super::{choose_degree, ReduceOptions, SourceClaims, Tree};
 use crate::ops::{combine, combine_into, DType, ReduceOp};
-use crate::protocol::{ObjectInfo, ReduceTask, Reply};
+use crate::protocol::{GatherFrom, ObjectInfo, ReduceTask, Reply};
 use crate::{Error, ObjectId, Result};
 use crossbeam_channel::Receiver;
 use phalanx_transport::NodeId;
@@ -81,6 +81,8 @@ pub(super) struct Run {
     pub(super) local: bool,
     /// Per position: failed tasks so far.
     pub(super) task_errors: Vec<u32>,
+    /// The allgather hints went out (`gather_hints`): at most once per run.
+    pub(super) hinted: bool,
 }
 
 impl Run {
@@ -124,6 +126,7 @@ impl Run {
             inline: vec![None; sources.len()],
             local: false,
             task_errors: Vec::new(),
+            hinted: false,
         }
     }
 
@@ -362,6 +365,44 @@ impl Run {
             ));
         }
         out
+    }
+
+    /// Where each node of a partition's chain fetches the partition from in the allgather of
+    /// a partitioned allreduce, once: when the chain is first fully placed, before any
+    /// repair, and only for a partition (`range`) reduced by a chain. The partition travels
+    /// the chain's links once more, root -> leaf -> ... -> the root's child (with the
+    /// partitions' chains rotated, a ring). In that order a node takes the place of its
+    /// first position, and fetches from the node of the place before it; the root produces
+    /// it. Every node thus fetches from a node strictly earlier in the order, so the hints
+    /// cannot name each other in a circle, even when one node holds several positions (an
+    /// input's replicas). After a repair no hints are made: the directory chooses.
+    pub(super) fn gather_hints(&mut self) -> Vec<(NodeId, GatherFrom)> {
+        let Some(tree) = &self.tree else {
+            return Vec::new();
+        };
+        let repaired = !self.dead.is_empty() || self.gen.iter().any(|&g| g > 0);
+        let placed = self.slots.iter().all(Option::is_some);
+        if self.hinted || self.range.is_none() || tree.degree != 1 || repaired || !placed {
+            return Vec::new();
+        }
+        self.hinted = true;
+        let n = self.slots.len();
+        // The allgather's order of positions: the root, then the leaf up to the root's child.
+        let order: Vec<usize> = std::iter::once(0).chain((1..n).rev()).collect();
+        let node_at = |k: usize| self.slots[order[k]].expect("placed").1;
+        let mut hints: Vec<(NodeId, GatherFrom)> = Vec::new();
+        for k in 0..n {
+            let node = node_at(k);
+            if hints.iter().any(|(m, _)| *m == node) {
+                continue; // placed earlier in the order: that place's hint stands
+            }
+            let from = match k {
+                0 => GatherFrom::Here,
+                _ => GatherFrom::Node(node_at(k - 1)),
+            };
+            hints.push((node, from));
+        }
+        hints
     }
 
     /// A node died: positions it held leave the tree and, with every ancestor that had not
