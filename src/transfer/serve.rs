@@ -516,7 +516,12 @@ impl Transfers {
     }
 }
 
-/// The largest object whose serves of a copy still filling are forwarded as it lands.
+/// The largest object whose serves of a copy still filling are forwarded as it lands. A
+/// forward that the socket cannot take at once is queued by the transport (copied), not
+/// pushed back: for a medium object that is at most the object, for a large one it could be
+/// most of it (and a link whose queue passes `MAX_QUEUED` fails), so large objects keep the
+/// worker's blocking writes, whose backpressure holds the queue down. Measured with no bound,
+/// a 16 MiB allreduce on the emulated hosts gained 7 % and a 64 MiB one 1.5 %.
 const FORWARD_MAX: u64 = LOCATE_DATA_MAX;
 
 /// The largest object whose bytes go with a location answer (`Transfers::with_local_bytes`):
