@@ -18,5 +18,7 @@ pub enum PullMsg {
     /// `PullEnd`.
     CancelPull { stream: StreamId },
     /// Source to receiver: the source will write no more for `stream` (all sent when `ok`).
+    /// A stream whose last byte was written needs none: that byte ends it at the receiver;
+    /// it is sent when the source stops early (failure, cancel) or has nothing to write.
     PullEnd { stream: StreamId, ok: bool },
 }

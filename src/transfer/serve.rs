@@ -202,13 +202,9 @@ impl Transfers {
         sent.off = wm;
         sent.forwarded += n;
         if wm == size {
+            // The last byte ends the stream at the receiver: no `PullEnd` (see `serve`).
             sent.ended = true;
             drop(sent);
-            let done = PullMsg::PullEnd {
-                stream: f.stream,
-                ok: true,
-            };
-            self.rpc.send_from_transport_thread(f.receiver, done.into());
             self.forward_remove(id, f);
         }
     }
@@ -275,9 +271,8 @@ impl Transfers {
             to = receiver,
             len = size - from
         );
+        // The last byte ends the stream at the receiver: no `PullEnd` (see `serve`).
         self.record_serve(id, receiver, (size - from, 0), start);
-        let done = PullMsg::PullEnd { stream, ok: true };
-        self.rpc.send_from_transport_thread(receiver, done.into());
         true
     }
 
@@ -403,6 +398,14 @@ impl Transfers {
             }
             Ok(Served::Here(bytes)) => {
                 self.record_serve(&id, receiver, (*bytes, forwarded), start);
+                // A stream is over at the receiver with its last byte (`Transfers::on_data`),
+                // which frees its grant: a `PullEnd` after it would be one more message on
+                // every hop for nothing. It is sent when the source stops early (a failure, a
+                // cancel, which the receiver waits on before it frees the grant) or had
+                // nothing to write.
+                if *bytes > 0 {
+                    return;
+                }
                 true
             }
             Err(_) if by_forwarder => return, // it ended well before this worker failed

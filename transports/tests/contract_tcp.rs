@@ -52,6 +52,11 @@ mod own_readers {
     use super::*;
 
     phalanx_transport::transport_contract_tests!(Tcp);
+
+    #[test]
+    fn a_lone_write_is_delivered_without_traffic_behind_it() {
+        phalanx_transport::contract::a_lone_write_is_delivered_without_traffic_behind_it::<Tcp>();
+    }
 }
 
 /// The same suite with every link read by the shared epoll threads (no link has a thread of
@@ -88,4 +93,10 @@ mod shared_readers {
     }
 
     phalanx_transport::transport_contract_tests!(TcpShared);
+
+    #[test]
+    fn a_lone_write_is_delivered_without_traffic_behind_it() {
+        phalanx_transport::contract::a_lone_write_is_delivered_without_traffic_behind_it::<TcpShared>(
+        );
+    }
 }

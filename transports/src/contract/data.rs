@@ -295,6 +295,31 @@ pub fn small_writes_land_exactly<H: Harness>() {
     b.nothing_queued("one set of events per write");
 }
 
+/// A write is delivered at once even when nothing follows it: sizes around 1 and 2 MiB (the
+/// TCP epoll reader's per-turn budget is 1 MiB, and a frame completed as a turn's budget ran
+/// out used to wait for the next bytes on its link), each written alone and awaited for far
+/// less than the calm heartbeat's period. Not part of the shared suite (its deadline is for
+/// a fast link); `tests/contract_tcp.rs` runs it on both TCP reading paths.
+pub fn a_lone_write_is_delivered_without_traffic_behind_it<H: Harness>() {
+    const QUICK: Duration = Duration::from_millis(900);
+    let mesh = Mesh::<H>::new(2, 8 << 20, CALM_HEARTBEAT);
+    let (a, b) = (mesh.node(0), mesh.node(1));
+    let region = b.region(0, 0, 4 << 20).expect("region");
+    let mut stream = 1000;
+    for base in [1u64 << 20, 2 << 20] {
+        for k in 0..24u64 {
+            let len = base - 384 + k * 32;
+            fill(&a.arena, 0, len, stream);
+            a.t.write(1, stream, 0, &region, 0, len)
+                .unwrap_or_else(|e| panic!("write of {len} bytes: {e}"));
+            b.expect_data(0, stream, 0, len, QUICK);
+            assert_same(&a.arena, 0, &b.arena, region.offset, len, "a lone write");
+            stream += 1;
+        }
+    }
+    b.nothing_queued("one set of events per write");
+}
+
 /// `write_nonblocking` either writes the whole range, in order with the writes and control
 /// messages before and after it, or declines (Ok(false)) and nothing of it lands; a range
 /// larger than the transport's frame may always be declined.

@@ -7,9 +7,10 @@
 //! order.
 //!
 //! Epoll reads are non-blocking (`MSG_DONTWAIT` on each call: the socket itself stays blocking
-//! for its writers). A connection that has more to read after [`READ_BUDGET`] bytes waits for
-//! the next turn (epoll is level-triggered), so one busy peer does not starve the others of
-//! its thread. A connection silent for the heartbeat timeout is failed: by its epoll thread's
+//! for its writers). A connection that has more to read from its socket after [`READ_BUDGET`]
+//! bytes waits for the next turn (epoll is level-triggered), so one busy peer does not starve
+//! the others of its thread; what it has already read (a whole frame, frames in its buffer)
+//! is handled before the turn ends. A connection silent for the heartbeat timeout is failed: by its epoll thread's
 //! periodic scan, or by the receive timeout of its own thread's socket.
 
 use super::conn::Conn;
@@ -350,7 +351,19 @@ impl Inner {
     fn read_frames(&self, r: &mut Reading, read: &mut usize) -> Turn {
         let peer = r.conn.peer();
         loop {
-            if *read >= READ_BUDGET {
+            // The budget ends a turn only where the next step would read the socket: a frame
+            // already read whole, or frames already in the buffer, are handled first. Epoll
+            // (level-triggered) calls again only for bytes still in the socket, so a turn that
+            // stopped before them would leave them unseen until the peer sent more (a stream's
+            // last data frame waited for a heartbeat, or for ever).
+            let buffer_empty = r.input.start == r.input.end;
+            let needs_socket = match &r.frame {
+                Frame::Header => r.input.end - r.input.start < FRAME_HEADER_LEN,
+                Frame::Ctrl { msg, got } => *got < msg.len() && buffer_empty,
+                Frame::Data { h, got, .. } => *got < h.len && buffer_empty,
+                Frame::Idle => false,
+            };
+            if *read >= READ_BUDGET && needs_socket {
                 return Turn::Later;
             }
             let step = match &mut r.frame {
