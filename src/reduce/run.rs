@@ -539,6 +539,104 @@ mod tests {
         assert!(!run.arrived(3, &info(5)).unwrap());
     }
 
+    /// Follows a node's hint to the producer; None if the hints lead round in a circle.
+    fn steps_to_producer(hints: &[(NodeId, GatherFrom)], from: NodeId) -> Option<usize> {
+        let mut at = from;
+        for steps in 0..=hints.len() {
+            match hints.iter().find(|(n, _)| *n == at).map(|h| h.1) {
+                Some(GatherFrom::Here) => return Some(steps),
+                Some(GatherFrom::Node(next)) => at = next,
+                None => return None,
+            }
+        }
+        None
+    }
+
+    #[test]
+    fn gather_hints_follow_the_chain_once_and_never_in_a_circle() {
+        let kind = (ReduceOp::Sum, DType::F32);
+        let part = |rotate| ReduceOptions {
+            degree: Some(1),
+            range: Some((0, 32)),
+            rotate,
+            ..Default::default()
+        };
+        // Five inputs on five nodes: a ring, root -> leaf -> ... -> the root's child.
+        let sources: Vec<ObjectId> = (0..5).map(|i| ObjectId::new(format!("s{i}"))).collect();
+        let mut run = Run::new(ObjectId::new("p"), &sources, 5, kind, &part(0), (1e-4, 1e9));
+        for i in 0..4 {
+            assert!(run.arrived(i, &complete_on(10 + i as NodeId)).unwrap());
+            assert!(
+                run.gather_hints().is_empty(),
+                "not before the chain is placed"
+            );
+        }
+        assert!(run.arrived(4, &complete_on(14)).unwrap());
+        let hints = run.gather_hints();
+        let node_at = |p: usize| run.slots[p].unwrap().1;
+        assert_eq!(hints.len(), 5, "{hints:?}");
+        assert!(hints.contains(&(node_at(0), GatherFrom::Here)));
+        assert!(hints.contains(&(node_at(4), GatherFrom::Node(node_at(0)))));
+        for p in 1..4 {
+            assert!(hints.contains(&(node_at(p), GatherFrom::Node(node_at(p + 1)))));
+        }
+        assert!(run.gather_hints().is_empty(), "made once");
+
+        // Six positions on four nodes (replicas: nodes 21 and 22 hold two inputs each, in
+        // every arrival order): every node gets one hint, and every hint leads to the root.
+        let sources: Vec<ObjectId> = (0..6).map(|i| ObjectId::new(format!("r{i}"))).collect();
+        let holders: [NodeId; 6] = [21, 22, 21, 23, 22, 24];
+        for rotate in 0..6 {
+            for shift in 0..6 {
+                let mut run = Run::new(
+                    ObjectId::new("p"),
+                    &sources,
+                    6,
+                    kind,
+                    &part(rotate),
+                    (1e-4, 1e9),
+                );
+                for k in 0..6 {
+                    let i = (k + shift) % 6;
+                    // Only the replica's node: a node holds two positions.
+                    let info = complete_on(holders[i]);
+                    assert!(run.arrived(i, &info).unwrap());
+                }
+                let hints = run.gather_hints();
+                let mut nodes: Vec<NodeId> = hints.iter().map(|h| h.0).collect();
+                nodes.sort();
+                nodes.dedup();
+                assert_eq!(nodes.len(), hints.len(), "one hint per node: {hints:?}");
+                assert_eq!(nodes, vec![21, 22, 23, 24], "{hints:?}");
+                for &n in &nodes {
+                    assert!(
+                        steps_to_producer(&hints, n).is_some(),
+                        "rotate {rotate} shift {shift}: node {n} is in a circle: {hints:?}"
+                    );
+                }
+            }
+        }
+
+        // After a repair no hints: the directory chooses.
+        let sources: Vec<ObjectId> = (0..3).map(|i| ObjectId::new(format!("d{i}"))).collect();
+        let mut run = Run::new(ObjectId::new("p"), &sources, 3, kind, &part(0), (1e-4, 1e9));
+        for i in 0..3 {
+            assert!(run.arrived(i, &complete_on(30 + i as NodeId)).unwrap());
+        }
+        run.dead.insert(31);
+        assert!(run.gather_hints().is_empty());
+        // A plain reduce (no range) gets none either.
+        let opts = ReduceOptions {
+            degree: Some(1),
+            ..Default::default()
+        };
+        let mut run = Run::new(ObjectId::new("t"), &sources, 3, kind, &opts, (1e-4, 1e9));
+        for i in 0..3 {
+            assert!(run.arrived(i, &complete_on(40 + i as NodeId)).unwrap());
+        }
+        assert!(run.gather_hints().is_empty());
+    }
+
     fn complete_on(node: NodeId) -> ObjectInfo {
         ObjectInfo {
             size: 64,
