@@ -2,6 +2,9 @@
 //! serial reference for every op and dtype, every participant ends with the same bytes, and
 //! a partition root killed mid-allreduce leaves the survivors correct.
 
+#[path = "common/log.rs"]
+mod log;
+
 use phalanx::allreduce::{part_id, partitions, PARTITION_MIN};
 use phalanx::ops::combine;
 use phalanx::reduce::ReduceOptions;
@@ -10,13 +13,7 @@ use phalanx::{DType, LocalCluster, NodeConfig, ObjectId, ReduceOp};
 use std::time::{Duration, Instant};
 
 fn cfg() -> NodeConfig {
-    // PHALANX_TEST_LOG=phalanx=debug prints the nodes' traces (e.g. to chase a rare failure).
-    if let Ok(filter) = std::env::var("PHALANX_TEST_LOG") {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .try_init();
-    }
+    log::from_env();
     NodeConfig {
         arena_size: 512 << 20,
         op_timeout: Duration::from_secs(60),
@@ -120,73 +117,54 @@ fn run(
 #[test]
 fn the_default_allreduce_partitions_only_when_every_input_is_there() {
     let n = 3;
-    let c = LocalCluster::start(n as u32, NodeConfig::default(), tcp()).unwrap();
     let size = PARTITION_MIN;
-    let (inputs, sources) = put_inputs(&c, "ard", &[0, 1, 2], size, DType::F32);
-    let target = ObjectId::new("ard/out");
-    let (all, parts) = run(
-        &c,
-        &target,
-        &sources,
-        size,
-        ReduceOp::Sum,
-        DType::F32,
-        &[1, 2],
-    );
-    assert_eq!(parts, 3, "every input there: partitioned");
-    let want = reference(&inputs, ReduceOp::Sum, DType::F32);
-    assert!(all.iter().all(|v| *v == want));
-
-    // Input 2 comes 300 ms after the allreduce starts.
-    let late = input(2, size, DType::F32);
-    let (mut inputs, sources) = put_inputs(&c, "arl", &[0, 1], size, DType::F32);
-    let late_id = ObjectId::new("arl/in2");
-    let mut all_sources = sources.clone();
-    all_sources.push(late_id.clone());
-    let target = ObjectId::new("arl/out");
-    let (all, parts) = std::thread::scope(|s| {
-        let node2 = c.node(2).clone();
-        let late2 = late.clone();
-        s.spawn(move || {
-            std::thread::sleep(Duration::from_millis(300));
-            node2.put(late_id, &late2).unwrap();
+    // Inputs `tag/in0..` on nodes 0, 1, 2, `late` of them put 300 ms after the allreduce
+    // starts: the partition count, the result checked on every node.
+    let partitions_of = |c: &LocalCluster, tag: &str, late: usize| -> usize {
+        let inputs: Vec<Vec<u8>> = (0..n).map(|k| input(k, size, DType::F32)).collect();
+        let (_, mut sources) = put_inputs(c, tag, &[0, 1, 2][..n - late], size, DType::F32);
+        sources.extend((n - late..n).map(|k| ObjectId::new(format!("{tag}/in{k}"))));
+        let target = ObjectId::new(format!("{tag}/out"));
+        let (all, parts) = std::thread::scope(|s| {
+            for k in n - late..n {
+                let (node, id, bytes) = (c.node(k).clone(), sources[k].clone(), &inputs[k]);
+                s.spawn(move || {
+                    std::thread::sleep(Duration::from_millis(300));
+                    node.put(id, bytes).unwrap();
+                });
+            }
+            run(
+                c,
+                &target,
+                &sources,
+                size,
+                ReduceOp::Sum,
+                DType::F32,
+                &[1, 2],
+            )
         });
-        run(
-            &c,
-            &target,
-            &all_sources,
-            size,
-            ReduceOp::Sum,
-            DType::F32,
-            &[1, 2],
-        )
-    });
-    assert_eq!(parts, 1, "an input not there yet: one tree");
-    inputs.push(late);
-    let want = reference(&inputs, ReduceOp::Sum, DType::F32);
-    assert!(all.iter().all(|v| *v == want));
-
-    // Configured off: one tree.
+        let want = reference(&inputs, ReduceOp::Sum, DType::F32);
+        assert!(all.iter().all(|v| *v == want), "{tag}: a result differs");
+        parts
+    };
+    let c = LocalCluster::start(n as u32, NodeConfig::default(), tcp()).unwrap();
+    assert_eq!(
+        partitions_of(&c, "ard", 0),
+        3,
+        "every input there: partitioned"
+    );
+    assert_eq!(
+        partitions_of(&c, "arl", 1),
+        1,
+        "an input not there yet: one tree"
+    );
     drop(c);
     let off = NodeConfig {
         allreduce_partition_min: u64::MAX,
         ..NodeConfig::default()
     };
     let c = LocalCluster::start(n as u32, off, tcp()).unwrap();
-    let (inputs, sources) = put_inputs(&c, "aro", &[0, 1, 2], size, DType::F32);
-    let target = ObjectId::new("aro/out");
-    let (all, parts) = run(
-        &c,
-        &target,
-        &sources,
-        size,
-        ReduceOp::Sum,
-        DType::F32,
-        &[1, 2],
-    );
-    assert_eq!(parts, 1, "partitioning off: one tree");
-    let want = reference(&inputs, ReduceOp::Sum, DType::F32);
-    assert!(all.iter().all(|v| *v == want));
+    assert_eq!(partitions_of(&c, "aro", 0), 1, "partitioning off: one tree");
 }
 
 /// A coordinator that holds no input cannot size the object: one tree, and readers that wait

@@ -1,6 +1,9 @@
 //! Fault tolerance over real TCP on loopback: sources dying mid-broadcast, resume from the
 //! receiver's watermark, restart and rejoin.
 
+#[path = "common/log.rs"]
+mod log;
+
 use phalanx::transport::{NodeId, TcpConfig};
 use phalanx::{FaultAction, FaultPlan, LocalCluster, Node, NodeConfig, ObjectId};
 use rand::{Rng, SeedableRng};
@@ -9,13 +12,7 @@ use std::time::{Duration, Instant};
 const SIZE: usize = 64 << 20;
 
 fn cfg() -> NodeConfig {
-    // PHALANX_TEST_LOG=phalanx=debug prints the nodes' traces (e.g. to chase a rare failure).
-    if let Ok(filter) = std::env::var("PHALANX_TEST_LOG") {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .try_init();
-    }
+    log::from_env();
     NodeConfig {
         arena_size: 256 << 20,
         op_timeout: Duration::from_secs(60),

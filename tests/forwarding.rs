@@ -2,6 +2,9 @@
 //! get every byte once, the hops write on from the thread that took the bytes in, and a
 //! reader dying in the middle of such a chain leaves the others whole.
 
+#[path = "common/log.rs"]
+mod log;
+
 use phalanx::transport::{NodeId, TcpConfig};
 use phalanx::{DType, LocalCluster, NodeConfig, ObjectId, ReduceOp, ReduceOptions};
 use std::time::Duration;
@@ -11,12 +14,7 @@ const ELEMS: usize = 24 << 10;
 const SIZE: u64 = (ELEMS * 8) as u64;
 
 fn cfg() -> NodeConfig {
-    if let Ok(filter) = std::env::var("PHALANX_TEST_LOG") {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .try_init();
-    }
+    log::from_env();
     NodeConfig {
         arena_size: 64 << 20,
         op_timeout: Duration::from_secs(30),

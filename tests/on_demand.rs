@@ -2,6 +2,9 @@
 //! with a mesh, and a node that takes no part keeps no link but those to the ring neighbours
 //! it watches (two on each side).
 
+#[path = "common/log.rs"]
+mod log;
+
 use phalanx::transport::TcpConfig;
 use phalanx::{DType, LocalCluster, NodeConfig, ObjectId, ReduceOp};
 use std::time::Duration;
@@ -337,12 +340,7 @@ fn a_live_node_refutes_news_of_its_death() {
 /// directory entries are home again.
 #[test]
 fn a_restarted_node_is_believed_alive_again_everywhere() {
-    if let Ok(filter) = std::env::var("PHALANX_TEST_LOG") {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .try_init();
-    }
+    log::from_env();
     let n = 12;
     let (cfg, tcp) = watching_config(Duration::from_millis(500));
     let mut c = LocalCluster::start(n, cfg.clone(), tcp.clone()).unwrap();

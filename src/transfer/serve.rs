@@ -51,6 +51,16 @@ struct Sent {
     forwarded: u64,
 }
 
+/// One pull request, as a source serves it: write `[from, size)` of `id` into `dst`, tagged
+/// `stream`, for `receiver`.
+struct Request {
+    receiver: NodeId,
+    id: ObjectId,
+    stream: StreamId,
+    dst: RemoteRegion,
+    from: u64,
+}
+
 /// How a serve ended well.
 enum Served {
     /// The worker wrote the last bytes (this many in all): it ends the stream.
@@ -71,7 +81,14 @@ impl Transfers {
         dst: RemoteRegion,
         from: u64,
     ) {
-        if self.serve_here(receiver, &id, stream, &dst, from) {
+        let req = Request {
+            receiver,
+            id,
+            stream,
+            dst,
+            from,
+        };
+        if self.serve_here(&req) {
             return;
         }
         let cancel = Arc::new(AtomicBool::new(false));
@@ -79,12 +96,10 @@ impl Transfers {
             .lock()
             .unwrap()
             .insert((receiver, stream), cancel.clone());
-        let fwd = self.forward_begin(receiver, &id, stream, &dst, from, &cancel);
+        let fwd = self.forward_begin(&req, &cancel);
         let me = self.clone();
         let job_fwd = fwd.clone();
-        let spawned = self
-            .workers
-            .spawn(move || me.serve(receiver, id, stream, dst, from, cancel, job_fwd));
+        let spawned = self.workers.spawn(move || me.serve(req, cancel, job_fwd));
         if spawned.is_err() {
             self.serving.lock().unwrap().remove(&(receiver, stream));
             // Unless the forwarder already wrote it all, the stream ends refused.
@@ -100,15 +115,9 @@ impl Transfers {
     /// Starts forwarding `[from, size)` of a small copy still filling to `receiver`, with
     /// what it holds already; `None` when the copy does not qualify (absent, complete, large,
     /// or under the fault hook).
-    fn forward_begin(
-        &self,
-        receiver: NodeId,
-        id: &ObjectId,
-        stream: StreamId,
-        dst: &RemoteRegion,
-        from: u64,
-        cancel: &Arc<AtomicBool>,
-    ) -> Option<Arc<Forward>> {
+    fn forward_begin(&self, req: &Request, cancel: &Arc<AtomicBool>) -> Option<Arc<Forward>> {
+        let (receiver, stream, from) = (req.receiver, req.stream, req.from);
+        let (id, dst) = (&req.id, &req.dst);
         let copy = self.store.lookup(id)?;
         let size = copy.size();
         if size > FORWARD_MAX
@@ -233,14 +242,9 @@ impl Transfers {
     /// Serves a small rest of a complete copy at once, on the transport thread the request
     /// came in on, if the transport can take it without blocking: one hand-off less for the
     /// smallest objects that are pulled. False: nothing was written, a worker serves it.
-    fn serve_here(
-        &self,
-        receiver: NodeId,
-        id: &ObjectId,
-        stream: StreamId,
-        dst: &RemoteRegion,
-        from: u64,
-    ) -> bool {
+    fn serve_here(&self, req: &Request) -> bool {
+        let (receiver, stream, from) = (req.receiver, req.stream, req.from);
+        let (id, dst) = (&req.id, &req.dst);
         let Some(copy) = self.store.lookup(id) else {
             return false;
         };
@@ -368,20 +372,12 @@ impl Transfers {
 
     /// Serves one pull: writes `[from, size)` of the local copy into `dst` as it fills,
     /// sharing the stream with its forwarder `fwd` if it has one.
-    #[allow(clippy::too_many_arguments)]
-    fn serve(
-        &self,
-        receiver: NodeId,
-        id: ObjectId,
-        stream: StreamId,
-        dst: RemoteRegion,
-        from: u64,
-        cancel: Arc<AtomicBool>,
-        mut fwd: Option<Arc<Forward>>,
-    ) {
+    fn serve(&self, req: Request, cancel: Arc<AtomicBool>, mut fwd: Option<Arc<Forward>>) {
+        let (receiver, stream, from) = (req.receiver, req.stream, req.from);
+        let (id, dst) = (&req.id, &req.dst);
         hop!(self.id, "serve running", to = receiver, stream = stream);
         let start = Instant::now();
-        let result = self.serve_inner(receiver, &id, stream, &dst, from, &cancel, &mut fwd);
+        let result = self.serve_inner(&req, &cancel, &mut fwd);
         self.serving.lock().unwrap().remove(&(receiver, stream));
         // The forwarder may have ended the stream meanwhile; else this worker ends it.
         // After this the forwarder writes nothing more. `by_forwarder`: it had written the
@@ -393,11 +389,11 @@ impl Transfers {
         let ok = match &result {
             Ok(Served::Forwarded) => {
                 let bytes = dst.len.saturating_sub(from);
-                self.record_serve(&id, receiver, (bytes, forwarded), start);
+                self.record_serve(id, receiver, (bytes, forwarded), start);
                 return;
             }
             Ok(Served::Here(bytes)) => {
-                self.record_serve(&id, receiver, (*bytes, forwarded), start);
+                self.record_serve(id, receiver, (*bytes, forwarded), start);
                 // A stream is over at the receiver with its last byte (`Transfers::on_data`),
                 // which frees its grant: a `PullEnd` after it would be one more message on
                 // every hop for nothing. It is sent when the source stops early (a failure, a
@@ -417,17 +413,14 @@ impl Transfers {
         let _ = self.rpc.send(receiver, PullMsg::PullEnd { stream, ok });
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn serve_inner(
         &self,
-        receiver: NodeId,
-        id: &ObjectId,
-        stream: StreamId,
-        dst: &RemoteRegion,
-        from: u64,
+        req: &Request,
         cancel: &Arc<AtomicBool>,
         fwd: &mut Option<Arc<Forward>>,
     ) -> Result<Served> {
+        let (receiver, stream, from) = (req.receiver, req.stream, req.from);
+        let (id, dst) = (&req.id, &req.dst);
         // The directory may send a receiver here a moment before our own pull has created
         // the copy; wait for it briefly rather than refuse, and no longer than the receiver
         // wants it (a receiver whose copy was deleted cancels). A forwarded serve has its
@@ -459,7 +452,7 @@ impl Transfers {
         // A copy that was not here when the request came (the shard names a receiver's copy
         // as a source before its pull creates it) is forwarded from now on.
         if fwd.is_none() {
-            *fwd = self.forward_begin(receiver, id, stream, dst, from, cancel);
+            *fwd = self.forward_begin(req, cancel);
         }
         let fwd = fwd.as_deref();
         if fwd.is_some_and(|f| !f.copy.is_same(&copy)) {
