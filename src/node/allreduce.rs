@@ -146,21 +146,17 @@ impl Node {
             .find_map(|s| self.inner.store.lookup(s).map(|c| c.size()));
         let dynamic_only = !opts.required.is_empty() || opts.claims.is_some();
         let parts = match size {
+            // Options a partition cannot honour, or the size unknown here (no input on this
+            // node): one tree; participants that wait for a plan learn that too.
+            None => Vec::new(),
+            Some(s) if dynamic_only || opts.range.is_some() => vec![(0, s)],
             // Partitioned only if every input is there (partial or complete) as it starts:
             // each partition's tree waits for every input, where one tree places inputs as
             // they arrive and has reduced the early ones by the time the last comes.
-            Some(s)
-                if !dynamic_only
-                    && opts.range.is_none()
-                    && partitions(s, sources.len(), dtype, min).len() > 1
-                    && self.inputs_present(sources, PRESENT_GRACE) =>
-            {
-                partitions(s, sources.len(), dtype, min)
-            }
-            // Options a partition cannot honour, or the size unknown here (no input on this
-            // node): one tree; participants that wait for a plan learn that too.
-            Some(s) => vec![(0, s)],
-            None => Vec::new(),
+            Some(s) => match partitions(s, sources.len(), dtype, min) {
+                parts if parts.len() > 1 && self.inputs_present(sources, PRESENT_GRACE) => parts,
+                _ => vec![(0, s)],
+            },
         };
         // Readers of an object this large wait for the plan: announce it (no partitions:
         // one tree). Without the size here, announce "one tree" whenever partitioning is on.
@@ -385,9 +381,9 @@ impl Node {
             // Produced here: the task's output, once it has made it. A repair may move the
             // partition elsewhere, or the copy fail: then wherever the directory says.
             Some(GatherFrom::Here) => match self.inner.store.wait_lookup(id, HERE_WAIT) {
-                Ok(c) => match self.wait_complete(c, HINT_STALL) {
-                    Ok(v) => Ok(v),
-                    Err((c, _)) => {
+                Ok(c) => match c.wait_for(c.size(), HINT_STALL) {
+                    Ok(_) => Ok(ObjectView::Arena(c)),
+                    Err(_) => {
                         drop(c);
                         self.get_view(id.clone())
                     }

@@ -233,9 +233,9 @@ impl Node {
             Ok(Fetched::Copy(c)) => c,
             Err(_) => return self.get_view(id.clone()),
         };
-        match self.wait_complete(c, stall) {
-            Ok(v) => Ok(v),
-            Err((c, e)) => {
+        match c.wait_for(c.size(), stall) {
+            Ok(_) => Ok(ObjectView::Arena(c)),
+            Err(e) => {
                 hop!(self.id(), "hinted pull dropped", source = source);
                 tracing::debug!(node = self.id(), %id, source, "hinted pull dropped: {e}");
                 if c.status() != CopyStatus::Complete {
@@ -246,24 +246,6 @@ impl Node {
                 self.get_view(id.clone())
             }
         }
-    }
-
-    /// Waits until a local copy is complete, giving it back with the error if it makes no
-    /// progress for `stall` (or fails).
-    pub(crate) fn wait_complete(
-        &self,
-        c: crate::store::CopyRef,
-        stall: std::time::Duration,
-    ) -> std::result::Result<ObjectView, (crate::store::CopyRef, Error)> {
-        let size = c.size();
-        let mut wm = 0;
-        while wm < size || c.status() != CopyStatus::Complete {
-            match c.wait_beyond(wm, stall) {
-                Ok(w) => wm = w,
-                Err(e) => return Err((c, e)),
-            }
-        }
-        Ok(ObjectView::Arena(c))
     }
 
     /// A reader that returns bytes as soon as they have arrived.

@@ -154,22 +154,20 @@ impl Transfers {
     /// at once if the transport takes them without blocking (else its serve's worker writes
     /// them). Never blocks.
     pub(crate) fn forward_landed(&self, copy: &CopyRef) {
-        let list: Vec<Arc<Forward>> = {
+        let (id, list): (ObjectId, Vec<Arc<Forward>>) = {
             let forwards = self.forwards.lock().unwrap();
             if forwards.is_empty() {
                 return;
             }
             let id = copy.id();
-            match forwards.get(&id) {
+            let list = match forwards.get(&id) {
                 Some(v) => v.iter().filter(|f| f.copy.is_same(copy)).cloned().collect(),
                 None => return,
-            }
+            };
+            (id, list)
         };
-        if let Some(first) = list.first() {
-            let id = first.copy.id();
-            for f in &list {
-                self.forward_one(&id, f);
-            }
+        for f in &list {
+            self.forward_one(&id, f);
         }
     }
 

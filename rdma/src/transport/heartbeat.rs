@@ -6,6 +6,7 @@
 
 use super::Inner;
 use crate::block::{Header, Kind};
+use phalanx_transport::link::IdleKeep;
 use phalanx_transport::{Link, NodeId};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -33,7 +34,7 @@ impl Inner {
             std::thread::sleep(tick);
             self.finish_idle_closes();
             let conns = self.links.snapshot();
-            let mut kept = None;
+            let mut keep = IdleKeep::new(self.idle_guard.get());
             for c in conns {
                 let now = self.links.now_ns();
                 let silent = now.saturating_sub(c.last_recv.load(Ordering::Relaxed));
@@ -54,7 +55,7 @@ impl Inner {
                     self.fail_conn(&c, format!("no heartbeat for {timeout:?}"));
                     continue;
                 }
-                self.close_if_idle(&c, &mut kept);
+                self.close_if_idle(&c, &mut keep);
                 if c.is_retiring() {
                     continue;
                 }

@@ -16,8 +16,8 @@
 use super::conn::Conn;
 use super::Inner;
 use crate::block::{Header, Kind};
-use phalanx_transport::{Link, NodeId, PEER_LEFT};
-use std::collections::HashSet;
+use phalanx_transport::link::IdleKeep;
+use phalanx_transport::{Link, PEER_LEFT};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,7 +26,7 @@ use tracing::debug;
 impl Inner {
     /// Closes `conn` if it has been idle long enough and nothing depends on it (see the
     /// module). `kept`: the idle guard's answer, asked at most once per heartbeat pass.
-    pub(super) fn close_if_idle(&self, conn: &Arc<Conn>, kept: &mut Option<HashSet<NodeId>>) {
+    pub(super) fn close_if_idle(&self, conn: &Arc<Conn>, keep: &mut IdleKeep<'_>) {
         let idle = self.cfg.idle_timeout.as_nanos() as u64;
         if idle == 0 || !self.links.is_on_demand() || conn.is_failed() || conn.is_retiring() {
             return;
@@ -34,21 +34,13 @@ impl Inner {
         let now = self.links.now_ns();
         let quiet = |c: &Conn| now.saturating_sub(c.last_used.load(Ordering::Relaxed)) >= idle;
         let peer = conn.peer();
-        if !quiet(conn) || self.grants.has(peer) {
+        if !quiet(conn) {
             return;
         }
-        // A link that proves a peer alive (watched from either side) stays; without a watch
-        // here every link's heartbeats are flagged, and none is watched in particular.
         let timeout = self.cfg.heartbeat_timeout.as_nanos() as u64;
-        if self.watch.get().is_some() && (conn.watched_by_peer(now, timeout) || self.watches(peer))
-        {
-            return;
-        }
-        let kept = kept.get_or_insert_with(|| match self.idle_guard.get() {
-            Some(guard) => guard(),
-            None => HashSet::new(),
-        });
-        if kept.contains(&peer) {
+        let watched = conn.watched_by_peer(now, timeout) || self.watches(peer);
+        let watching = self.watch.get().is_some();
+        if keep.keeps(peer, self.grants.has(peer), watching, watched) {
             return;
         }
         let Ok(mut tx) = conn.tx.try_lock() else {

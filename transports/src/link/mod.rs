@@ -13,6 +13,7 @@ mod counters;
 mod delegate;
 mod demand;
 mod events;
+mod idle;
 mod mesh;
 mod net;
 mod redial;
@@ -22,6 +23,7 @@ mod tests;
 pub use counters::Counters;
 pub use demand::DIAL_TIMEOUT;
 pub use events::{EventReceiver, EventSink};
+pub use idle::IdleKeep;
 pub use redial::DialFn;
 
 use crate::auth::{AuthConfig, Channel};

@@ -10,6 +10,7 @@
 use super::conn::Conn;
 use super::Inner;
 use crate::frame::{FrameHeader, FrameKind};
+use crate::link::IdleKeep;
 use crate::{Link, NodeId};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -53,9 +54,9 @@ impl Inner {
             let conns = self.links.snapshot();
             let now = self.links.now_ns();
             self.end_stale_drains();
-            let mut kept = None;
+            let mut keep = IdleKeep::new(self.idle_guard.get());
             for c in conns {
-                self.close_if_idle(&c, &mut kept);
+                self.close_if_idle(&c, &mut keep);
                 let Some(h) = self.heartbeat_for(&c, now, period.as_nanos() as u64) else {
                     continue;
                 };

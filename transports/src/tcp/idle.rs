@@ -20,9 +20,8 @@
 use super::conn::Conn;
 use super::Inner;
 use crate::frame::{FrameHeader, FrameKind};
+use crate::link::IdleKeep;
 use crate::Link;
-use crate::NodeId;
-use std::collections::HashSet;
 use std::io::Write;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -31,7 +30,7 @@ use tracing::debug;
 impl Inner {
     /// Closes `conn` if it has been idle long enough and nothing depends on it (see the
     /// module). `kept`: the guard's answer, asked at most once per heartbeat pass.
-    pub(super) fn close_if_idle(&self, conn: &Arc<Conn>, kept: &mut Option<HashSet<NodeId>>) {
+    pub(super) fn close_if_idle(&self, conn: &Arc<Conn>, keep: &mut IdleKeep<'_>) {
         let idle = self.cfg.idle_timeout.as_nanos() as u64;
         if idle == 0 || !self.links.is_on_demand() || conn.is_failed() || conn.is_retiring() {
             return;
@@ -43,20 +42,12 @@ impl Inner {
                 >= idle
         };
         let peer = conn.peer();
-        if !quiet(conn) || self.grants.has(peer) {
+        if !quiet(conn) {
             return;
         }
-        // A link that proves a peer alive (watched from either side) stays.
-        let watched_by_peer = self.watched_by_peer(conn, self.links.now_ns());
-        // (Without a watch here, none: every link's heartbeats are flagged then.)
-        if self.watch.get().is_some() && (watched_by_peer || self.watches(peer)) {
-            return;
-        }
-        let kept = kept.get_or_insert_with(|| match self.idle_guard.get() {
-            Some(guard) => guard(),
-            None => HashSet::new(),
-        });
-        if kept.contains(&peer) {
+        let watched = self.watched_by_peer(conn, self.links.now_ns()) || self.watches(peer);
+        let watching = self.watch.get().is_some();
+        if keep.keeps(peer, self.grants.has(peer), watching, watched) {
             return;
         }
         let Ok(mut w) = conn.writer.try_lock() else {
