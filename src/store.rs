@@ -38,6 +38,11 @@ struct CopyState {
     /// Readers waiting for this copy's bytes (`CopyRef::wait_beyond`) wait here, woken by its
     /// own progress only: a chunk landing in one copy does not wake every waiter of the node.
     progress: Arc<Condvar>,
+    /// Waiters for the copy's end (complete, failed, deleted) or a kick wait here
+    /// (`CopyRef::wait_complete`, `CopyRef::wait_kick`): not woken by every piece.
+    ended: Arc<Condvar>,
+    /// Kicks so far (`CopyRef::kick`), its end counted as one.
+    kicks: u64,
 }
 
 impl CopyState {
@@ -192,7 +197,9 @@ impl Store {
     fn fail_locked(st: &mut State, key: u64) {
         let c = st.copies.get_mut(&key).expect("live copy");
         c.status = CopyStatus::Failed;
+        c.kicks += 1;
         c.progress.notify_all();
+        c.ended.notify_all();
         let id = c.id.clone();
         if st.by_id.get(&id) == Some(&key) {
             st.by_id.remove(&id);
@@ -257,6 +264,8 @@ impl Store {
                 detached: false,
                 last_use: 0,
                 progress: Arc::new(Condvar::new()),
+                ended: Arc::new(Condvar::new()),
+                kicks: 0,
             },
         );
         st.by_id.insert(id.clone(), key);
@@ -323,7 +332,10 @@ impl Store {
         let Some(k) = st.by_id.remove(id) else {
             return false;
         };
-        st.copies[&k].progress.notify_all();
+        let c = st.copies.get_mut(&k).expect("live copy");
+        c.kicks += 1;
+        c.progress.notify_all();
+        c.ended.notify_all();
         Self::detach(&mut st, k);
         self.changed.notify_all();
         true
@@ -454,8 +466,71 @@ impl CopyRef {
         c.watermark = wm.min(c.size);
         if c.watermark == c.size && c.status == CopyStatus::Filling {
             c.status = CopyStatus::Complete;
+            c.kicks += 1;
+            c.ended.notify_all();
         }
         c.progress.notify_all();
+    }
+
+    /// Blocks until the copy is complete. Errors if it failed or was deleted, if its
+    /// watermark did not move for `stall`, or at `until` if given. Unlike
+    /// [`CopyRef::wait_beyond`] the waiter is woken once, at the end, not by every piece that
+    /// lands.
+    pub fn wait_complete(&self, stall: Duration, until: Option<Instant>) -> Result<()> {
+        let mut st = self.store.lock();
+        let mut last = st.copies[&self.key].watermark;
+        let mut progressed = Instant::now();
+        loop {
+            let c = &st.copies[&self.key];
+            match c.status {
+                CopyStatus::Complete => return Ok(()),
+                CopyStatus::Failed => return Err(Error::NotFound(c.id.clone())),
+                _ if c.detached => return Err(Error::NotFound(c.id.clone())),
+                CopyStatus::Filling => {}
+            }
+            let now = Instant::now();
+            if c.watermark > last {
+                (last, progressed) = (c.watermark, now);
+            }
+            let end = until.map_or(progressed + stall, |u| u.min(progressed + stall));
+            if now >= end {
+                return Err(Error::Timeout(stall, format!("bytes of {}", c.id)));
+            }
+            let ended = c.ended.clone();
+            st = ended.wait_timeout(st, end - now).unwrap().0;
+        }
+    }
+
+    /// How many times the copy was kicked so far, its end (complete, failed, deleted)
+    /// counted as one (see [`CopyRef::wait_kick`]).
+    pub fn kicks(&self) -> u64 {
+        self.with(|c| c.kicks)
+    }
+
+    /// Wakes the waiters of [`CopyRef::wait_kick`]: the thread that moved the watermark asks
+    /// the copy's other users to look (e.g. a forwarder that could not write its bytes asks
+    /// the serve's worker to write them).
+    pub fn kick(&self) {
+        let mut st = self.store.lock();
+        let c = st.copies.get_mut(&self.key).expect("live copy");
+        c.kicks += 1;
+        c.ended.notify_all();
+    }
+
+    /// Blocks until a kick after the `seen`-th (or the copy's end) or `timeout`, whichever
+    /// comes first.
+    pub fn wait_kick(&self, seen: u64, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let mut st = self.store.lock();
+        loop {
+            let c = &st.copies[&self.key];
+            let now = Instant::now();
+            if c.kicks != seen || now >= deadline {
+                return;
+            }
+            let ended = c.ended.clone();
+            st = ended.wait_timeout(st, deadline - now).unwrap().0;
+        }
     }
 
     /// Marks the copy failed and detaches it; readers waiting on it get an error.
@@ -668,5 +743,79 @@ mod tests {
             s.create(&ObjectId::new("d"), 2 << 20, true),
             Err(Error::OutOfMemory { .. })
         ));
+    }
+
+    /// A reader of the whole copy wakes at its end, not at each piece; a stall, a failure
+    /// and a deadline end the wait with their own errors.
+    #[test]
+    fn wait_complete_ends_at_the_end_a_stall_a_failure_or_the_deadline() {
+        let s = store(1 << 20);
+        let (c, _) = s.create(&ObjectId::new("w"), 300, false).unwrap();
+        let filler = c.clone();
+        let t = std::thread::spawn(move || {
+            for _ in 0..3 {
+                std::thread::sleep(Duration::from_millis(20));
+                filler.append(&[5; 100]).unwrap();
+            }
+        });
+        // Each piece comes well within the stall bound: complete.
+        c.wait_complete(Duration::from_millis(500), None).unwrap();
+        assert_eq!(c.watermark(), 300);
+        t.join().unwrap();
+        // No progress for the stall bound: a timeout, though no deadline was given.
+        let (d, _) = s.create(&ObjectId::new("x"), 10, false).unwrap();
+        d.append(&[1; 5]).unwrap();
+        let t0 = Instant::now();
+        let r = d.wait_complete(Duration::from_millis(60), None);
+        assert!(matches!(r, Err(Error::Timeout(..))), "{r:?}");
+        assert!(t0.elapsed() >= Duration::from_millis(60));
+        // A deadline before the stall bound ends it first.
+        let t0 = Instant::now();
+        let r = d.wait_complete(Duration::from_secs(5), Some(t0 + Duration::from_millis(40)));
+        assert!(matches!(r, Err(Error::Timeout(..))), "{r:?}");
+        assert!(t0.elapsed() < Duration::from_secs(2));
+        // A failure wakes the waiter with an error at once.
+        let failer = d.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            failer.fail();
+        });
+        let t0 = Instant::now();
+        let r = d.wait_complete(Duration::from_secs(5), None);
+        assert!(matches!(r, Err(Error::NotFound(_))), "{r:?}");
+        assert!(t0.elapsed() < Duration::from_secs(2));
+        t.join().unwrap();
+    }
+
+    /// `wait_kick` returns on a kick or the copy's end, whichever comes, and not for the
+    /// pieces that land meanwhile.
+    #[test]
+    fn wait_kick_wakes_on_a_kick_or_the_end_not_on_pieces() {
+        let s = store(1 << 20);
+        let (c, _) = s.create(&ObjectId::new("k"), 200, false).unwrap();
+        let seen = c.kicks();
+        c.append(&[1; 100]).unwrap();
+        let t0 = Instant::now();
+        c.wait_kick(seen, Duration::from_millis(50));
+        assert!(
+            t0.elapsed() >= Duration::from_millis(50),
+            "a piece is not a kick"
+        );
+        let kicker = c.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            kicker.kick();
+        });
+        let t0 = Instant::now();
+        c.wait_kick(seen, Duration::from_secs(5));
+        assert!(t0.elapsed() < Duration::from_secs(2));
+        t.join().unwrap();
+        // A kick already counted returns at once; the end counts as one.
+        let seen = c.kicks();
+        c.append(&[2; 100]).unwrap();
+        assert_eq!(c.kicks(), seen + 1, "completion is a kick");
+        let t0 = Instant::now();
+        c.wait_kick(seen, Duration::from_secs(5));
+        assert!(t0.elapsed() < Duration::from_secs(1));
     }
 }

@@ -288,11 +288,28 @@ fn sum_of(inputs: &[&Vec<u8>]) -> Vec<u8> {
 
 #[test]
 fn reduce_replaces_a_dead_input_and_recomputes_only_its_ancestors() {
+    // 16 MiB of i64, the victim failing after 4 MiB.
+    replaces_a_dead_input(2 << 20, 4 << 20, "rf");
+}
+
+/// The same with medium objects, whose outputs are combined where their inputs land (on the
+/// transport threads, `reduce/task.rs`): the parent of the dead position hears of its
+/// input's failure there, and the tree is repaired as for large objects.
+#[test]
+fn a_medium_reduce_replaces_a_dead_input_combined_where_it_landed() {
+    // 128 KiB of i64, the victim failing after 32 KiB.
+    replaces_a_dead_input(16 << 10, 32 << 10, "rm");
+}
+
+/// A chain reduce of 7 of 8 inputs of `elems` i64 whose inner position dies after serving
+/// `after_bytes` (3 seeds, 3 positions): the spare replaces exactly the dead input, the
+/// result is the sum of the inputs used, and only the failed position and its ancestors ran
+/// again.
+fn replaces_a_dead_input(elems: usize, after_bytes: u64, prefix: &str) {
     use phalanx::{DType, ReduceOp, ReduceOptions};
     for seed in 0..3u64 {
         let c = LocalCluster::start(8, cfg(), tcp()).unwrap();
-        let elems = 2 << 20; // 16 MiB of i64
-                             // A chain (d = 1) in arrival order 0..7: input k sits at position 6-k; 7 is the spare.
+        // A chain (d = 1) in arrival order 0..7: input k sits at position 6-k; 7 is the spare.
         let victim = 2 + seed as usize; // an inner position
                                         // Directory shards are not replicated: keep every entry this reduce needs off the
                                         // victim (the inputs, the target and the intermediates of every generation).
@@ -304,13 +321,17 @@ fn reduce_replaces_a_dead_input_and_recomputes_only_its_ancestors() {
             }
         };
         let ids: Vec<ObjectId> = (0..8)
-            .map(|k| name_on(c.node(0), &format!("rf-{seed}-{k}"), shard_for(k) as NodeId))
+            .map(|k| {
+                let name = format!("{prefix}-{seed}-{k}");
+                name_on(c.node(0), &name, shard_for(k) as NodeId)
+            })
             .collect();
-        let target = target_avoiding(c.node(0), &format!("rf-out-{seed}"), victim as NodeId);
+        let out = format!("{prefix}-out-{seed}");
+        let target = target_avoiding(c.node(0), &out, victim as NodeId);
         let data: Vec<Vec<u8>> = (0..8).map(|k| i64_input(k + seed, elems)).collect();
         c.node(victim).inject_fault(FaultPlan {
             object: ObjectId::new("*"),
-            after_bytes: 4 << 20,
+            after_bytes,
             action: FaultAction::DropLinks,
         });
         let outcome = std::thread::scope(|s| {

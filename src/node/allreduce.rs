@@ -381,8 +381,8 @@ impl Node {
             // Produced here: the task's output, once it has made it. A repair may move the
             // partition elsewhere, or the copy fail: then wherever the directory says.
             Some(GatherFrom::Here) => match self.inner.store.wait_lookup(id, HERE_WAIT) {
-                Ok(c) => match c.wait_for(c.size(), HINT_STALL) {
-                    Ok(_) => Ok(ObjectView::Arena(c)),
+                Ok(c) => match c.wait_complete(HINT_STALL, None) {
+                    Ok(()) => Ok(ObjectView::Arena(c)),
                     Err(_) => {
                         drop(c);
                         self.get_view(id.clone())

@@ -122,6 +122,8 @@ impl Node {
         }
         for piece in data.chunks(step as usize) {
             copy.append(piece)?;
+            // On to receivers that pull it already (see `transfer/serve.rs`).
+            inner.transfers.landed(&copy);
         }
         inner.dir.publish(&id, size, true)
     }
@@ -201,16 +203,8 @@ impl Node {
             {
                 Fetched::Owned(v) => Ok(ObjectView::Owned(v)),
                 Fetched::Copy(c) => {
-                    let size = c.size();
-                    let mut wm = 0;
-                    while wm < size || c.status() != CopyStatus::Complete {
-                        // Without a timeout: at most the op timeout without progress.
-                        let wait = match timeout {
-                            Some(_) => deadline.saturating_duration_since(Instant::now()),
-                            None => op_timeout,
-                        };
-                        wm = c.wait_beyond(wm, wait)?;
-                    }
+                    // Without a timeout: at most the op timeout without progress.
+                    c.wait_complete(op_timeout, timeout.map(|_| deadline))?;
                     Ok(ObjectView::Arena(c))
                 }
             }
@@ -233,8 +227,8 @@ impl Node {
             Ok(Fetched::Copy(c)) => c,
             Err(_) => return self.get_view(id.clone()),
         };
-        match c.wait_for(c.size(), stall) {
-            Ok(_) => Ok(ObjectView::Arena(c)),
+        match c.wait_complete(stall, None) {
+            Ok(()) => Ok(ObjectView::Arena(c)),
             Err(e) => {
                 hop!(self.id(), "hinted pull dropped", source = source);
                 tracing::debug!(node = self.id(), %id, source, "hinted pull dropped: {e}");

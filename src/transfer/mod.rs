@@ -7,6 +7,7 @@
 //! bandwidth estimate; it is handed the store, the directory client, the messaging and the
 //! fault hook.
 
+mod landed;
 mod pull;
 mod serve;
 
@@ -21,6 +22,7 @@ use crate::ObjectId;
 use phalanx_transport::{NodeId, StreamId, Transport};
 use pull::Inbound;
 
+pub(crate) use landed::OnLanded;
 pub(crate) use pull::Driver;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -88,6 +90,8 @@ pub(crate) struct Transfers {
     serving: Mutex<HashMap<(NodeId, StreamId), Arc<AtomicBool>>>,
     /// Serves forwarded as their copies fill (`serve.rs`), by object.
     forwards: Mutex<HashMap<ObjectId, Vec<Arc<serve::Forward>>>>,
+    /// Called where bytes of these objects land (`landed.rs`).
+    watchers: Mutex<HashMap<ObjectId, Vec<Arc<dyn OnLanded>>>>,
     serve_log: Mutex<Vec<ServeRecord>>,
 }
 
@@ -108,6 +112,7 @@ impl Transfers {
             bandwidth_bits: AtomicU64::new(0),
             serving: Mutex::new(HashMap::new()),
             forwards: Mutex::new(HashMap::new()),
+            watchers: Mutex::new(HashMap::new()),
             serve_log: Mutex::new(Vec::new()),
         }
     }

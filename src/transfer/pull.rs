@@ -188,7 +188,7 @@ impl Transfers {
         let ok = filled.is_ok();
         hop!(self.id, "bytes came with the location", source = source);
         if ok {
-            self.forward_landed(copy);
+            self.landed(copy);
         }
         self.recv_log.lock().unwrap().push(TransferRecord {
             id: id.clone(),
@@ -473,6 +473,8 @@ impl Transfers {
             self.dir.withdraw_at(shard, id);
         }
         copy.fail();
+        // Its watchers (a reduce task combining as its inputs land) hear of the end now.
+        self.landed(copy);
     }
 
     /// One pull from `source` starting at `from`; Ok once the copy is complete.
@@ -616,7 +618,7 @@ impl Transfers {
         }
         drop(inbound);
         // On to this copy's own receivers, from this thread (see `serve.rs`).
-        self.forward_landed(&copy);
+        self.landed(&copy);
     }
 
     /// The source will write no more for `stream`.

@@ -2,13 +2,17 @@
 //! (possibly still filling) into the receiver's region chunk by chunk, until done, cancelled by
 //! the receiver, or cut by the receiver's death; the fault hook may end it on purpose.
 //!
-//! A small copy that is still filling is also *forwarded as its bytes land* ([`Forward`]):
-//! the thread that moved its watermark (the transport thread that took the bytes in, or the
-//! reduce task that computed them) writes them on to each receiver at once, if the transport
-//! takes them without blocking. In a chain of readers of a medium object every hop then
-//! forwards without waking a thread; on 8 hosts sharing 2 cores that wake-up was 50-100 us a
-//! hop. The serve's worker stays the stream's owner: it writes whatever the forwarder left
-//! (a write that would block, a race), and ends the stream on failure, cancel or timeout.
+//! A small copy that is still filling, or not here yet, is also *forwarded as its bytes land*
+//! ([`Forward`]): the thread that moved its watermark (the transport thread that took the
+//! bytes in, the thread combining a reduce output, a put copying in) writes them on to each
+//! receiver at once, if the transport takes them without blocking (`Transfers::landed`). In
+//! a chain of readers of a medium object every hop then forwards without waking a thread; on
+//! 8 hosts sharing 2 cores that wake-up was 50-100 us a hop. A pull that comes before its
+//! copy exists (a parent asking for an output its child's task has not made yet) is bound to
+//! the copy that appears. The serve's worker stays the stream's owner, woken only when the
+//! forwarder asks it to write what it left (a write that would block, a race for the
+//! stream's position), at the copy's end, or to look for a cancel: it ends the stream on
+//! failure, cancel or timeout.
 
 use super::{ServeRecord, Transfers};
 use crate::hop::hop;
@@ -18,7 +22,7 @@ use crate::store::CopyStatus;
 use crate::{Error, ObjectId, Result};
 use phalanx_transport::{NodeId, RemoteRegion, StreamId};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tracing::debug;
 
@@ -32,8 +36,14 @@ pub(super) const CANCEL_POLL: Duration = Duration::from_millis(50);
 /// A serve of a small copy still filling, written on by whichever thread moves the copy's
 /// watermark (see the module).
 pub(super) struct Forward {
-    /// The copy being served; this reference keeps its bytes in place.
-    copy: CopyRef,
+    id: ObjectId,
+    /// The copy being served, once there; this reference keeps its bytes in place. A pull
+    /// that comes before its copy exists (a parent asking for a reduce output whose task
+    /// has not created it yet, a receiver sent to a copy whose own pull has not begun) is
+    /// bound to the copy that appears, by the first thread that fills it or by the serve's
+    /// worker, whichever comes first: the bytes then leave with the thread that made them,
+    /// not after the worker's wake-up.
+    copy: OnceLock<CopyRef>,
     receiver: NodeId,
     stream: StreamId,
     dst: RemoteRegion,
@@ -41,6 +51,9 @@ pub(super) struct Forward {
     /// How far the stream is written and whether it is over. Whoever writes holds it, so the
     /// stream's bytes go out in order and once.
     sent: Mutex<Sent>,
+    /// The forwarder left bytes to the worker (a write that would block, too many bytes at
+    /// once, the fault hook, or the stream's position taken).
+    help: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -59,6 +72,23 @@ struct Request {
     stream: StreamId,
     dst: RemoteRegion,
     from: u64,
+}
+
+impl Forward {
+    /// Leaves the bytes that landed to the serve's worker, and wakes it.
+    fn ask_help(&self, copy: &CopyRef) {
+        self.help.store(true, Ordering::Release);
+        copy.kick();
+    }
+
+    /// Whether this forward writes from `copy`: the copy it is bound to, or, not bound yet,
+    /// one of the size its receiver expects (then bound to it).
+    fn bind(&self, copy: &CopyRef) -> bool {
+        if self.copy.get().is_none() && (copy.size() != self.dst.len || copy.is_detached()) {
+            return false;
+        }
+        self.copy.get_or_init(|| copy.clone()).is_same(copy)
+    }
 }
 
 /// How a serve ended well.
@@ -118,18 +148,23 @@ impl Transfers {
     fn forward_begin(&self, req: &Request, cancel: &Arc<AtomicBool>) -> Option<Arc<Forward>> {
         let (receiver, stream, from) = (req.receiver, req.stream, req.from);
         let (id, dst) = (&req.id, &req.dst);
-        let copy = self.store.lookup(id)?;
-        let size = copy.size();
+        let copy = self.store.lookup(id);
+        // Without a copy yet, the receiver's region says the size.
+        let size = copy.as_ref().map_or(dst.len, |c| c.size());
         if size > FORWARD_MAX
-            || copy.status() != CopyStatus::Filling
+            || copy
+                .as_ref()
+                .is_some_and(|c| c.status() != CopyStatus::Filling)
             || dst.len != size
             || from >= size
             || self.fault.budget(id, from).is_some()
         {
             return None;
         }
+        let bound = copy.is_some();
         let f = Arc::new(Forward {
-            copy,
+            id: id.clone(),
+            copy: copy.map_or_else(OnceLock::new, OnceLock::from),
             receiver,
             stream,
             dst: *dst,
@@ -139,6 +174,7 @@ impl Transfers {
                 ended: false,
                 forwarded: 0,
             }),
+            help: AtomicBool::new(false),
         });
         self.forwards
             .lock()
@@ -146,14 +182,16 @@ impl Transfers {
             .entry(id.clone())
             .or_default()
             .push(f.clone());
-        self.forward_one(id, &f);
+        if bound {
+            self.forward_one(id, &f);
+        }
         Some(f)
     }
 
     /// `copy`'s watermark moved: its bytes go on to the receivers it is forwarded to, each
     /// at once if the transport takes them without blocking (else its serve's worker writes
     /// them). Never blocks.
-    pub(crate) fn forward_landed(&self, copy: &CopyRef) {
+    pub(super) fn forward_landed(&self, copy: &CopyRef) {
         let (id, list): (ObjectId, Vec<Arc<Forward>>) = {
             let forwards = self.forwards.lock().unwrap();
             if forwards.is_empty() {
@@ -161,7 +199,7 @@ impl Transfers {
             }
             let id = copy.id();
             let list = match forwards.get(&id) {
-                Some(v) => v.iter().filter(|f| f.copy.is_same(copy)).cloned().collect(),
+                Some(v) => v.iter().filter(|f| f.bind(copy)).cloned().collect(),
                 None => return,
             };
             (id, list)
@@ -174,30 +212,42 @@ impl Transfers {
     /// Writes what `f`'s copy holds beyond what was sent, if nobody else is writing it and
     /// the transport takes it at once; ends the stream with the last byte.
     fn forward_one(&self, id: &ObjectId, f: &Forward) {
+        let Some(copy) = f.copy.get() else {
+            return; // no copy yet
+        };
         let Ok(mut sent) = f.sent.try_lock() else {
-            return; // the worker is writing: it goes on from there
+            // The worker holds the position (writing, or looking): it takes these bytes.
+            f.ask_help(copy);
+            return;
         };
         if sent.ended || f.cancel.load(Ordering::Acquire) || self.rpc.is_closed() {
             return;
         }
-        let (wm, size) = (f.copy.watermark(), f.copy.size());
-        if wm <= sent.off || wm - sent.off > SERVE_HERE_MAX {
+        let (wm, size) = (copy.watermark(), copy.size());
+        if wm <= sent.off {
             return;
         }
-        if self.fault.budget(id, sent.off).is_some() {
-            return; // the worker applies the hook
+        // Too much at once, or under the fault hook: the worker writes it (and applies the
+        // hook).
+        if wm - sent.off > SERVE_HERE_MAX || self.fault.budget(id, sent.off).is_some() {
+            drop(sent);
+            f.ask_help(copy);
+            return;
         }
         let n = wm - sent.off;
         let written = self.transport.write_nonblocking(
             f.receiver,
             f.stream,
-            f.copy.offset() + sent.off,
+            copy.offset() + sent.off,
             &f.dst,
             sent.off,
             n,
         );
         if !matches!(written, Ok(true)) {
-            return; // would block, or the link failed: the worker finds out
+            // Would block, or the link failed: the worker writes it, or finds out.
+            drop(sent);
+            f.ask_help(copy);
+            return;
         }
         hop!(
             self.id,
@@ -213,6 +263,7 @@ impl Transfers {
             sent.ended = true;
             drop(sent);
             self.forward_remove(id, f);
+            copy.kick(); // the worker is done
         }
     }
 
@@ -223,7 +274,7 @@ impl Transfers {
             let mut sent = f.sent.lock().unwrap();
             (std::mem::replace(&mut sent.ended, true), sent.forwarded)
         };
-        self.forward_remove(&f.copy.id(), f);
+        self.forward_remove(&f.id, f);
         (ended, forwarded)
     }
 
@@ -425,8 +476,8 @@ impl Transfers {
         // copy: the very one its forwarder writes from.
         let deadline = Instant::now() + self.cfg.op_timeout.min(COPY_WAIT);
         let copy = loop {
-            if let Some(f) = fwd.as_deref() {
-                break f.copy.clone();
+            if let Some(c) = fwd.as_deref().and_then(|f| f.copy.get()) {
+                break c.clone();
             }
             let slice = deadline
                 .saturating_duration_since(Instant::now())
@@ -453,13 +504,19 @@ impl Transfers {
             *fwd = self.forward_begin(req, cancel);
         }
         let fwd = fwd.as_deref();
-        if fwd.is_some_and(|f| !f.copy.is_same(&copy)) {
+        if fwd.is_some_and(|f| !f.bind(&copy)) {
             return Err(Error::NotFound(id.clone())); // replaced meanwhile: ask again
         }
         let chunk = serve_chunk(self.cfg.chunk_size, copy.size());
         let mut off = from;
         loop {
-            let wm = copy.wait_beyond(off, self.cfg.op_timeout)?;
+            let wm = match fwd {
+                None => copy.wait_beyond(off, self.cfg.op_timeout)?,
+                Some(f) => match self.await_forwarder(&copy, f, cancel)? {
+                    Some(wm) => wm,
+                    None => return Ok(Served::Forwarded),
+                },
+            };
             let size = copy.size();
             if dst.len != size {
                 return Err(Error::Protocol {
@@ -506,6 +563,64 @@ impl Transfers {
                 }
                 return Ok(Served::Here(off - from));
             }
+        }
+    }
+}
+
+impl Transfers {
+    /// A forwarded serve's worker waits here while the forwarder writes what lands: woken
+    /// when the forwarder asks for help (a write that would block), at the copy's end, or to
+    /// look for a cancel, not by every piece. Bytes the forwarder leaves for a whole
+    /// `CANCEL_POLL` without asking (a filler that does not forward) are written too.
+    /// Returns the watermark when bytes are left for the worker to write, `None` when the
+    /// forwarder ended the stream.
+    fn await_forwarder(
+        &self,
+        copy: &CopyRef,
+        f: &Forward,
+        cancel: &AtomicBool,
+    ) -> Result<Option<u64>> {
+        let mut progressed = Instant::now();
+        let mut last = None;
+        // Since when bytes wait with nobody asking for help, at which position.
+        let mut waiting: Option<(u64, Instant)> = None;
+        loop {
+            let seen = copy.kicks();
+            let off = {
+                let sent = f.sent.lock().unwrap();
+                if sent.ended {
+                    return Ok(None);
+                }
+                sent.off
+            };
+            if last != Some(off) {
+                (last, progressed) = (Some(off), Instant::now());
+            }
+            // Read after the stream's position: a forwarder that found it taken asked for
+            // help, and its bytes landed before.
+            let help = f.help.swap(false, Ordering::AcqRel);
+            match copy.wait_beyond(off, Duration::ZERO) {
+                Ok(wm) if help => return Ok(Some(wm)),
+                Ok(wm) => match waiting {
+                    Some((at, since)) if at == off && since.elapsed() >= CANCEL_POLL => {
+                        return Ok(Some(wm));
+                    }
+                    Some((at, _)) if at == off => {}
+                    _ => waiting = Some((off, Instant::now())),
+                },
+                Err(Error::Timeout(..)) => waiting = None,
+                Err(e) => return Err(e),
+            }
+            if cancel.load(Ordering::Acquire) || self.rpc.is_closed() {
+                return Err(Error::Shutdown);
+            }
+            if progressed.elapsed() >= self.cfg.op_timeout {
+                return Err(Error::Timeout(
+                    self.cfg.op_timeout,
+                    format!("bytes of {}", f.id),
+                ));
+            }
+            copy.wait_kick(seen, CANCEL_POLL);
         }
     }
 }
