@@ -396,6 +396,10 @@ impl Combiner {
         let size = self.out.size();
         let esz = self.dtype.size() as u64;
         while *at < size {
+            if self.out.is_detached() {
+                // Failed or deleted (the task gave up): nothing more goes into it.
+                return Err(Error::NotFound(self.out.id()));
+            }
             let mut avail = self.own.available()?.saturating_sub(self.base).min(size);
             for c in &self.children {
                 avail = avail.min(c.available()?);
