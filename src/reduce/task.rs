@@ -27,6 +27,20 @@ enum Input {
     Owned(Vec<u8>),
 }
 
+/// A task's inputs: its own object (a slice of it at `own_offset`) and its children's
+/// outputs.
+struct Inputs {
+    own: Input,
+    children: Vec<Input>,
+}
+
+/// One task's output being filled: the task, its output, its cancel flag.
+struct Job<'a> {
+    t: &'a ReduceTask,
+    out: &'a CopyRef,
+    cancel: &'a AtomicBool,
+}
+
 impl From<Fetched> for Input {
     fn from(f: Fetched) -> Input {
         match f {
@@ -173,7 +187,12 @@ impl Reducer {
         }
         let (out, evicted) = self.store.create_output(&t.out, t.size)?;
         self.dir.withdraw(&evicted);
-        let r = self.fill_reduce_output(t, own, children, &out, cancel);
+        let job = Job {
+            t,
+            out: &out,
+            cancel,
+        };
+        let r = self.fill_reduce_output(&job, Inputs { own, children });
         if r.is_err() {
             // Readers of the partial output (local ones and the pulls it serves) get an error
             // now instead of waiting for bytes that will not come.
@@ -192,47 +211,29 @@ impl Reducer {
 
     /// Streams `own ⊕ children` into `out` chunk by chunk as the inputs fill: a medium
     /// output where its inputs land ([`Combiner`]), a large one on this task's thread.
-    fn fill_reduce_output(
-        &self,
-        t: &ReduceTask,
-        own: Input,
-        children: Vec<Input>,
-        out: &CopyRef,
-        cancel: &AtomicBool,
-    ) -> Result<()> {
+    fn fill_reduce_output(&self, job: &Job, inputs: Inputs) -> Result<()> {
+        let t = job.t;
         // Published partial from the start: readers stream it, and a reset or delete of the
         // output always finds this copy.
         self.dir.publish(&t.out, t.size, false)?;
         if t.size <= COMBINE_WHERE_LANDED_MAX {
-            self.combine_where_landed(t, own, children, out, cancel)?;
+            self.combine_where_landed(job, inputs)?;
         } else {
-            self.combine_here(t, &own, &children, out, cancel)?;
+            self.combine_here(job, &inputs)?;
         }
-        if cancel.load(Ordering::Acquire) || out.is_detached() {
-            return Err(self.cancelled(t));
-        }
+        job.stopped()?;
         self.dir.publish(&t.out, t.size, true)?;
         Ok(())
-    }
-
-    fn cancelled(&self, t: &ReduceTask) -> Error {
-        Error::InvalidArgument(format!("reduce task for {} cancelled", t.out))
     }
 
     /// A medium output computed by whichever thread lands its inputs' bytes (see
     /// [`Combiner`]); this thread only watches: it combines what landed when woken (the
     /// output's end, an input's failure) or every `CANCEL_POLL`, and gives up on a cancel or
     /// on `op_timeout` without progress.
-    fn combine_where_landed(
-        &self,
-        t: &ReduceTask,
-        own: Input,
-        children: Vec<Input>,
-        out: &CopyRef,
-        cancel: &AtomicBool,
-    ) -> Result<()> {
-        let watched: Vec<ObjectId> = std::iter::once(&own)
-            .chain(&children)
+    fn combine_where_landed(&self, job: &Job, inputs: Inputs) -> Result<()> {
+        let (t, out) = (job.t, job.out);
+        let watched: Vec<ObjectId> = std::iter::once(&inputs.own)
+            .chain(&inputs.children)
             .filter_map(|i| match i {
                 Input::Copy(c) if c.status() != CopyStatus::Complete => Some(c.id()),
                 _ => None,
@@ -244,8 +245,7 @@ impl Reducer {
             dtype: t.dtype,
             base: t.own_offset,
             chunk: (t.chunk / t.dtype.size() as u64).max(1) * t.dtype.size() as u64,
-            own,
-            children,
+            inputs,
             out: out.clone(),
             transfers: self.transfers.clone(),
             at: Mutex::new(0),
@@ -262,9 +262,7 @@ impl Reducer {
                 if comb.step(true)? {
                     return Ok(());
                 }
-                if cancel.load(Ordering::Acquire) || out.is_detached() {
-                    return Err(self.cancelled(t));
-                }
+                job.stopped()?;
                 let at = out.watermark();
                 if at > last {
                     (last, progressed) = (at, Instant::now());
@@ -284,32 +282,26 @@ impl Reducer {
     }
 
     /// A large output computed on this task's thread, woken as its inputs fill.
-    fn combine_here(
-        &self,
-        t: &ReduceTask,
-        own: &Input,
-        children: &[Input],
-        out: &CopyRef,
-        cancel: &AtomicBool,
-    ) -> Result<()> {
+    fn combine_here(&self, job: &Job, inputs: &Inputs) -> Result<()> {
+        let (t, out) = (job.t, job.out);
         let esz = t.dtype.size() as u64;
         let base = t.own_offset;
-        let cancelled = || self.cancelled(t);
         let chunk = (t.chunk / esz).max(1) * esz;
         let timeout = self.cfg.op_timeout;
         let mut off = 0;
         while off < t.size {
             let need = (off + esz).min(t.size);
             let mut avail = t.size;
-            for (k, i) in std::iter::once(own).chain(children).enumerate() {
+            for (k, i) in std::iter::once(&inputs.own)
+                .chain(&inputs.children)
+                .enumerate()
+            {
                 // Own bytes are read at `base` (a slice of the source); children's from 0.
                 let shift = if k == 0 { base } else { 0 };
                 // Wait in slices so a cancel is seen while an input stalls.
                 let deadline = Instant::now() + timeout;
                 let got = loop {
-                    if cancel.load(Ordering::Acquire) || out.is_detached() {
-                        return Err(cancelled());
-                    }
+                    job.stopped()?;
                     match i.wait_for(need + shift, Duration::from_millis(100)) {
                         Err(Error::Timeout(..)) if Instant::now() < deadline => continue,
                         r => break r?,
@@ -319,7 +311,7 @@ impl Reducer {
             }
             let end = (off + chunk).min(off + (avail - off) / esz * esz);
             hop!(self.id, "reduce inputs ready", off = off, end = end);
-            fill_combined(out, (t.op, t.dtype), base, own, children, (off, end))?;
+            fill_combined(out, (t.op, t.dtype), base, inputs, (off, end))?;
             // On to the parent's pull at once, if it is waiting (see `transfer/serve.rs`).
             self.transfers.landed(out);
             off = end;
@@ -337,16 +329,29 @@ const COMBINE_WHERE_LANDED_MAX: u64 = 256 << 10;
 /// stall or bytes nobody combined.
 const COMBINE_POLL: Duration = Duration::from_millis(50);
 
+impl Job<'_> {
+    /// An error if the task was cancelled or its output deleted.
+    fn stopped(&self) -> Result<()> {
+        if self.cancel.load(Ordering::Acquire) || self.out.is_detached() {
+            let t = &self.t.out;
+            return Err(Error::InvalidArgument(format!(
+                "reduce task for {t} cancelled"
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// Appends `own[base + off, base + end) ⊕ children[off, end)` to `out`.
 fn fill_combined(
     out: &CopyRef,
     (op, dtype): (ReduceOp, DType),
     base: u64,
-    own: &Input,
-    children: &[Input],
+    inputs: &Inputs,
     (off, end): (u64, u64),
 ) -> Result<()> {
-    out.fill_with(end - off, |dst| match children.split_first() {
+    let own = &inputs.own;
+    out.fill_with(end - off, |dst| match inputs.children.split_first() {
         Some((first, rest)) => {
             combine_into(
                 op,
@@ -375,8 +380,7 @@ struct Combiner {
     /// Where the own input's slice starts.
     base: u64,
     chunk: u64,
-    own: Input,
-    children: Vec<Input>,
+    inputs: Inputs,
     out: CopyRef,
     transfers: Arc<Transfers>,
     /// How far the output is combined; held while combining.
@@ -400,8 +404,9 @@ impl Combiner {
                 // Failed or deleted (the task gave up): nothing more goes into it.
                 return Err(Error::NotFound(self.out.id()));
             }
-            let mut avail = self.own.available()?.saturating_sub(self.base).min(size);
-            for c in &self.children {
+            let own = self.inputs.own.available()?;
+            let mut avail = own.saturating_sub(self.base).min(size);
+            for c in &self.inputs.children {
                 avail = avail.min(c.available()?);
             }
             let end = (*at + self.chunk).min(*at + avail.saturating_sub(*at) / esz * esz);
@@ -410,14 +415,7 @@ impl Combiner {
             }
             hop!(self.node, "reduce inputs ready", off = *at, end = end);
             let kind = (self.op, self.dtype);
-            fill_combined(
-                &self.out,
-                kind,
-                self.base,
-                &self.own,
-                &self.children,
-                (*at, end),
-            )?;
+            fill_combined(&self.out, kind, self.base, &self.inputs, (*at, end))?;
             *at = end;
             // On to the parent's pull at once, if it is waiting (see `transfer/serve.rs`).
             self.transfers.landed(&self.out);
