@@ -437,8 +437,6 @@ impl Inner {
                     continue;
                 }
                 Frame::Data { h, .. } => {
-                    // The frame's last segment is acknowledged now, not by a timer.
-                    ack_now(&r.conn.socket);
                     r.bulk = h.len >= BUFFER as u64;
                     self.links
                         .counters
@@ -458,7 +456,13 @@ impl Inner {
                     .store(self.links.now_ns(), Ordering::Relaxed);
                 // The frame is whole: its grant hold (if any) is released before the event.
                 r.frame = Frame::Header;
+                let data = matches!(ev, Event::Data { .. });
                 self.links.emit(ev);
+                if data {
+                    // Its last segment is acknowledged now, not by a timer (after the event:
+                    // the bytes are handed on first).
+                    ack_now(&r.conn.socket);
+                }
             }
         }
     }
