@@ -46,6 +46,12 @@ struct CopyState {
 }
 
 impl CopyState {
+    /// Counts a kick (the copy's end counts as one) and wakes the waiters of both.
+    fn kick(&mut self) {
+        self.kicks += 1;
+        self.ended.notify_all();
+    }
+
     /// Complete, unpinned and still named: evicted to make room once no one uses it.
     fn evictable_when_released(&self) -> bool {
         self.status == CopyStatus::Complete && !self.pinned && !self.detached
@@ -197,9 +203,8 @@ impl Store {
     fn fail_locked(st: &mut State, key: u64) {
         let c = st.copies.get_mut(&key).expect("live copy");
         c.status = CopyStatus::Failed;
-        c.kicks += 1;
         c.progress.notify_all();
-        c.ended.notify_all();
+        c.kick();
         let id = c.id.clone();
         if st.by_id.get(&id) == Some(&key) {
             st.by_id.remove(&id);
@@ -333,9 +338,8 @@ impl Store {
             return false;
         };
         let c = st.copies.get_mut(&k).expect("live copy");
-        c.kicks += 1;
         c.progress.notify_all();
-        c.ended.notify_all();
+        c.kick();
         Self::detach(&mut st, k);
         self.changed.notify_all();
         true
@@ -466,8 +470,7 @@ impl CopyRef {
         c.watermark = wm.min(c.size);
         if c.watermark == c.size && c.status == CopyStatus::Filling {
             c.status = CopyStatus::Complete;
-            c.kicks += 1;
-            c.ended.notify_all();
+            c.kick();
         }
         c.progress.notify_all();
     }
@@ -512,9 +515,7 @@ impl CopyRef {
     /// the serve's worker to write them).
     pub fn kick(&self) {
         let mut st = self.store.lock();
-        let c = st.copies.get_mut(&self.key).expect("live copy");
-        c.kicks += 1;
-        c.ended.notify_all();
+        st.copies.get_mut(&self.key).expect("live copy").kick();
     }
 
     /// Blocks until a kick after the `seen`-th (or the copy's end) or `timeout`, whichever

@@ -425,7 +425,7 @@ impl Combiner {
 }
 
 impl OnLanded for Combiner {
-    fn landed(&self) {
+    fn landed(&self, _copy: &CopyRef) {
         // The task's thread hears of an input's failure (and the output's end) through a
         // kick; the output's completion kicks by itself.
         if self.step(false).is_err() {

@@ -88,9 +88,8 @@ pub(crate) struct Transfers {
     // Source side.
     /// Cancel flags of the pulls this node serves, by (receiver, stream).
     serving: Mutex<HashMap<(NodeId, StreamId), Arc<AtomicBool>>>,
-    /// Serves forwarded as their copies fill (`serve.rs`), by object.
-    forwards: Mutex<HashMap<ObjectId, Vec<Arc<serve::Forward>>>>,
-    /// Called where bytes of these objects land (`landed.rs`).
+    /// Called where bytes of these objects land (`landed.rs`): forwarded serves
+    /// (`serve.rs`), combining reduce tasks.
     watchers: Mutex<HashMap<ObjectId, Vec<Arc<dyn OnLanded>>>>,
     serve_log: Mutex<Vec<ServeRecord>>,
 }
@@ -111,7 +110,6 @@ impl Transfers {
             recv_log: Mutex::new(Vec::new()),
             bandwidth_bits: AtomicU64::new(0),
             serving: Mutex::new(HashMap::new()),
-            forwards: Mutex::new(HashMap::new()),
             watchers: Mutex::new(HashMap::new()),
             serve_log: Mutex::new(Vec::new()),
         }

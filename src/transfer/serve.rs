@@ -14,7 +14,7 @@
 //! stream's position), at the copy's end, or to look for a cancel: it ends the stream on
 //! failure, cancel or timeout.
 
-use super::{ServeRecord, Transfers};
+use super::{OnLanded, ServeRecord, Transfers};
 use crate::hop::hop;
 use crate::protocol::{Located, Msg, PullMsg, Reply};
 use crate::store::CopyRef;
@@ -22,7 +22,7 @@ use crate::store::CopyStatus;
 use crate::{Error, ObjectId, Result};
 use phalanx_transport::{NodeId, RemoteRegion, StreamId};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 use tracing::debug;
 
@@ -34,8 +34,10 @@ const COPY_WAIT: Duration = Duration::from_secs(1);
 pub(super) const CANCEL_POLL: Duration = Duration::from_millis(50);
 
 /// A serve of a small copy still filling, written on by whichever thread moves the copy's
-/// watermark (see the module).
+/// watermark (see the module): a watcher of its object (`landed.rs`) while the serve lasts.
 pub(super) struct Forward {
+    /// The transfers it writes with (weak: they hold it while it is watched).
+    owner: Weak<Transfers>,
     id: ObjectId,
     /// The copy being served, once there; this reference keeps its bytes in place. A pull
     /// that comes before its copy exists (a parent asking for a reduce output whose task
@@ -91,6 +93,15 @@ impl Forward {
     }
 }
 
+impl OnLanded for Forward {
+    /// Bytes landed in a copy of the object: written on if they are this forward's copy's.
+    fn landed(&self, copy: &CopyRef) {
+        if let (true, Some(t)) = (self.bind(copy), self.owner.upgrade()) {
+            t.forward_one(self);
+        }
+    }
+}
+
 /// How a serve ended well.
 enum Served {
     /// The worker wrote the last bytes (this many in all): it ends the stream.
@@ -133,7 +144,7 @@ impl Transfers {
         if spawned.is_err() {
             self.serving.lock().unwrap().remove(&(receiver, stream));
             // Unless the forwarder already wrote it all, the stream ends refused.
-            let over = fwd.as_deref().is_some_and(|f| self.forward_close(f).0);
+            let over = fwd.as_ref().is_some_and(|f| self.forward_close(f).0);
             if !over {
                 let refused = PullMsg::PullEnd { stream, ok: false };
                 self.rpc
@@ -145,7 +156,11 @@ impl Transfers {
     /// Starts forwarding `[from, size)` of a small copy still filling to `receiver`, with
     /// what it holds already; `None` when the copy does not qualify (absent, complete, large,
     /// or under the fault hook).
-    fn forward_begin(&self, req: &Request, cancel: &Arc<AtomicBool>) -> Option<Arc<Forward>> {
+    fn forward_begin(
+        self: &Arc<Self>,
+        req: &Request,
+        cancel: &Arc<AtomicBool>,
+    ) -> Option<Arc<Forward>> {
         let (receiver, stream, from) = (req.receiver, req.stream, req.from);
         let (id, dst) = (&req.id, &req.dst);
         let copy = self.store.lookup(id);
@@ -163,6 +178,7 @@ impl Transfers {
         }
         let bound = copy.is_some();
         let f = Arc::new(Forward {
+            owner: Arc::downgrade(self),
             id: id.clone(),
             copy: copy.map_or_else(OnceLock::new, OnceLock::from),
             receiver,
@@ -176,42 +192,17 @@ impl Transfers {
             }),
             help: AtomicBool::new(false),
         });
-        self.forwards
-            .lock()
-            .unwrap()
-            .entry(id.clone())
-            .or_default()
-            .push(f.clone());
+        self.watch(id, f.clone());
         if bound {
-            self.forward_one(id, &f);
+            self.forward_one(&f);
         }
         Some(f)
     }
 
-    /// `copy`'s watermark moved: its bytes go on to the receivers it is forwarded to, each
-    /// at once if the transport takes them without blocking (else its serve's worker writes
-    /// them). Never blocks.
-    pub(super) fn forward_landed(&self, copy: &CopyRef) {
-        let (id, list): (ObjectId, Vec<Arc<Forward>>) = {
-            let forwards = self.forwards.lock().unwrap();
-            if forwards.is_empty() {
-                return;
-            }
-            let id = copy.id();
-            let list = match forwards.get(&id) {
-                Some(v) => v.iter().filter(|f| f.bind(copy)).cloned().collect(),
-                None => return,
-            };
-            (id, list)
-        };
-        for f in &list {
-            self.forward_one(&id, f);
-        }
-    }
-
     /// Writes what `f`'s copy holds beyond what was sent, if nobody else is writing it and
-    /// the transport takes it at once; ends the stream with the last byte.
-    fn forward_one(&self, id: &ObjectId, f: &Forward) {
+    /// the transport takes it at once; ends the stream with the last byte. Never blocks.
+    fn forward_one(&self, f: &Forward) {
+        let id = &f.id;
         let Some(copy) = f.copy.get() else {
             return; // no copy yet
         };
@@ -262,30 +253,20 @@ impl Transfers {
             // The last byte ends the stream at the receiver: no `PullEnd` (see `serve`).
             sent.ended = true;
             drop(sent);
-            self.forward_remove(id, f);
-            copy.kick(); // the worker is done
+            copy.kick(); // the worker is done: it stops the forward
         }
     }
 
     /// Stops forwarding `f`: afterwards only the caller writes or ends its stream. Whether
     /// the forwarder had already ended it, and the bytes it wrote.
-    fn forward_close(&self, f: &Forward) -> (bool, u64) {
+    fn forward_close(&self, f: &Arc<Forward>) -> (bool, u64) {
         let (ended, forwarded) = {
             let mut sent = f.sent.lock().unwrap();
             (std::mem::replace(&mut sent.ended, true), sent.forwarded)
         };
-        self.forward_remove(&f.id, f);
+        let hook: Arc<dyn OnLanded> = f.clone();
+        self.unwatch(&f.id, &hook);
         (ended, forwarded)
-    }
-
-    fn forward_remove(&self, id: &ObjectId, f: &Forward) {
-        let mut forwards = self.forwards.lock().unwrap();
-        if let Some(v) = forwards.get_mut(id) {
-            v.retain(|g| !std::ptr::eq(Arc::as_ptr(g), f));
-            if v.is_empty() {
-                forwards.remove(id);
-            }
-        }
     }
 
     /// Serves a small rest of a complete copy at once, on the transport thread the request
@@ -421,7 +402,12 @@ impl Transfers {
 
     /// Serves one pull: writes `[from, size)` of the local copy into `dst` as it fills,
     /// sharing the stream with its forwarder `fwd` if it has one.
-    fn serve(&self, req: Request, cancel: Arc<AtomicBool>, mut fwd: Option<Arc<Forward>>) {
+    fn serve(
+        self: &Arc<Self>,
+        req: Request,
+        cancel: Arc<AtomicBool>,
+        mut fwd: Option<Arc<Forward>>,
+    ) {
         let (receiver, stream, from) = (req.receiver, req.stream, req.from);
         let (id, dst) = (&req.id, &req.dst);
         hop!(self.id, "serve running", to = receiver, stream = stream);
@@ -431,7 +417,7 @@ impl Transfers {
         // The forwarder may have ended the stream meanwhile; else this worker ends it.
         // After this the forwarder writes nothing more. `by_forwarder`: it had written the
         // last byte and ended the stream (a worker that ends it well marks it over itself).
-        let (by_forwarder, forwarded) = match fwd.as_deref() {
+        let (by_forwarder, forwarded) = match &fwd {
             Some(f) => self.forward_close(f),
             None => (false, 0),
         };
@@ -463,7 +449,7 @@ impl Transfers {
     }
 
     fn serve_inner(
-        &self,
+        self: &Arc<Self>,
         req: &Request,
         cancel: &Arc<AtomicBool>,
         fwd: &mut Option<Arc<Forward>>,

@@ -10,8 +10,9 @@
 //! for its writers). A connection that has more to read from its socket after [`READ_BUDGET`]
 //! bytes waits for the next turn (epoll is level-triggered), so one busy peer does not starve
 //! the others of its thread; what it has already read (a whole frame, frames in its buffer)
-//! is handled before the turn ends. A connection silent for the heartbeat timeout is failed: by its epoll thread's
-//! periodic scan, or by the receive timeout of its own thread's socket.
+//! is handled before the turn ends. A connection silent for the heartbeat timeout is failed:
+//! by its epoll thread's periodic scan, or by the receive timeout of its own thread's socket.
+//! Each data frame is acknowledged at once (`ack_now`).
 
 use super::conn::Conn;
 use super::heartbeat::HB_WATCHING;
