@@ -35,7 +35,9 @@
 #    p99_s), Open MPI's default median, the best median over its default and tuned
 #    configurations and which one (with its p99), the ratio Phalanx / best, and for reference
 #    the best Open MPI median by the OSU rule ("mpi span": the largest own t1 - t0 of a rank,
-#    barrier skew left out). The table goes to FILE as JSON
+#    barrier skew left out), and the median barrier exit skew of each side (Phalanx's bench
+#    barrier, MPI_Barrier of the best configuration; part of both times). The table goes to
+#    FILE as JSON
 #    lines (default cluster/results/compare-mpi-N-RATE.jsonl, replaced); every record of every
 #    configuration goes to FILE's sibling *-raw.jsonl ("mpi_best": true marks the best), with "#"
 #    notes (commands, machine load, link bytes).
@@ -461,7 +463,7 @@ function metric() { if (IV + 0 == 0) return num("median_s"); return str("algo") 
     c = str("collective"); a = str("algo"); sz = num("size_bytes"); med = metric()
     if (a ~ /^mpi-/) {
         k = c SUBSEP sz
-        if (!(k in best) || med + 0 < bmed[k] + 0) { best[k] = NR; bmed[k] = med }
+        if (!(k in best) || med + 0 < bmed[k] + 0) { best[k] = NR; bmed[k] = med; bskew[k] = num("barrier_skew_median_s") }
         if (a == "mpi-default") dmed[k] = med
         own = num("median_own_span_s")
         if (own != "" && (!(k in bown) || own + 0 < bown[k] + 0)) bown[k] = own
@@ -480,17 +482,17 @@ END {
     }
     nc = split(COLLS, cs, ","); nsz = split(SIZES, ss, ",")
     if (IV + 0 > 0) printf "arrivals %s ms apart: \"phalanx ms\", \"mpi dflt ms\", \"mpi best ms\" and the ratio are from the last arrival to the last rank done (p99 and span: whole iterations)\n", IV > TABLE
-    printf "\n%-10s %8s %11s %9s %11s %11s %9s  %-32s %7s %12s\n", "collective", "size", "phalanx ms", "p99 ms", "mpi dflt ms", "mpi best ms", "p99 ms", "best Open MPI configuration", "ratio", "mpi span ms" > TABLE
-    printf "%s\n", "---------- -------- ----------- --------- ----------- ----------- ---------  -------------------------------- ------- ------------" > TABLE
+    printf "\n%-10s %8s %11s %9s %11s %11s %9s  %-32s %7s %12s %13s\n", "collective", "size", "phalanx ms", "p99 ms", "mpi dflt ms", "mpi best ms", "p99 ms", "best Open MPI configuration", "ratio", "mpi span ms", "skew ms p/mpi" > TABLE
+    printf "%s\n", "---------- -------- ----------- --------- ----------- ----------- ---------  -------------------------------- ------- ------------ -------------" > TABLE
     printf "" > OUT
     for (ci = 1; ci <= nc; ci++) for (si = 1; si <= nsz; si++) {
         c = cs[ci]; sz = ss[si]; k = c SUBSEP sz
-        pmed = ""; pp99 = ""; pmin = ""; pmax = ""; balgo = ""; bm = ""; bp99 = ""; ratio = ""
-        if (k in pl) { line = lines[pl[k]]; pmed = metric(); pp99 = num("p99_s"); pmin = num("min_s"); pmax = num("max_s") }
+        pmed = ""; pp99 = ""; pmin = ""; pmax = ""; pskew = ""; balgo = ""; bm = ""; bp99 = ""; ratio = ""
+        if (k in pl) { line = lines[pl[k]]; pmed = metric(); pp99 = num("p99_s"); pmin = num("min_s"); pmax = num("max_s"); pskew = num("barrier_skew_s") }
         if (k in best) { line = lines[best[k]]; balgo = str("algo"); bm = metric(); bp99 = num("p99_s") }
         if (pmed != "" && bm != "" && bm + 0 > 0) ratio = sprintf("%.2f", pmed / bm)
-        printf "%-10s %8s %11s %9s %11s %11s %9s  %-32s %7s %12s\n", c, human(sz), ms(pmed), ms(pp99), ms(dmed[k]), ms(bm), ms(bp99), (balgo == "" ? "-" : balgo), (ratio == "" ? "-" : ratio "x"), ms(bown[k]) > TABLE
-        printf "{\"collective\":\"%s\",\"size_bytes\":%d,\"nodes\":%d,\"transport\":\"tcp\",\"rate\":\"%s\",\"phalanx_median_s\":%s,\"phalanx_p99_s\":%s,\"phalanx_min_s\":%s,\"phalanx_max_s\":%s,\"mpi_default_median_s\":%s,\"mpi_best_algo\":%s,\"mpi_best_median_s\":%s,\"mpi_best_p99_s\":%s,\"ratio_phalanx_mpi\":%s,\"mpi_best_own_span_median_s\":%s,\"arrival_interval_ms\":%d}\n", c, sz, N, RATE, jn(pmed), jn(pp99), jn(pmin), jn(pmax), jn(dmed[k]), (balgo == "" ? "null" : "\"" balgo "\""), jn(bm), jn(bp99), jn(ratio), jn(bown[k]), IV > OUT
+        printf "%-10s %8s %11s %9s %11s %11s %9s  %-32s %7s %12s %13s\n", c, human(sz), ms(pmed), ms(pp99), ms(dmed[k]), ms(bm), ms(bp99), (balgo == "" ? "-" : balgo), (ratio == "" ? "-" : ratio "x"), ms(bown[k]), ms(pskew) "/" ms(bskew[k]) > TABLE
+        printf "{\"collective\":\"%s\",\"size_bytes\":%d,\"nodes\":%d,\"transport\":\"tcp\",\"rate\":\"%s\",\"phalanx_median_s\":%s,\"phalanx_p99_s\":%s,\"phalanx_min_s\":%s,\"phalanx_max_s\":%s,\"mpi_default_median_s\":%s,\"mpi_best_algo\":%s,\"mpi_best_median_s\":%s,\"mpi_best_p99_s\":%s,\"ratio_phalanx_mpi\":%s,\"mpi_best_own_span_median_s\":%s,\"phalanx_barrier_skew_median_s\":%s,\"mpi_best_barrier_skew_median_s\":%s,\"arrival_interval_ms\":%d}\n", c, sz, N, RATE, jn(pmed), jn(pp99), jn(pmin), jn(pmax), jn(dmed[k]), (balgo == "" ? "null" : "\"" balgo "\""), jn(bm), jn(bp99), jn(ratio), jn(bown[k]), jn(pskew), jn(bskew[k]), IV > OUT
     }
 }' "$raw" >"$tmp"
 mv "$tmp" "$raw"

@@ -48,6 +48,9 @@ pub(crate) struct Rpc {
     pending: Mutex<HashMap<Rid, PendingCall>>,
     /// Set once the node is wired up; until then messages to ourselves take the queue.
     loopback: OnceLock<Loopback>,
+    /// Handles a message to ourselves on a thread that must not block (as a transport
+    /// thread handles a peer's); unset: such messages take the queue.
+    loopback_nonblocking: OnceLock<Loopback>,
     next_rid: AtomicU64,
     closed: AtomicBool,
     spin_wait: Duration,
@@ -108,6 +111,7 @@ impl Rpc {
             queue,
             pending: Mutex::new(HashMap::new()),
             loopback: OnceLock::new(),
+            loopback_nonblocking: OnceLock::new(),
             next_rid: AtomicU64::new(unpredictable_start()),
             closed: AtomicBool::new(false),
             spin_wait,
@@ -147,6 +151,64 @@ impl Rpc {
     /// use [`Rpc::send_from_transport_thread`], which queues them.
     pub fn set_loopback(&self, f: Loopback) {
         let _ = self.loopback.set(f);
+    }
+
+    /// Messages to ourselves sent with [`Rpc::send_without_blocking`] are handled by `f` on
+    /// the sending thread, as a transport thread handles a peer's message (nothing in `f`
+    /// waits on the network).
+    pub fn set_loopback_nonblocking(&self, f: Loopback) {
+        let _ = self.loopback_nonblocking.set(f);
+    }
+
+    /// Sends from a thread that must not block and holds no lock a handler could need (the
+    /// thread an answer landed on): to a peer at once if that cannot block, else through the
+    /// dispatcher; to ourselves, handled here as a peer's message would be on a transport
+    /// thread.
+    pub fn send_without_blocking(&self, to: NodeId, msg: Msg) {
+        if to == self.id {
+            match self.loopback_nonblocking.get() {
+                Some(f) if !self.is_closed() => f(msg),
+                _ => {
+                    let _ = self.queue.send(Work::Msg(self.id, msg));
+                }
+            }
+            return;
+        }
+        self.send_from_transport_thread(to, msg)
+    }
+
+    /// [`Rpc::call_then`] from a thread that must not block ([`Rpc::send_without_blocking`]):
+    /// a request that cannot go out at once goes through the dispatcher, and if the peer is
+    /// gone its death fails it, as every request waiting on that peer.
+    pub fn call_without_blocking(
+        &self,
+        to: NodeId,
+        make: impl FnOnce(Rid) -> Msg,
+        on_reply: OnReply,
+    ) -> Result<()> {
+        let rid = self.register(to, on_reply)?;
+        let msg = make(rid);
+        let kind = msg.kind();
+        self.send_without_blocking(to, msg);
+        hop!(self.id, "request sent", to = to, rid = rid, kind = kind);
+        Ok(())
+    }
+
+    /// Enters a request to `to` in the table of outstanding requests: its number.
+    fn register(&self, to: NodeId, on_reply: OnReply) -> Result<Rid> {
+        if self.is_closed() {
+            return Err(Error::Shutdown);
+        }
+        let rid = self.next_rid.fetch_add(1, Ordering::Relaxed);
+        self.pending.lock().unwrap().insert(rid, (to, on_reply));
+        if self.is_closed() {
+            // Closed meanwhile: `stop` may have drained the table before this entry went in.
+            if let Some((_, on_reply)) = self.pending.lock().unwrap().remove(&rid) {
+                on_reply(Err(Error::Shutdown));
+            }
+            return Err(Error::Shutdown);
+        }
+        Ok(rid)
     }
 
     /// A number no other request or token of this node uses (a pull's token for a claim).
@@ -236,18 +298,7 @@ impl Rpc {
         make: impl FnOnce(Rid) -> Msg,
         on_reply: OnReply,
     ) -> Result<()> {
-        if self.is_closed() {
-            return Err(Error::Shutdown);
-        }
-        let rid = self.next_rid.fetch_add(1, Ordering::Relaxed);
-        self.pending.lock().unwrap().insert(rid, (to, on_reply));
-        if self.is_closed() {
-            // Closed meanwhile: `stop` may have drained the table before this entry went in.
-            if let Some((_, on_reply)) = self.pending.lock().unwrap().remove(&rid) {
-                on_reply(Err(Error::Shutdown));
-            }
-            return Err(Error::Shutdown);
-        }
+        let rid = self.register(to, on_reply)?;
         let msg = make(rid);
         let kind = msg.kind();
         if let Err(e) = self.send(to, msg) {

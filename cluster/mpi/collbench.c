@@ -391,6 +391,7 @@ int main(int argc, char **argv)
             double *all = rank == 0 ? xmalloc((size_t)n * 2 * (size_t)nranks * sizeof(double)) : NULL;
             double *worst = rank == 0 ? xmalloc((size_t)n * sizeof(double)) : NULL;
             double *own = rank == 0 ? xmalloc((size_t)n * sizeof(double)) : NULL;
+            double *skew = rank == 0 ? xmalloc((size_t)n * sizeof(double)) : NULL;
 
             for (long it = 0; it < w + n; it++) {
                 check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
@@ -414,14 +415,16 @@ int main(int argc, char **argv)
                   "MPI_Gather");
             if (rank == 0) {
                 for (long k = 0; k < n; k++) {
-                    double first0 = INFINITY, last1 = -INFINITY, span = 0;
+                    double first0 = INFINITY, last0 = -INFINITY, last1 = -INFINITY, span = 0;
                     for (int r = 0; r < nranks; r++) {
                         const double *st = all + (size_t)r * 2 * (size_t)n + 2 * (size_t)k;
                         if (st[0] < first0) first0 = st[0];
+                        if (st[0] > last0) last0 = st[0];
                         if (st[1] > last1) last1 = st[1];
                         if (st[1] - st[0] > span) span = st[1] - st[0];
                     }
                     own[k] = span;
+                    skew[k] = last0 - first0;
                     worst[k] = shared_clock ? last1 - first0 : span;
                 }
             }
@@ -438,21 +441,24 @@ int main(int argc, char **argv)
             if (rank == 0) {
                 qsort(worst, (size_t)n, sizeof(double), cmp_double);
                 qsort(own, (size_t)n, sizeof(double), cmp_double);
+                qsort(skew, (size_t)n, sizeof(double), cmp_double);
                 double med = worst[n / 2];
                 long p99 = (long)ceil(0.99 * (double)n) - 1;
                 if (p99 < 0) p99 = 0;
                 printf("{\"collective\":\"%s\",\"algo\":\"%s\",\"transport\":\"%s\",\"nodes\":%d,"
                        "\"size_bytes\":%zu,\"iters\":%ld,\"warmup\":%ld,\"median_s\":%.9g,\"min_s\":%.9g,"
                        "\"max_s\":%.9g,\"p99_s\":%.9g,\"throughput_gbit_s\":%.9g,\"median_own_span_s\":%.9g,"
-                       "\"arrival_interval_ms\":%.9g,\"after_last_median_s\":%.9g}\n",
+                       "\"arrival_interval_ms\":%.9g,\"after_last_median_s\":%.9g,"
+                       "\"barrier_skew_median_s\":%.9g}\n",
                        coll_name[c], algo, transport, nranks, size, n, w, med, worst[0], worst[n - 1],
                        worst[p99], (double)size * 8.0 / med / 1e9, own[n / 2], interval_s * 1e3,
-                       fmax(0.0, med - interval_s * (nranks - 1)));
+                       fmax(0.0, med - interval_s * (nranks - 1)), shared_clock ? skew[n / 2] : 0.0);
                 fflush(stdout);
             }
             free(stamp);
             free(all);
             free(own);
+            free(skew);
             free(worst);
             free(b.in);
             free(b.out);

@@ -10,7 +10,7 @@ use crate::protocol::{DirMsg, Located, Msg, ObjectInfo, Reply, StoreMsg};
 use crate::rpc::{unexpected_reply, Rpc};
 use crate::store::Store;
 use crate::{Error, ObjectId, Result};
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::Sender;
 use phalanx_transport::NodeId;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -91,6 +91,22 @@ impl DirClient {
             },
         );
         self.tolerate_shard_down(id, r)
+    }
+
+    /// [`DirClient::put_inline`] from a thread that must not block (an answer's landing
+    /// thread, holding no lock): the message keeps its place before this node's later ones
+    /// to the shard (`Rpc::send_without_blocking`).
+    pub fn put_inline_without_blocking(&self, id: &ObjectId, data: &[u8]) {
+        debug_assert!((data.len() as u64) < INLINE_LIMIT);
+        hop!(self.id, "put inline", len = data.len() as u64);
+        let msg = DirMsg::PutInline {
+            rid: NO_REPLY,
+            id: id.clone(),
+            node: self.id,
+            data: data.to_vec(),
+        };
+        self.rpc
+            .send_without_blocking(self.shard_of(id), msg.into());
     }
 
     /// Tells the directory that these copies are gone (evicted, or a pull given up).
@@ -199,20 +215,15 @@ impl DirClient {
         }
     }
 
-    /// Asynchronous location query: the receiver hears the entry once `id` has a location.
-    pub fn subscribe(&self, id: &ObjectId) -> Result<Receiver<Result<Reply>>> {
-        self.rpc
-            .call_async(self.shard_of(id), |rid| subscribe_msg(rid, id))
-    }
-
-    /// Like [`DirClient::subscribe`], the answer handed to `on_reply` where it lands (a
-    /// transport thread, or this thread when the shard is here).
+    /// Asynchronous location query: `on_reply` hears the entry once `id` has a location
+    /// (`Info(None)`: deleted first), where the answer lands (a transport thread, or this
+    /// thread when the shard is here and the object has a location already).
     pub fn subscribe_then(&self, id: &ObjectId, on_reply: crate::rpc::OnReply) -> Result<()> {
         self.rpc
             .call_then(self.shard_of(id), |rid| subscribe_msg(rid, id), on_reply)
     }
 
-    /// Like [`DirClient::subscribe`], the entry (`None`: deleted first) or the error delivered
+    /// Like [`DirClient::subscribe_then`], the entry (`None`: deleted first) or the error delivered
     /// into `out`, with no thread waiting for it.
     pub fn subscribe_into(
         &self,

@@ -157,6 +157,13 @@ impl Inner {
         self.on_msg(self.id, msg, Thread::MayBlock);
     }
 
+    /// A message this node sent itself from a thread that must not block (an answer's landing
+    /// thread), handled there as a transport thread handles a peer's.
+    pub(super) fn on_loopback_nonblocking(self: &Arc<Self>, msg: Msg) {
+        hop!(self.id, "to itself where it landed", kind = msg.kind());
+        self.on_msg(self.id, msg, Thread::Transport);
+    }
+
     /// Runs on the transport thread that reports the death: touches only local state; what
     /// must be sent goes through the dispatcher.
     pub(super) fn on_peer_down(&self, peer: NodeId, reason: &str) {

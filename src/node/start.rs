@@ -95,6 +95,12 @@ impl Node {
                 i.on_loopback(msg);
             }
         }));
+        let weak = Arc::downgrade(&inner);
+        inner.rpc.set_loopback_nonblocking(Box::new(move |msg| {
+            if let Some(i) = weak.upgrade() {
+                i.on_loopback_nonblocking(msg);
+            }
+        }));
         let d = inner.clone();
         let h = phalanx_transport::threads::spawn(id, "node", move || d.dispatch(queue_rx))
             .map_err(|e| Error::Config(format!("spawn: {e}")))?;

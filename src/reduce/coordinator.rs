@@ -3,12 +3,16 @@
 
 use super::run::{Action, Run};
 use super::{Hooks, ReduceOptions, ReduceOutcome, Reducer, TreeSlot};
+use crate::directory::DirClient;
 use crate::hop::hop;
 use crate::ops::{DType, ReduceOp};
-use crate::protocol::{ReduceMsg, Reply};
+use crate::protocol::{ObjectInfo, ReduceMsg, Reply};
+use crate::rpc::{unexpected_reply, Rpc};
+use crate::store::Store;
 use crate::{Error, ObjectId, Result};
-use crossbeam_channel::{Receiver, Select};
+use crossbeam_channel::{Select, Sender, TryRecvError};
 use phalanx_transport::NodeId;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 use tracing::warn;
 
@@ -67,7 +71,7 @@ impl Reducer {
     ) -> Result<ReduceOutcome> {
         let Hooks {
             placed: mut placed_tx,
-            mut on_tree,
+            on_tree,
         } = hooks;
         if num == 0 || num > sources.len() {
             return Err(Error::InvalidArgument(format!(
@@ -91,174 +95,122 @@ impl Reducer {
         let timeout = opts.timeout.unwrap_or(self.cfg.op_timeout);
         let deadline = Instant::now() + timeout;
         let down = self.members.watch_peer_down();
-        // Asynchronous location queries: one subscription per source.
-        let mut subs: Vec<Option<Receiver<Result<Reply>>>> = vec![None; sources.len()];
-        // Sources whose directory shard is unreachable: subscribed again until it rejoins.
-        let mut resub: Vec<usize> = (0..sources.len()).collect();
-        // Sources seen only on dead nodes: asked again a little later, once the directory has
-        // dropped the dead copies (a recomputed upstream target comes back elsewhere).
-        let mut later: Vec<(usize, Instant)> = Vec::new();
         let link = (self.measure_latency(), self.transfers.bandwidth_estimate());
         let mut run = Run::new(target.clone(), sources, num, (op, dtype), opts, link);
         run.scratch = (self.rpc.fresh_token(), Some(self.id));
+        let (wake_tx, wake) = crossbeam_channel::bounded(1);
+        let landing = Arc::new(Landing {
+            id: self.id,
+            rpc: self.rpc.clone(),
+            store: self.store.clone(),
+            dir: self.dir.clone(),
+            wake: wake_tx,
+            live: Mutex::new(Live {
+                id: self.id,
+                open: vec![false; sources.len()],
+                run,
+                answers: Vec::new(),
+                later: Vec::new(),
+                failed: None,
+                on_tree,
+                waits_for_placement: placed_tx.is_some(),
+                ended: false,
+            }),
+        });
+        // Sources whose directory shard is unreachable: subscribed again until it rejoins.
+        let mut resub: Vec<usize> = (0..sources.len()).collect();
         loop {
-            if run.finished() {
-                break;
-            }
+            // Subscriptions (again), with no lock held: an answer may land on this thread.
             let now = Instant::now();
-            resub.extend(later.iter().filter(|l| l.1 <= now).map(|l| l.0));
-            later.retain(|l| l.1 > now);
-            resub.retain(|&i| match self.dir.subscribe(&sources[i]) {
-                Ok(rx) => {
-                    subs[i] = Some(rx);
-                    false
-                }
-                Err(_) => true,
-            });
-            let wake = if resub.is_empty() {
-                deadline
-            } else {
-                deadline.min(Instant::now() + Duration::from_millis(100))
+            resub.extend(landing.live().due_later(now));
+            resub.retain(|&i| landing.subscribe(i, &sources[i]).is_err());
+            let wake_at = {
+                let g = landing.live();
+                let wake_at = if resub.is_empty() {
+                    deadline
+                } else {
+                    deadline.min(Instant::now() + Duration::from_millis(100))
+                };
+                g.later.iter().map(|l| l.1).fold(wake_at, Instant::min)
             };
-            let wake = later.iter().map(|l| l.1).fold(wake, Instant::min);
-            // Wait for the next source to become ready, a task to finish, or a peer to die.
+            // Wait for an answer or a task's reply the landing threads left to this thread,
+            // or a peer's death.
             let mut sel = Select::new();
             sel.recv(&down);
-            let sub_ix: Vec<usize> = (0..subs.len()).filter(|&i| subs[i].is_some()).collect();
-            for &i in &sub_ix {
-                sel.recv(subs[i].as_ref().expect("listed"));
-            }
-            let task_ix: Vec<usize> = (0..run.tasks.len())
-                .filter(|&p| run.tasks[p].is_some())
-                .collect();
-            for &p in &task_ix {
-                sel.recv(run.tasks[p].as_ref().expect("listed"));
-            }
-            let what = match sel.select_timeout(wake.saturating_duration_since(Instant::now())) {
-                Ok(w) => w,
-                Err(_) if Instant::now() < deadline => continue,
+            sel.recv(&wake);
+            match sel.select_timeout(wake_at.saturating_duration_since(Instant::now())) {
+                Ok(what) if what.index() == 0 => {
+                    let Ok(node) = what.recv(&down) else {
+                        return Err(Error::Shutdown);
+                    };
+                    let (actions, again) = landing.live().repair(node);
+                    self.apply(actions);
+                    resub.extend(again);
+                }
+                Ok(what) => {
+                    let _ = what.recv(&wake);
+                }
+                Err(_) if Instant::now() < deadline => {}
                 Err(_) => {
                     return Err(Error::Timeout(
                         timeout,
-                        format!("reduce {target}: {}", run.waiting_for()),
+                        format!("reduce {target}: {}", landing.live().run.waiting_for()),
                     ))
                 }
-            };
-            let k = what.index();
-            if k == 0 {
-                let Ok(node) = what.recv(&down) else {
-                    return Err(Error::Shutdown);
-                };
-                resub.extend(self.repair(&mut run, node));
-            } else if k <= sub_ix.len() {
-                let i = sub_ix[k - 1];
-                let (info, data) = match what.recv(subs[i].as_ref().expect("listed")) {
-                    Ok(Ok(Reply::Info(info))) => (info, None),
-                    Ok(Ok(Reply::InfoInline(info, data))) => (Some(info), Some(data)),
-                    Ok(Ok(r)) => return Err(self.rpc.unexpected(r)),
-                    Ok(Err(Error::PeerDown(_))) => {
-                        subs[i] = None;
-                        resub.push(i);
-                        continue;
-                    }
-                    Ok(Err(e)) => return Err(e),
-                    Err(_) => return Err(Error::Shutdown),
-                };
-                subs[i] = None;
-                let Some(info) = info else {
-                    // Deleted before it became ready: it can never take part.
-                    if run.required[i] {
-                        return Err(Error::InvalidArgument(format!(
-                            "reduce {target}: required source {} was deleted before it became ready",
-                            sources[i]
-                        )));
-                    }
-                    if run.placed() + run.spares.len() + subs.iter().flatten().count() < num {
-                        return Err(Error::InvalidArgument(format!(
-                            "reduce {target}: fewer than {num} sources can still become ready"
-                        )));
-                    }
-                    continue;
-                };
-                run.inline[i] = data.filter(|d| d.len() as u64 == info.size);
-                if !run.arrived(i, &info)? {
-                    later.push((i, Instant::now() + Duration::from_millis(50)));
-                }
-            } else {
-                let p = task_ix[k - 1 - sub_ix.len()];
-                let r = what.recv(run.tasks[p].as_ref().expect("listed"));
-                run.tasks[p] = None;
-                match r {
-                    Ok(Ok(Reply::Ack)) => {
-                        hop!(self.id, "task done", position = p);
-                        run.done[p] = true
-                    }
-                    Ok(Err(Error::PeerDown(node))) => resub.extend(self.repair(&mut run, node)),
-                    Ok(Ok(Reply::Error(e))) if run.task_errors[p] < MAX_TASK_ERRORS => {
-                        // Usually an input that vanished under the task (reset upstream, or
-                        // a holder that died and is repaired next): compute it again.
-                        warn!(
-                            node = self.id,
-                            position = p,
-                            "reduce {target}: task failed ({e}); again"
-                        );
-                        run.task_errors[p] += 1;
-                        let actions = run.recompute(p);
-                        self.apply(actions);
-                    }
-                    Ok(Ok(Reply::Error(e))) => {
-                        return Err(Error::Protocol {
-                            peer: run.slots[p].map_or(self.id, |s| s.1),
-                            what: format!("reduce position {p}: {e}"),
-                        })
-                    }
-                    Ok(Ok(r)) => return Err(self.rpc.unexpected(r)),
-                    Ok(Err(e)) => return Err(e),
-                    Err(_) => return Err(Error::Shutdown),
-                }
             }
+            let (actions, combined) = {
+                let mut g = landing.live();
+                if let Some(e) = g.failed.take() {
+                    return Err(e);
+                }
+                let mut actions = Vec::new();
+                for (i, answer) in std::mem::take(&mut g.answers) {
+                    if let Some(i) = g.answered_here(i, answer)? {
+                        resub.push(i);
+                    }
+                }
+                for (p, reply) in g.task_replies() {
+                    let (a, again) = g.task_replied(p, reply)?;
+                    actions.extend(a);
+                    resub.extend(again);
+                }
+                (actions, g.run.combine_locally())
+            };
+            self.apply(actions);
             // Small inputs that came with their subscriptions: combined here, no task.
-            if let Some(result) = run.combine_locally() {
+            if let Some(result) = combined {
                 self.store_result(&target, &result)?;
             }
             // Dispatch; a node found dead on the way is repaired around and we go again.
-            let mut again = true;
-            while again {
-                again = false;
-                for (p, task) in run.dispatchable() {
-                    let node = run.slots[p].expect("placed").1;
-                    match self
-                        .rpc
-                        .call_async(node, |rid| ReduceMsg::Task { rid, task }.into())
-                    {
-                        Ok(rx) => {
-                            hop!(self.id, "task dispatched", position = p, to = node);
-                            if let Some(f) = on_tree.take() {
-                                f();
-                            }
-                            run.tasks[p] = Some(rx);
-                            run.dispatches[p] += 1;
-                        }
-                        Err(Error::PeerDown(n)) => {
-                            resub.extend(self.repair(&mut run, n));
-                            again = true;
-                            break;
-                        }
-                        Err(e) => return Err(e),
-                    }
-                }
+            while let Some(dead) = landing.dispatch(false)? {
+                let (actions, again) = landing.live().repair(dead);
+                self.apply(actions);
+                resub.extend(again);
             }
             // A partition's chain is placed: where each of its nodes fetches it from.
-            for (node, from) in run.gather_hints() {
-                let part = run.target.clone();
+            let hints = landing.live().run.gather_hints();
+            for (node, from) in hints {
+                let part = target.clone();
                 let _ = self.rpc.send(node, ReduceMsg::Gather { part, from });
             }
-            if run.placed() == num {
+            let mut g = landing.live();
+            if g.run.placed() == num {
                 if let Some(tx) = placed_tx.take() {
-                    let _ = tx.send(run.used_in_arrival_order());
+                    g.waits_for_placement = false;
+                    let _ = tx.send(g.run.used_in_arrival_order());
                 }
             }
+            if g.run.finished() {
+                break;
+            }
         }
+        // Answers that still land (subscriptions to sources never placed) find the run over.
+        let mut run = {
+            let mut g = landing.live();
+            g.ended = true;
+            let empty = Run::new(target.clone(), &[], 0, (op, dtype), opts, link);
+            std::mem::replace(&mut g.run, empty)
+        };
         let done = Instant::now();
         let tree = run.tree.take().expect("at least one source");
         // Intermediate results are not needed any more. Deleted after the reduce returns:
@@ -316,24 +268,6 @@ impl Reducer {
         })
     }
 
-    /// A node died: the run repairs its tree, and its decisions are carried out here.
-    /// Returns the sources to subscribe to again.
-    fn repair(&self, run: &mut Run, node: NodeId) -> Vec<usize> {
-        let Some(r) = run.repair(node) else {
-            return Vec::new();
-        };
-        warn!(
-            node = self.id,
-            dead = node,
-            failed = ?r.failed,
-            affected = ?r.affected,
-            "reduce {}: repairing the tree",
-            run.target
-        );
-        self.apply(r.actions);
-        r.resubscribe
-    }
-
     /// The result combined here: this node's copy of the target, announced with its bytes (as
     /// a put does: a delete this node sends after the reduce returns cannot overtake it).
     fn store_result(&self, target: &ObjectId, bytes: &[u8]) -> Result<()> {
@@ -353,5 +287,486 @@ impl Reducer {
                 Action::Delete(out) => self.dir.delete(&out),
             };
         }
+    }
+}
+
+/// One reduce's state, shared by the coordinator's thread and the threads the answers to its
+/// subscriptions land on (transport threads, mostly): an answer that makes a source ready
+/// places it and dispatches the tasks it completes right there, so the coordinator's own
+/// wake-up (tens to hundreds of microseconds on a busy host) is not on the path. Whatever
+/// else happens (a source deleted or unreachable, a task's reply, a peer's death, a timeout)
+/// is left to the coordinator's thread. No thread holds the lock while it sends or calls:
+/// an answer may land on the thread that sends.
+struct Landing {
+    id: NodeId,
+    rpc: Arc<Rpc>,
+    store: Arc<Store>,
+    dir: Arc<DirClient>,
+    /// Wakes the coordinator's thread: something is left for it.
+    wake: Sender<()>,
+    live: Mutex<Live>,
+}
+
+struct Live {
+    /// This node (for the logs).
+    id: NodeId,
+    run: Run,
+    /// Per source: a subscription is out and not answered yet.
+    open: Vec<bool>,
+    /// Answers left to the coordinator's thread: (source, answer), anything but a source
+    /// that became ready.
+    answers: Vec<(usize, Result<Reply>)>,
+    /// Sources seen only on dead nodes: asked for again at the instant given, once the
+    /// directory has dropped the dead copies (a recomputed upstream target comes back
+    /// elsewhere).
+    later: Vec<(usize, Instant)>,
+    /// What a landing thread could not carry out: the reduce fails with it.
+    failed: Option<Error>,
+    /// Runs once, as the first task is dispatched.
+    on_tree: Option<Box<dyn FnOnce() + Send>>,
+    /// The caller waits to hear the inputs once the tree is full.
+    waits_for_placement: bool,
+    /// The reduce is over: answers that still land are dropped.
+    ended: bool,
+}
+
+impl Landing {
+    fn live(&self) -> MutexGuard<'_, Live> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn wake(&self) {
+        let _ = self.wake.try_send(());
+    }
+
+    /// Subscribes to source `i`; its answer is handled where it lands.
+    fn subscribe(self: &Arc<Self>, i: usize, source: &ObjectId) -> Result<()> {
+        self.live().open[i] = true;
+        let me = Arc::downgrade(self);
+        let on_reply = Box::new(move |r: Result<Reply>| {
+            if let Some(l) = me.upgrade() {
+                l.answered(i, r);
+            }
+        });
+        let r = self.dir.subscribe_then(source, on_reply);
+        if r.is_err() {
+            self.live().open[i] = false;
+        }
+        r
+    }
+
+    /// Source `i`'s answer, on the thread it landed on: a source that became ready is placed,
+    /// combined with the others if they are all small and here, and the tasks it completes
+    /// are dispatched from here; any other answer is left to the coordinator's thread.
+    fn answered(&self, i: usize, r: Result<Reply>) {
+        let combined = {
+            let mut g = self.live();
+            if g.ended {
+                return;
+            }
+            g.open[i] = false;
+            let ready = match r {
+                Ok(Reply::Info(Some(info))) => Ok((info, None)),
+                Ok(Reply::InfoInline(info, data)) => Ok((info, Some(data))),
+                other => Err(other),
+            };
+            match ready {
+                Ok(_) if g.failed.is_some() => None,
+                Ok((info, data)) => match g.arrive(i, &info, data) {
+                    Ok(()) => g.run.combine_locally(),
+                    Err(e) => {
+                        g.failed = Some(e);
+                        None
+                    }
+                },
+                Err(other) => {
+                    g.answers.push((i, other));
+                    None
+                }
+            }
+        };
+        if let Some(bytes) = combined {
+            if let Err(e) = self.store_result(&bytes) {
+                self.live().failed = Some(e);
+            }
+        }
+        if let Err(e) = self.dispatch(true).map(|_| ()) {
+            self.live().failed.get_or_insert(e);
+        }
+        if self.live().needs_coordinator() {
+            self.wake();
+        }
+    }
+
+    /// The result combined where the last small input landed: this node's copy of the
+    /// target, announced with its bytes (see `Reducer::store_result`).
+    fn store_result(&self, bytes: &[u8]) -> Result<()> {
+        let target = self.live().run.target.clone();
+        let (copy, evicted) = self.store.create(&target, bytes.len() as u64, true)?;
+        self.dir.withdraw(&evicted);
+        copy.append(bytes)?;
+        hop!(
+            self.id,
+            "reduce combined where it landed",
+            len = bytes.len() as u64
+        );
+        self.dir.put_inline_without_blocking(&target, bytes);
+        Ok(())
+    }
+
+    /// Sends the tasks of every position whose inputs are all placed and that has none out.
+    /// From a landing thread (`where_landed`) nothing blocks: a task that cannot go out at
+    /// once goes through the dispatcher. `Some(node)`: `node` was found dead on the way (the
+    /// tasks not sent are left undispatched; repair, then dispatch again).
+    fn dispatch(&self, where_landed: bool) -> Result<Option<NodeId>> {
+        let (jobs, on_tree) = {
+            let mut g = self.live();
+            let mut jobs = Vec::new();
+            for (p, task) in g.run.dispatchable() {
+                let node = g.run.slots[p].expect("placed").1;
+                let (tx, rx) = crossbeam_channel::bounded(1);
+                g.run.tasks[p] = Some(rx);
+                g.run.dispatches[p] += 1;
+                jobs.push((p, node, task, tx, g.run.dispatches[p]));
+            }
+            let on_tree = if jobs.is_empty() {
+                None
+            } else {
+                g.on_tree.take()
+            };
+            (jobs, on_tree)
+        };
+        let mut jobs = jobs.into_iter();
+        let mut outcome = Ok(None);
+        for (p, node, task, tx, nth) in jobs.by_ref() {
+            let wake = self.wake.clone();
+            let on_reply = Box::new(move |r: Result<Reply>| {
+                let _ = tx.send(r);
+                let _ = wake.try_send(());
+            });
+            let make = |rid| ReduceMsg::Task { rid, task }.into();
+            let sent = if where_landed {
+                self.rpc.call_without_blocking(node, make, on_reply)
+            } else {
+                self.rpc.call_then(node, make, on_reply)
+            };
+            match sent {
+                Ok(()) => hop!(self.id, "task dispatched", position = p, to = node),
+                Err(e) => {
+                    self.live().undispatch(p, nth);
+                    outcome = match e {
+                        Error::PeerDown(n) => Ok(Some(n)),
+                        e => Err(e),
+                    };
+                    break;
+                }
+            }
+        }
+        // Not sent after a failure: no task is out for them.
+        for (p, _, _, _, nth) in jobs {
+            self.live().undispatch(p, nth);
+        }
+        if let Some(f) = on_tree {
+            f();
+        }
+        outcome
+    }
+}
+
+impl Live {
+    /// Source `i` became ready (`info`, its bytes if small): placed, or kept as a spare, or
+    /// asked for again later if every copy is on a dead node.
+    fn arrive(&mut self, i: usize, info: &ObjectInfo, data: Option<Vec<u8>>) -> Result<()> {
+        self.run.inline[i] = data.filter(|d| d.len() as u64 == info.size);
+        if !self.run.arrived(i, info)? {
+            self.later
+                .push((i, Instant::now() + Duration::from_millis(50)));
+        }
+        Ok(())
+    }
+
+    /// Whether the coordinator's thread has something to do.
+    fn needs_coordinator(&self) -> bool {
+        !self.answers.is_empty()
+            || self.failed.is_some()
+            || !self.later.is_empty()
+            || (self.waits_for_placement && self.run.placed() == self.run.num)
+            || (self.run.range.is_some() && !self.run.hinted)
+            || self.run.finished()
+    }
+
+    /// The sources due to be asked for again.
+    fn due_later(&mut self, now: Instant) -> Vec<usize> {
+        let due = self
+            .later
+            .iter()
+            .filter(|l| l.1 <= now)
+            .map(|l| l.0)
+            .collect();
+        self.later.retain(|l| l.1 > now);
+        due
+    }
+
+    /// Position `p`'s `nth` dispatch did not go out.
+    fn undispatch(&mut self, p: usize, nth: u32) {
+        if self.run.dispatches.get(p) == Some(&nth) {
+            self.run.tasks[p] = None;
+            self.run.dispatches[p] -= 1;
+        }
+    }
+
+    /// An answer left to the coordinator's thread; `Some(i)`: subscribe to source `i` again.
+    fn answered_here(&mut self, i: usize, answer: Result<Reply>) -> Result<Option<usize>> {
+        match answer {
+            Ok(Reply::Info(Some(info))) => self.arrive(i, &info, None).map(|_| None),
+            Ok(Reply::InfoInline(info, data)) => self.arrive(i, &info, Some(data)).map(|_| None),
+            // Deleted before it became ready: it can never take part.
+            Ok(Reply::Info(None)) => {
+                let run = &self.run;
+                if run.required[i] {
+                    return Err(Error::InvalidArgument(format!(
+                        "reduce {}: required source {} was deleted before it became ready",
+                        run.target, run.sources[i]
+                    )));
+                }
+                if run.placed() + run.spares.len() + self.open_subscriptions() < run.num {
+                    return Err(Error::InvalidArgument(format!(
+                        "reduce {}: fewer than {} sources can still become ready",
+                        run.target, run.num
+                    )));
+                }
+                Ok(None)
+            }
+            Ok(r) => Err(unexpected_reply(self.id, r)),
+            Err(Error::PeerDown(_)) => Ok(Some(i)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Subscriptions out and not answered yet.
+    fn open_subscriptions(&self) -> usize {
+        self.open.iter().filter(|o| **o).count()
+    }
+
+    /// The replies of tasks that came in, each task then no longer out; a reply channel
+    /// closed without one means the node is shutting down.
+    fn task_replies(&mut self) -> Vec<(usize, Result<Reply>)> {
+        let mut out = Vec::new();
+        for p in 0..self.run.tasks.len() {
+            let Some(rx) = &self.run.tasks[p] else {
+                continue;
+            };
+            let r = match rx.try_recv() {
+                Ok(r) => r,
+                Err(TryRecvError::Empty) => continue,
+                Err(TryRecvError::Disconnected) => Err(Error::Shutdown),
+            };
+            self.run.tasks[p] = None;
+            out.push((p, r));
+        }
+        out
+    }
+
+    /// Position `p`'s task replied `r`: the decisions to carry out and the sources to
+    /// subscribe to again.
+    fn task_replied(&mut self, p: usize, r: Result<Reply>) -> Result<(Vec<Action>, Vec<usize>)> {
+        let target = &self.run.target;
+        match r {
+            Ok(Reply::Ack) => {
+                hop!(self.id, "task done", position = p);
+                self.run.done[p] = true;
+                Ok((Vec::new(), Vec::new()))
+            }
+            Err(Error::PeerDown(node)) => Ok(self.repair(node)),
+            Ok(Reply::Error(e)) if self.run.task_errors[p] < MAX_TASK_ERRORS => {
+                // Usually an input that vanished under the task (reset upstream, or a holder
+                // that died and is repaired next): compute it again.
+                warn!(
+                    node = self.id,
+                    position = p,
+                    "reduce {target}: task failed ({e}); again"
+                );
+                self.run.task_errors[p] += 1;
+                Ok((self.run.recompute(p), Vec::new()))
+            }
+            Ok(Reply::Error(e)) => Err(Error::Protocol {
+                peer: self.run.slots[p].map_or(self.id, |s| s.1),
+                what: format!("reduce position {p}: {e}"),
+            }),
+            Ok(r) => Err(unexpected_reply(self.id, r)),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A node died: the run repairs its tree. The decisions to carry out, and the sources
+    /// to subscribe to again.
+    fn repair(&mut self, node: NodeId) -> (Vec<Action>, Vec<usize>) {
+        let Some(r) = self.run.repair(node) else {
+            return (Vec::new(), Vec::new());
+        };
+        warn!(
+            node = self.id,
+            dead = node,
+            failed = ?r.failed,
+            affected = ?r.affected,
+            "reduce {}: repairing the tree",
+            self.run.target
+        );
+        (r.actions, r.resubscribe)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::LocationInfo;
+
+    fn on(node: NodeId) -> ObjectInfo {
+        ObjectInfo {
+            size: 64,
+            inline: false,
+            locations: vec![LocationInfo {
+                node,
+                complete: true,
+                serving: None,
+                depends_on: None,
+            }],
+        }
+    }
+
+    /// A reduce of `n` sources, degree 2, the first `required` of them required.
+    fn live(n: usize, num: usize, required: usize) -> Live {
+        let sources: Vec<ObjectId> = (0..n).map(|i| ObjectId::new(format!("s{i}"))).collect();
+        let opts = ReduceOptions {
+            degree: Some(2),
+            required: sources[..required].to_vec(),
+            ..Default::default()
+        };
+        let kind = (ReduceOp::Sum, DType::F32);
+        let run = Run::new(ObjectId::new("t"), &sources, num, kind, &opts, (1e-4, 1e8));
+        Live {
+            id: 0,
+            run,
+            open: vec![true; n],
+            answers: Vec::new(),
+            later: Vec::new(),
+            failed: None,
+            on_tree: None,
+            waits_for_placement: false,
+            ended: false,
+        }
+    }
+
+    #[test]
+    fn a_placement_alone_needs_no_coordinator_but_its_end_does() {
+        let mut l = live(3, 3, 0);
+        l.arrive(0, &on(0), None).unwrap();
+        l.arrive(1, &on(1), None).unwrap();
+        assert!(
+            !l.needs_coordinator(),
+            "placing sources is done where they land"
+        );
+        l.waits_for_placement = true;
+        assert!(!l.needs_coordinator());
+        l.arrive(2, &on(2), None).unwrap();
+        assert!(l.needs_coordinator(), "the caller waits to hear the inputs");
+        l.waits_for_placement = false;
+        assert!(!l.needs_coordinator());
+        let tasks = l.run.dispatchable();
+        assert_eq!(tasks.len(), 1, "one inner position over three sources");
+        l.run.done[tasks[0].0] = true;
+        assert!(l.run.finished());
+        assert!(
+            l.needs_coordinator(),
+            "the reduce is over: the coordinator returns"
+        );
+    }
+
+    #[test]
+    fn sources_only_on_dead_nodes_are_asked_again_later() {
+        let mut l = live(3, 3, 0);
+        l.run.dead.insert(4);
+        l.arrive(1, &on(4), None).unwrap();
+        assert_eq!(l.run.placed(), 0);
+        assert_eq!(l.later.len(), 1);
+        assert!(l.needs_coordinator(), "its timer is the coordinator's");
+        assert!(l.due_later(Instant::now()).is_empty());
+        let due = l.due_later(Instant::now() + Duration::from_millis(60));
+        assert_eq!(due, vec![1]);
+        assert!(l.later.is_empty());
+    }
+
+    #[test]
+    fn an_undone_dispatch_is_only_the_one_that_did_not_go_out() {
+        let mut l = live(3, 3, 0);
+        for i in 0..3 {
+            l.arrive(i, &on(i as NodeId), None).unwrap();
+        }
+        let (p, _) = l.run.dispatchable().remove(0);
+        let (_tx, rx) = crossbeam_channel::bounded(1);
+        l.run.tasks[p] = Some(rx);
+        l.run.dispatches[p] = 2; // a repair sent it again meanwhile
+        l.undispatch(p, 1);
+        assert!(l.run.tasks[p].is_some(), "a later dispatch is kept");
+        assert_eq!(l.run.dispatches[p], 2);
+        l.undispatch(p, 2);
+        assert!(l.run.tasks[p].is_none());
+        assert_eq!(l.run.dispatches[p], 1);
+        assert_eq!(l.run.dispatchable().len(), 1, "dispatchable again");
+    }
+
+    #[test]
+    fn answers_left_to_the_coordinator_are_judged_as_before() {
+        // A required source deleted before it was ready fails the reduce.
+        let mut l = live(3, 2, 1);
+        l.open[0] = false;
+        let e = l.answered_here(0, Ok(Reply::Info(None))).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        // An optional one is dropped while enough others can still come...
+        let mut l = live(3, 2, 0);
+        l.open[2] = false;
+        assert_eq!(l.answered_here(2, Ok(Reply::Info(None))).unwrap(), None);
+        // ...and fails the reduce once too few can.
+        l.open[1] = false;
+        let e = l.answered_here(1, Ok(Reply::Info(None))).unwrap_err();
+        assert!(e.to_string().contains("fewer than 2"), "{e}");
+        // An unreachable shard: subscribe again. A ready source is placed.
+        let mut l = live(3, 3, 0);
+        assert_eq!(
+            l.answered_here(1, Err(Error::PeerDown(5))).unwrap(),
+            Some(1)
+        );
+        assert_eq!(
+            l.answered_here(1, Ok(Reply::Info(Some(on(1))))).unwrap(),
+            None
+        );
+        assert_eq!(l.run.placed(), 1);
+        let e = l.answered_here(2, Ok(Reply::Ack)).unwrap_err();
+        assert!(matches!(e, Error::Protocol { .. }), "{e}");
+    }
+
+    #[test]
+    fn task_replies_are_taken_once_and_a_closed_channel_is_a_shutdown() {
+        let mut l = live(3, 3, 0);
+        for i in 0..3 {
+            l.arrive(i, &on(i as NodeId), None).unwrap();
+        }
+        let (p, _) = l.run.dispatchable().remove(0);
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        l.run.tasks[p] = Some(rx);
+        assert!(l.task_replies().is_empty(), "no reply yet");
+        tx.send(Ok(Reply::Ack)).unwrap();
+        let got = l.task_replies();
+        assert_eq!(got.len(), 1);
+        assert!(l.run.tasks[p].is_none());
+        let (q, r) = got.into_iter().next().unwrap();
+        let (actions, again) = l.task_replied(q, r).unwrap();
+        assert!(actions.is_empty() && again.is_empty());
+        assert!(l.run.done[p]);
+        let (tx, rx) = crossbeam_channel::bounded::<Result<Reply>>(1);
+        l.run.tasks[p] = Some(rx);
+        drop(tx);
+        let got = l.task_replies();
+        assert!(matches!(got[0].1, Err(Error::Shutdown)));
     }
 }

@@ -292,10 +292,10 @@ impl Run {
     }
 
     /// With every position placed and every input inline, the result, combined in the tree's
-    /// order (bit for bit what the tasks would compute); every position is then done.
+    /// order (bit for bit what the tasks would compute), once; every position is then done.
     pub(super) fn combine_locally(&mut self) -> Option<Vec<u8>> {
         let tree = self.tree.clone()?;
-        if self.placed() != self.num || !self.all_inline() {
+        if self.local || self.placed() != self.num || !self.all_inline() {
             return None;
         }
         let out = self.value_of(&tree, 0);
