@@ -178,8 +178,9 @@ impl Rpc {
     }
 
     /// [`Rpc::call_then`] from a thread that must not block ([`Rpc::send_without_blocking`]):
-    /// a request that cannot go out at once goes through the dispatcher, and if the peer is
-    /// gone its death fails it, as every request waiting on that peer.
+    /// a request the link cannot take at once goes through the dispatcher (if the peer dies
+    /// meanwhile its death fails the request, as every request waiting on that peer); a peer
+    /// the transport knows to be unreachable is an error now (`PeerDown`).
     pub fn call_without_blocking(
         &self,
         to: NodeId,
@@ -189,7 +190,20 @@ impl Rpc {
         let rid = self.register(to, on_reply)?;
         let msg = make(rid);
         let kind = msg.kind();
-        self.send_without_blocking(to, msg);
+        if to == self.id {
+            self.send_without_blocking(to, msg);
+        } else {
+            match self.transport.send_nonblocking(to, &msg.encode()) {
+                Ok(true) => {}
+                Ok(false) => {
+                    let _ = self.queue.send(Work::Send(to, msg));
+                }
+                Err(e) => {
+                    self.pending.lock().unwrap().remove(&rid);
+                    return Err(peer_error(e));
+                }
+            }
+        }
         hop!(self.id, "request sent", to = to, rid = rid, kind = kind);
         Ok(())
     }

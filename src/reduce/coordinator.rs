@@ -112,6 +112,7 @@ impl Reducer {
                 answers: Vec::new(),
                 later: Vec::new(),
                 failed: None,
+                down: Vec::new(),
                 on_tree,
                 waits_for_placement: placed_tx.is_some(),
                 ended: false,
@@ -164,6 +165,11 @@ impl Reducer {
                     return Err(e);
                 }
                 let mut actions = Vec::new();
+                for node in std::mem::take(&mut g.down) {
+                    let (a, again) = g.repair(node);
+                    actions.extend(a);
+                    resub.extend(again);
+                }
                 for (i, answer) in std::mem::take(&mut g.answers) {
                     if let Some(i) = g.answered_here(i, answer)? {
                         resub.push(i);
@@ -322,6 +328,9 @@ struct Live {
     later: Vec<(usize, Instant)>,
     /// What a landing thread could not carry out: the reduce fails with it.
     failed: Option<Error>,
+    /// Nodes a landing thread found unreachable as it dispatched: repaired by the
+    /// coordinator's thread.
+    down: Vec<NodeId>,
     /// Runs once, as the first task is dispatched.
     on_tree: Option<Box<dyn FnOnce() + Send>>,
     /// The caller waits to hear the inputs once the tree is full.
@@ -390,8 +399,13 @@ impl Landing {
                 self.live().failed = Some(e);
             }
         }
-        if let Err(e) = self.dispatch(true).map(|_| ()) {
-            self.live().failed.get_or_insert(e);
+        match self.dispatch(true) {
+            Ok(None) => {}
+            // Repaired by the coordinator's thread, which then dispatches again.
+            Ok(Some(dead)) => self.live().down.push(dead),
+            Err(e) => {
+                self.live().failed.get_or_insert(e);
+            }
         }
         if self.live().needs_coordinator() {
             self.wake();
@@ -489,6 +503,7 @@ impl Live {
     fn needs_coordinator(&self) -> bool {
         !self.answers.is_empty()
             || self.failed.is_some()
+            || !self.down.is_empty()
             || !self.later.is_empty()
             || (self.waits_for_placement && self.run.placed() == self.run.num)
             || (self.run.range.is_some() && !self.run.hinted)
@@ -651,6 +666,7 @@ mod tests {
             answers: Vec::new(),
             later: Vec::new(),
             failed: None,
+            down: Vec::new(),
             on_tree: None,
             waits_for_placement: false,
             ended: false,
