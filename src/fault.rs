@@ -15,6 +15,9 @@ pub enum FaultAction {
     DropLinks,
     /// The whole process receives SIGKILL.
     SigKill,
+    /// The transfer stops where it is and the node stays up (a hung serve: links open,
+    /// heartbeats going, no more bytes); the stream ends only when its receiver cancels it.
+    Stall,
 }
 
 /// Kill this node once it has sent `after_bytes` bytes of `object` (`"*"`: any object) in
@@ -69,12 +72,9 @@ impl FaultHook {
         Some(plan.after_bytes.saturating_sub(sent))
     }
 
-    /// Fires the armed plan (once).
-    pub fn fire(&self) {
-        let action = match self.plan.lock().unwrap().take() {
-            Some(p) => p.action,
-            None => return,
-        };
+    /// Fires the armed plan (once): what it did, `None` if nothing was armed.
+    pub fn fire(&self) -> Option<FaultAction> {
+        let action = self.plan.lock().unwrap().take()?.action;
         *self.fired_at.lock().unwrap() = Some(Instant::now());
         self.fired.store(true, Ordering::Release);
         warn!(node = self.node, "injected fault fires: {action:?}");
@@ -86,7 +86,9 @@ impl FaultHook {
                     nix::sys::signal::Signal::SIGKILL,
                 );
             }
+            FaultAction::Stall => {}
         }
+        Some(action)
     }
 }
 
@@ -112,8 +114,8 @@ mod tests {
         assert_eq!(hook.budget(&"y".into(), 0), None);
         assert_eq!(hook.budget(&"x".into(), 30), Some(70));
         assert_eq!(hook.budget(&"x".into(), 300), Some(0));
-        hook.fire();
-        hook.fire();
+        assert_eq!(hook.fire(), Some(FaultAction::DropLinks));
+        assert_eq!(hook.fire(), None);
         assert_eq!(drops.load(Ordering::Relaxed), 1);
         assert!(hook.fired() && hook.fired_at().is_some());
         assert_eq!(hook.budget(&"x".into(), 0), None, "disarmed once fired");

@@ -657,3 +657,75 @@ fn a_dead_home_hands_its_entries_to_a_living_node() {
     assert_eq!(c2.get(small).unwrap(), b"tiny");
     assert!(c2.get(large).unwrap() == a);
 }
+
+/// A pull that no thread drives (a get with a deadline, a reduce task's input) whose source
+/// stops sending while staying up is noticed by the lack of progress: after the op timeout
+/// it gets a driver, which cancels the stream and resumes at the watermark, here from the
+/// same source once it serves again. The caller that waited gave up at the same timeout; the
+/// copy completes in the background, every byte once and in order, for the next get.
+#[test]
+fn a_pull_whose_source_stalls_resumes_at_the_watermark_after_the_op_timeout() {
+    const LEN: usize = 4 << 20;
+    const STALL_AT: u64 = 1 << 20;
+    let op_timeout = Duration::from_millis(800);
+    let cfg = NodeConfig {
+        op_timeout,
+        ..cfg()
+    };
+    let c = LocalCluster::start(2, cfg, tcp()).unwrap();
+    let id = name_on(c.node(0), "stalled", 0);
+    let data: Vec<u8> = pattern(11)[..LEN].to_vec();
+    c.node(0).put(id.clone(), &data).unwrap();
+    c.node(0).inject_fault(FaultPlan {
+        object: id.clone(),
+        after_bytes: STALL_AT,
+        action: FaultAction::Stall,
+    });
+    let t0 = Instant::now();
+    match c
+        .node(1)
+        .get_view_timeout(id.clone(), Duration::from_secs(30))
+    {
+        Ok(v) => assert!(v[..] == data[..], "the bytes differ"),
+        Err(phalanx::Error::Timeout(..)) => {}
+        Err(e) => panic!("{e}"),
+    }
+    assert!(c.node(0).fault_fired(), "the source stalled");
+    // The copy left here completes without another request.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let log = loop {
+        let log: Vec<_> = c
+            .node(1)
+            .transfer_log()
+            .into_iter()
+            .filter(|t| t.id == id)
+            .collect();
+        if log.iter().any(|t| t.ok) || Instant::now() > deadline {
+            break log;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = t0.elapsed();
+    assert!(
+        took >= op_timeout,
+        "complete after {took:?}: before a stall could be noticed"
+    );
+    assert_eq!(log.len(), 2, "one stalled pull, one resumed: {log:?}");
+    assert!(
+        !log[0].ok && log[0].from == 0 && log[0].bytes == STALL_AT,
+        "{log:?}"
+    );
+    assert!(log[1].ok && log[1].from == STALL_AT, "{log:?}");
+    assert_eq!(log[1].bytes, LEN as u64 - STALL_AT);
+    let got = c.node(1).get_view(id.clone()).unwrap();
+    assert!(got[..] == data[..], "the bytes differ");
+    assert_eq!(
+        c.node(1)
+            .transfer_log()
+            .iter()
+            .filter(|t| t.id == id)
+            .count(),
+        2,
+        "no new pull"
+    );
+}

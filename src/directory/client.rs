@@ -202,6 +202,26 @@ impl DirClient {
         );
     }
 
+    /// [`DirClient::transfer_done`] from a thread that must not block (where a pull's last
+    /// bytes landed); it keeps its place before this node's later messages to the shard.
+    pub fn transfer_done_without_blocking(
+        &self,
+        shard: NodeId,
+        id: &ObjectId,
+        src: NodeId,
+        token: u64,
+        ok: bool,
+    ) {
+        let msg = DirMsg::TransferDone {
+            id: id.clone(),
+            source: src,
+            receiver: self.id,
+            token,
+            ok,
+        };
+        self.rpc.send_without_blocking(shard, msg.into());
+    }
+
     /// Synchronous query at `shard`: the entry as it stands now.
     pub fn query_at(&self, shard: NodeId, id: &ObjectId) -> Result<Option<ObjectInfo>> {
         match self.rpc.call(shard, |rid| {

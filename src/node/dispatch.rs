@@ -7,11 +7,15 @@ use super::Inner;
 use crate::hop::hop;
 use crate::protocol::{Msg, Reply, StoreMsg};
 use crate::rpc::Work;
-use crossbeam_channel::Receiver;
+use crossbeam_channel::{Receiver, RecvTimeoutError};
 use phalanx_transport::{Event, NodeId};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tracing::{debug, error, warn};
+
+/// How often the dispatcher looks at the pulls no thread drives, while there are some.
+const TICK: Duration = Duration::from_millis(50);
 
 impl Inner {
     /// Stops the node: links closed (abruptly: no goodbye, as if the process died), the
@@ -34,7 +38,27 @@ impl Inner {
         // Messages held for peers a worker is linking (links made on demand): the dispatcher
         // never waits for a dial, and a peer's messages keep their order.
         let mut held: HashMap<NodeId, VecDeque<Msg>> = HashMap::new();
-        for w in queue {
+        // Pulls that no thread drives are looked at every `TICK` while there are some
+        // (`Transfers::tick`: a stalled or deleted one gets a driver).
+        let mut next_tick = Instant::now() + TICK;
+        loop {
+            let w = if self.transfers.has_lazy_pulls() {
+                match queue.recv_timeout(next_tick.saturating_duration_since(Instant::now())) {
+                    Ok(w) => Some(w),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
+            } else {
+                match queue.recv() {
+                    Ok(w) => Some(w),
+                    Err(_) => break,
+                }
+            };
+            if Instant::now() >= next_tick {
+                self.transfers.tick();
+                next_tick = Instant::now() + TICK;
+            }
+            let Some(w) = w else { continue };
             match w {
                 Work::Msg(from, msg) => {
                     hop!(self.id, "dispatcher has it", from = from, kind = msg.kind());

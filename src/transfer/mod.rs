@@ -25,7 +25,7 @@ use pull::Inbound;
 pub(crate) use landed::OnLanded;
 pub(crate) use pull::Driver;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -81,6 +81,8 @@ pub(crate) struct Transfers {
     workers: Arc<Workers>,
     // Receiver side.
     inbound: Mutex<HashMap<StreamId, Inbound>>,
+    /// Pulls in `inbound` that no thread drives (`pull::LazyPull`).
+    lazy: AtomicUsize,
     next_stream: AtomicU64,
     recv_log: Mutex<Vec<TransferRecord>>,
     /// EWMA of pull throughput, f64 bits.
@@ -106,6 +108,7 @@ impl Transfers {
             fault: d.fault,
             workers: d.workers,
             inbound: Mutex::new(HashMap::new()),
+            lazy: AtomicUsize::new(0),
             next_stream: AtomicU64::new(crate::rpc::unpredictable_start()),
             recv_log: Mutex::new(Vec::new()),
             bandwidth_bits: AtomicU64::new(0),

@@ -14,7 +14,7 @@ use crate::{Error, ObjectId, Result};
 use crossbeam_channel::{Receiver, Sender};
 use phalanx_transport::{NodeId, RemoteRegion, StreamId};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use tracing::{debug, error, warn};
 
@@ -58,6 +58,51 @@ struct SentPull {
     /// Where the request starts.
     from: u64,
     done: Receiver<InboundEnd>,
+    /// Since when the stream has made no progress (its start, or the last progress a
+    /// watchdog saw before it handed the pull to a driver).
+    quiet_since: Instant,
+}
+
+/// Where an inbound stream's end goes.
+pub(super) enum EndTo {
+    /// The thread that drives the pull (`await_pull`).
+    Driver(Sender<InboundEnd>),
+    /// No thread: the pull is driven by the events of its stream ([`LazyPull`]).
+    Lazy(Box<LazyPull>),
+}
+
+/// A pull that no thread drives while its bytes flow (started by a fetch that returns the
+/// copy at once, `Driver::Worker`): its bytes land and move on on the transport's threads as
+/// any pull's, and its end is handled where it lands. A complete copy is accounted for there
+/// (the record, the transfer report to the shard); a failed stream, a stall as long as the op
+/// timeout, or the copy deleted here ([`Transfers::tick`]) hands the pull to a worker, which
+/// goes on from the watermark as with any driven pull. So a pull in flight costs no thread
+/// and no wake-up: a node with many of them keeps few threads, and a 64 KiB allreduce on the
+/// 8 emulated hosts does without about 30 worker wake-ups.
+pub(super) struct LazyPull {
+    me: Weak<Transfers>,
+    id: ObjectId,
+    first: First,
+    exclude: Vec<NodeId>,
+    /// When the stream started.
+    start: Instant,
+    /// The watermark the watchdog last saw, and since when it has not moved.
+    seen: u64,
+    quiet_since: Instant,
+}
+
+/// Where a driver starts.
+enum Begin {
+    /// With a request of its own.
+    Fresh,
+    /// Following a request already sent.
+    Sent(SentPull),
+    /// After a stream that ended without a driver (from `from`, begun at `start`).
+    Ended {
+        from: u64,
+        start: Instant,
+        outcome: Result<(), String>,
+    },
 }
 
 /// An inbound stream: the copy it fills and the source it must come from.
@@ -66,7 +111,7 @@ pub(super) struct Inbound {
     source: NodeId,
     /// The range granted to `source` for this stream; revoked when the stream ends.
     region: RemoteRegion,
-    done: Sender<InboundEnd>,
+    end: EndTo,
 }
 
 impl Transfers {
@@ -271,35 +316,179 @@ impl Transfers {
         if driver == Driver::Caller {
             return self
                 .clone()
-                .drive(id.clone(), copy, first, exclude.to_vec(), None);
+                .drive(id.clone(), copy, first, exclude.to_vec(), Begin::Fresh);
+        }
+        if copy.watermark() == 0 && copy.size() > 0 && self.start_lazy(id, &copy, first, exclude) {
+            return;
         }
         let sent = match copy.watermark() {
             0 => self.send_pull(id, &copy, first.source, 0).ok().flatten(),
             _ => None,
         };
-        // Shared with the job, so that the request comes back if no worker takes it.
-        let sent = Arc::new(std::sync::Mutex::new(sent));
-        let me = self.clone();
-        let exclude_owned = exclude.to_vec();
-        let driver_copy = copy.clone();
-        let id2 = id.clone();
-        let job_sent = sent.clone();
         hop!(
             self.id,
             "pull driver handed to a worker",
             source = first.source
         );
-        let job = move || {
-            let sent = job_sent.lock().unwrap().take();
-            me.drive(id2, driver_copy, first, exclude_owned, sent)
+        let begin = sent.map_or(Begin::Fresh, Begin::Sent);
+        self.drive_on_a_worker(id.clone(), copy, first, exclude.to_vec(), begin);
+    }
+
+    /// Sends the first request of a pull that no thread drives ([`LazyPull`]). False if it
+    /// could not be sent (the caller then hands the pull to a driver).
+    fn start_lazy(
+        self: &Arc<Self>,
+        id: &ObjectId,
+        copy: &CopyRef,
+        first: First,
+        exclude: &[NodeId],
+    ) -> bool {
+        let lazy = LazyPull {
+            me: Arc::downgrade(self),
+            id: id.clone(),
+            first,
+            exclude: exclude.to_vec(),
+            start: Instant::now(),
+            seen: 0,
+            quiet_since: Instant::now(),
         };
-        if let Err(e) = self.workers.spawn(job) {
-            // No thread to be had: this caller drives the pull itself.
-            warn!(node = self.id, %id, "no worker for a pull ({e}); driving it here");
-            let sent = sent.lock().unwrap().take();
-            self.clone()
-                .drive(id.clone(), copy, first, exclude.to_vec(), sent);
+        let wake_watchdog = !self.has_lazy_pulls();
+        match self.open_stream(id, copy, first.source, 0, EndTo::Lazy(Box::new(lazy))) {
+            Ok(Some(_)) => {
+                if wake_watchdog {
+                    // The dispatcher looks at pulls without a driver only while there are
+                    // some: it hears of the first one.
+                    self.rpc.enqueue(crate::rpc::Work::Run(Box::new(|| {})));
+                }
+                hop!(self.id, "pull without a driver", source = first.source);
+                true
+            }
+            _ => false,
         }
+    }
+
+    /// Runs [`Transfers::drive`] on a worker; with none to be had, on the dispatcher.
+    fn drive_on_a_worker(
+        self: &Arc<Self>,
+        id: ObjectId,
+        copy: CopyRef,
+        first: First,
+        exclude: Vec<NodeId>,
+        begin: Begin,
+    ) {
+        // Shared with the job, so that the pull comes back if no worker takes it.
+        let slot = Arc::new(Mutex::new(Some((id, copy, first, exclude, begin))));
+        let job = |me: Arc<Self>, slot: Arc<Mutex<Option<_>>>| {
+            move || {
+                let taken = slot.lock().unwrap().take();
+                if let Some((id, copy, first, exclude, begin)) = taken {
+                    me.drive(id, copy, first, exclude, begin);
+                }
+            }
+        };
+        if let Err(e) = self.workers.spawn(job(self.clone(), slot.clone())) {
+            warn!(
+                node = self.id,
+                "no worker for a pull ({e}); the dispatcher drives it"
+            );
+            let run = job(self.clone(), slot);
+            self.rpc.enqueue(crate::rpc::Work::Run(Box::new(run)));
+        }
+    }
+
+    /// A pull without a driver ended where its last bytes landed: accounted for as a driver
+    /// would, without blocking (this thread holds the inbound table).
+    fn lazy_ended(&self, l: LazyPull, copy: CopyRef, end: InboundEnd) {
+        self.lazy.fetch_sub(1, Ordering::AcqRel);
+        let LazyPull {
+            me,
+            id,
+            first,
+            exclude,
+            start,
+            ..
+        } = l;
+        match end {
+            InboundEnd::Complete => {
+                let bytes = copy.watermark();
+                self.record_throughput(bytes, start.elapsed().as_secs_f64());
+                self.recv_log.lock().unwrap().push(TransferRecord {
+                    id: id.clone(),
+                    source: first.source,
+                    receiver: self.id,
+                    from: 0,
+                    bytes,
+                    start,
+                    end: Instant::now(),
+                    ok: true,
+                });
+                hop!(self.id, "pull done where it landed", source = first.source);
+                let shard = self.dir.shard_of(&id);
+                self.dir.transfer_done_without_blocking(
+                    shard,
+                    &id,
+                    first.source,
+                    first.token,
+                    true,
+                );
+            }
+            InboundEnd::Failed(why) => {
+                let Some(me) = me.upgrade() else { return };
+                let begin = Begin::Ended {
+                    from: 0,
+                    start,
+                    outcome: Err(why),
+                };
+                me.drive_on_a_worker(id, copy, first, exclude, begin);
+            }
+        }
+    }
+
+    /// Looks at the pulls no thread drives (the dispatcher calls it every `CANCEL_POLL`
+    /// while there are some): one whose copy was deleted here, or whose stream made no
+    /// progress for the op timeout, is handed to a driver, which stops the stream and goes
+    /// on as with any driven pull.
+    pub(crate) fn tick(self: &Arc<Self>) {
+        let now = Instant::now();
+        let mut handed = Vec::new();
+        {
+            let mut inbound = self.inbound.lock().unwrap();
+            for (&stream, ib) in inbound.iter_mut() {
+                let EndTo::Lazy(l) = &mut ib.end else {
+                    continue;
+                };
+                let wm = ib.copy.watermark();
+                if wm > l.seen {
+                    l.seen = wm;
+                    l.quiet_since = now;
+                    continue;
+                }
+                let stalled = now.duration_since(l.quiet_since) >= self.cfg.op_timeout;
+                if !stalled && !ib.copy.is_detached() {
+                    continue;
+                }
+                let (tx, rx) = crossbeam_channel::bounded(1);
+                if let EndTo::Lazy(l) = std::mem::replace(&mut ib.end, EndTo::Driver(tx)) {
+                    let sent = SentPull {
+                        stream,
+                        from: 0,
+                        done: rx,
+                        quiet_since: l.quiet_since,
+                    };
+                    handed.push((l, ib.copy.clone(), sent));
+                }
+            }
+        }
+        for (l, copy, sent) in handed {
+            self.lazy.fetch_sub(1, Ordering::AcqRel);
+            hop!(self.id, "pull handed to a driver", source = l.first.source);
+            self.drive_on_a_worker(l.id, copy, l.first, l.exclude, Begin::Sent(sent));
+        }
+    }
+
+    /// Whether some pull runs without a driver ([`Transfers::tick`] has work).
+    pub(crate) fn has_lazy_pulls(&self) -> bool {
+        self.lazy.load(Ordering::Acquire) > 0
     }
 
     /// Pulls the copy to completion, replacing failed sources.
@@ -309,7 +498,7 @@ impl Transfers {
         copy: CopyRef,
         first: First,
         exclude: Vec<NodeId>,
-        mut sent: Option<SentPull>,
+        mut begin: Begin,
     ) {
         // The sources that failed this pull, not asked again for a while.
         let mut avoid: Vec<NodeId> = Vec::new();
@@ -323,12 +512,23 @@ impl Transfers {
         let mut failures: u32 = 0;
         let mut progressed = Instant::now();
         loop {
-            // The first request may have gone out before this driver ran.
-            let from = sent.as_ref().map_or_else(|| copy.watermark(), |s| s.from);
-            let start = Instant::now();
-            let outcome = match sent.take() {
-                Some(s) => self.await_pull(&copy, source, s),
-                None => self.pull_once(&id, &copy, source, from),
+            // The first request may have gone out before this driver ran, or its stream
+            // ended before there was one.
+            let (from, start, outcome) = match std::mem::replace(&mut begin, Begin::Fresh) {
+                Begin::Ended {
+                    from,
+                    start,
+                    outcome,
+                } => (from, start, outcome),
+                Begin::Sent(s) => (s.from, Instant::now(), self.await_pull(&copy, source, s)),
+                Begin::Fresh => {
+                    let from = copy.watermark();
+                    (
+                        from,
+                        Instant::now(),
+                        self.pull_once(&id, &copy, source, from),
+                    )
+                }
             };
             let bytes = copy.watermark() - from;
             let ok = matches!(outcome, Ok(()));
@@ -499,6 +699,28 @@ impl Transfers {
         source: NodeId,
         from: u64,
     ) -> Result<Option<SentPull>, String> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let quiet_since = Instant::now();
+        Ok(self
+            .open_stream(id, copy, source, from, EndTo::Driver(tx))?
+            .map(|stream| SentPull {
+                stream,
+                from,
+                done: rx,
+                quiet_since,
+            }))
+    }
+
+    /// Registers an inbound stream from `source` into `copy` from `from`, its end going to
+    /// `end`, and sends its pull request: the stream, or `None` if there is nothing to pull.
+    fn open_stream(
+        &self,
+        id: &ObjectId,
+        copy: &CopyRef,
+        source: NodeId,
+        from: u64,
+        end: EndTo,
+    ) -> Result<Option<StreamId>, String> {
         let size = copy.size();
         if from >= size {
             return Ok(None);
@@ -510,14 +732,17 @@ impl Transfers {
             .grant(source, copy.offset(), size, Arc::new(copy.clone()))
             .map_err(|e| e.to_string())?;
         let stream = self.next_stream.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = crossbeam_channel::bounded(1);
+        if matches!(end, EndTo::Lazy(_)) {
+            // Counted while in the table: `end_inbound` and `tick` take it out.
+            self.lazy.fetch_add(1, Ordering::AcqRel);
+        }
         self.inbound.lock().unwrap().insert(
             stream,
             Inbound {
                 copy: copy.clone(),
                 source,
                 region: dst,
-                done: tx,
+                end,
             },
         );
         if let Err(e) = self.rpc.send(
@@ -541,11 +766,7 @@ impl Transfers {
             stream = stream,
             from = from
         );
-        Ok(Some(SentPull {
-            stream,
-            from,
-            done: rx,
-        }))
+        Ok(Some(stream))
     }
 
     /// Follows a sent pull to its end; Ok once the copy is complete.
@@ -554,11 +775,12 @@ impl Transfers {
             stream,
             from,
             done: rx,
+            quiet_since,
         } = sent;
         // Progress is watched through the watermark; a stall as long as the op timeout
         // cancels the pull.
-        let mut last = from;
-        let mut progressed = Instant::now();
+        let mut last = copy.watermark().max(from);
+        let mut progressed = quiet_since;
         loop {
             match rx.recv_timeout(CANCEL_POLL) {
                 Ok(InboundEnd::Complete) => return Ok(()),
@@ -606,19 +828,25 @@ impl Transfers {
                 peer, stream, offset, wm, "out-of-order data, stream dropped"
             );
             let ib = inbound.remove(&stream).expect("present");
+            drop(inbound);
             self.end_inbound(ib, Some(InboundEnd::Failed("out-of-order data".into())));
             return;
         }
         ib.copy.advance_to(offset + len);
         hop!(self.id, "data in", from = peer, offset = offset, len = len);
         let copy = ib.copy.clone();
-        if offset + len >= ib.copy.size() {
-            let ib = inbound.remove(&stream).expect("present");
-            self.end_inbound(ib, Some(InboundEnd::Complete));
-        }
+        let ended = if offset + len >= ib.copy.size() {
+            inbound.remove(&stream)
+        } else {
+            None
+        };
         drop(inbound);
         // On to this copy's own receivers, from this thread (see `serve.rs`).
         self.landed(&copy);
+        // Its end heard with no lock held: a pull without a driver is accounted for here.
+        if let Some(ib) = ended {
+            self.end_inbound(ib, Some(InboundEnd::Complete));
+        }
     }
 
     /// The source will write no more for `stream`.
@@ -632,7 +860,9 @@ impl Transfers {
             );
             return;
         }
-        if let Some(ib) = inbound.remove(&stream) {
+        let ended = inbound.remove(&stream);
+        drop(inbound);
+        if let Some(ib) = ended {
             let why = if ok {
                 "source ended early"
             } else {
@@ -648,14 +878,19 @@ impl Transfers {
     }
 
     pub(super) fn fail_inbound_from(&self, peer: NodeId, reason: &str) {
-        let mut inbound = self.inbound.lock().unwrap();
-        let streams: Vec<StreamId> = inbound
-            .iter()
-            .filter(|(_, ib)| ib.source == peer)
-            .map(|(s, _)| *s)
-            .collect();
-        for s in streams {
-            let ib = inbound.remove(&s).expect("listed");
+        let failed: Vec<Inbound> = {
+            let mut inbound = self.inbound.lock().unwrap();
+            let streams: Vec<StreamId> = inbound
+                .iter()
+                .filter(|(_, ib)| ib.source == peer)
+                .map(|(s, _)| *s)
+                .collect();
+            streams
+                .into_iter()
+                .filter_map(|s| inbound.remove(&s))
+                .collect()
+        };
+        for ib in failed {
             let why = format!("source {peer} down: {reason}");
             self.end_inbound(ib, Some(InboundEnd::Failed(why)));
         }
@@ -675,12 +910,19 @@ impl Transfers {
         }
     }
 
-    /// A stream is over: its source may no longer write into its copy, and its pull hears
-    /// how it ended.
+    /// A stream is over (taken out of the inbound table, whose lock the caller no longer
+    /// holds): its source may no longer write into its copy, and its pull hears how it ended.
     fn end_inbound(&self, ib: Inbound, end: Option<InboundEnd>) {
         self.transport.revoke(ib.source, &ib.region);
-        if let Some(end) = end {
-            let _ = ib.done.send(end);
+        match (ib.end, end) {
+            (EndTo::Driver(done), Some(end)) => {
+                let _ = done.send(end);
+            }
+            (EndTo::Lazy(l), Some(end)) => self.lazy_ended(*l, ib.copy, end),
+            (EndTo::Lazy(_), None) => {
+                self.lazy.fetch_sub(1, Ordering::AcqRel);
+            }
+            (EndTo::Driver(_), None) => {}
         }
     }
 }

@@ -15,6 +15,7 @@
 //! failure, cancel or timeout.
 
 use super::{OnLanded, ServeRecord, Transfers};
+use crate::fault::FaultAction;
 use crate::hop::hop;
 use crate::protocol::{Located, Msg, PullMsg, Reply};
 use crate::store::CopyRef;
@@ -530,7 +531,12 @@ impl Transfers {
                 let mut n = (wm - off).min(chunk);
                 if let Some(budget) = self.fault.budget(id, off) {
                     if budget == 0 {
-                        self.fault.fire();
+                        if self.fault.fire() == Some(FaultAction::Stall) {
+                            // A hung serve: no more bytes until the receiver gives up.
+                            while !cancel.load(Ordering::Acquire) && !self.rpc.is_closed() {
+                                std::thread::sleep(CANCEL_POLL);
+                            }
+                        }
                         return Err(Error::Shutdown);
                     }
                     n = n.min(budget);
