@@ -177,35 +177,34 @@ impl Rpc {
         self.send_from_transport_thread(to, msg)
     }
 
-    /// [`Rpc::call_then`] from a thread that must not block ([`Rpc::send_without_blocking`]):
-    /// a request the link cannot take at once goes through the dispatcher (if the peer dies
-    /// meanwhile its death fails the request, as every request waiting on that peer); a peer
-    /// the transport knows to be unreachable is an error now (`PeerDown`).
+    /// [`Rpc::call_then`] from a thread that must not block: sent if the link takes it at once
+    /// (to ourselves: handled here, as [`Rpc::send_without_blocking`] does). `Ok(false)`: not
+    /// sent and forgotten (no link to the peer yet, or one being replaced): a thread that may
+    /// block sends it. A peer the transport knows unreachable is an error (`PeerDown`).
     pub fn call_without_blocking(
         &self,
         to: NodeId,
         make: impl FnOnce(Rid) -> Msg,
         on_reply: OnReply,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let rid = self.register(to, on_reply)?;
         let msg = make(rid);
         let kind = msg.kind();
         if to == self.id {
             self.send_without_blocking(to, msg);
         } else {
-            match self.transport.send_nonblocking(to, &msg.encode()) {
+            let sent = self.transport.send_nonblocking(to, &msg.encode());
+            if !matches!(sent, Ok(true)) {
+                self.pending.lock().unwrap().remove(&rid);
+            }
+            match sent {
                 Ok(true) => {}
-                Ok(false) => {
-                    let _ = self.queue.send(Work::Send(to, msg));
-                }
-                Err(e) => {
-                    self.pending.lock().unwrap().remove(&rid);
-                    return Err(peer_error(e));
-                }
+                Ok(false) => return Ok(false),
+                Err(e) => return Err(peer_error(e)),
             }
         }
         hop!(self.id, "request sent", to = to, rid = rid, kind = kind);
-        Ok(())
+        Ok(true)
     }
 
     /// Enters a request to `to` in the table of outstanding requests: its number.

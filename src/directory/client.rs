@@ -93,22 +93,6 @@ impl DirClient {
         self.tolerate_shard_down(id, r)
     }
 
-    /// [`DirClient::put_inline`] from a thread that must not block (an answer's landing
-    /// thread, holding no lock): the message keeps its place before this node's later ones
-    /// to the shard (`Rpc::send_without_blocking`).
-    pub fn put_inline_without_blocking(&self, id: &ObjectId, data: &[u8]) {
-        debug_assert!((data.len() as u64) < INLINE_LIMIT);
-        hop!(self.id, "put inline", len = data.len() as u64);
-        let msg = DirMsg::PutInline {
-            rid: NO_REPLY,
-            id: id.clone(),
-            node: self.id,
-            data: data.to_vec(),
-        };
-        self.rpc
-            .send_without_blocking(self.shard_of(id), msg.into());
-    }
-
     /// Tells the directory that these copies are gone (evicted, or a pull given up).
     pub fn withdraw(&self, ids: &[ObjectId]) {
         for id in ids {

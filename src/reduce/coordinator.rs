@@ -8,7 +8,6 @@ use crate::hop::hop;
 use crate::ops::{DType, ReduceOp};
 use crate::protocol::{ObjectInfo, ReduceMsg, Reply};
 use crate::rpc::{unexpected_reply, Rpc};
-use crate::store::Store;
 use crate::{Error, ObjectId, Result};
 use crossbeam_channel::{Select, Sender, TryRecvError};
 use phalanx_transport::NodeId;
@@ -102,7 +101,6 @@ impl Reducer {
         let landing = Arc::new(Landing {
             id: self.id,
             rpc: self.rpc.clone(),
-            store: self.store.clone(),
             dir: self.dir.clone(),
             wake: wake_tx,
             live: Mutex::new(Live {
@@ -113,11 +111,14 @@ impl Reducer {
                 later: Vec::new(),
                 failed: None,
                 down: Vec::new(),
+                deferred: false,
                 on_tree,
                 waits_for_placement: placed_tx.is_some(),
                 ended: false,
             }),
         });
+        // However the reduce ends, answers that still land find it over.
+        let _over = Over(&landing);
         // Sources whose directory shard is unreachable: subscribed again until it rejoins.
         let mut resub: Vec<usize> = (0..sources.len()).collect();
         loop {
@@ -188,6 +189,7 @@ impl Reducer {
                 self.store_result(&target, &result)?;
             }
             // Dispatch; a node found dead on the way is repaired around and we go again.
+            landing.live().deferred = false;
             while let Some(dead) = landing.dispatch(false)? {
                 let (actions, again) = landing.live().repair(dead);
                 self.apply(actions);
@@ -300,17 +302,27 @@ impl Reducer {
 /// subscriptions land on (transport threads, mostly): an answer that makes a source ready
 /// places it and dispatches the tasks it completes right there, so the coordinator's own
 /// wake-up (tens to hundreds of microseconds on a busy host) is not on the path. Whatever
-/// else happens (a source deleted or unreachable, a task's reply, a peer's death, a timeout)
-/// is left to the coordinator's thread. No thread holds the lock while it sends or calls:
-/// an answer may land on the thread that sends.
+/// else happens (a source deleted or unreachable, a task's reply, a peer's death, a timeout,
+/// a tree of small inputs to combine and store before the reduce returns, a task whose link
+/// is not made yet) is left to the coordinator's thread. No thread holds the lock while it
+/// sends or calls: an answer may land on the thread that sends. A task that a landing thread
+/// sent as a repair made it stale is cancelled from that thread, after it on the same link.
 struct Landing {
     id: NodeId,
     rpc: Arc<Rpc>,
-    store: Arc<Store>,
     dir: Arc<DirClient>,
     /// Wakes the coordinator's thread: something is left for it.
     wake: Sender<()>,
     live: Mutex<Live>,
+}
+
+/// Marks the reduce over when the coordinator returns, with a result or an error.
+struct Over<'a>(&'a Landing);
+
+impl Drop for Over<'_> {
+    fn drop(&mut self) {
+        self.0.live().ended = true;
+    }
 }
 
 struct Live {
@@ -331,6 +343,9 @@ struct Live {
     /// Nodes a landing thread found unreachable as it dispatched: repaired by the
     /// coordinator's thread.
     down: Vec<NodeId>,
+    /// A task a landing thread could not send without blocking (its link not made yet):
+    /// the coordinator's thread sends it.
+    deferred: bool,
     /// Runs once, as the first task is dispatched.
     on_tree: Option<Box<dyn FnOnce() + Send>>,
     /// The caller waits to hear the inputs once the tree is full.
@@ -364,11 +379,12 @@ impl Landing {
         r
     }
 
-    /// Source `i`'s answer, on the thread it landed on: a source that became ready is placed,
-    /// combined with the others if they are all small and here, and the tasks it completes
-    /// are dispatched from here; any other answer is left to the coordinator's thread.
+    /// Source `i`'s answer, on the thread it landed on: a source that became ready is placed
+    /// and the tasks it completes are dispatched from here; any other answer, and a tree of
+    /// small inputs to combine (which stores and announces the result, and must do so before
+    /// the reduce returns), is left to the coordinator's thread.
     fn answered(&self, i: usize, r: Result<Reply>) {
-        let combined = {
+        {
             let mut g = self.live();
             if g.ended {
                 return;
@@ -380,23 +396,13 @@ impl Landing {
                 other => Err(other),
             };
             match ready {
-                Ok(_) if g.failed.is_some() => None,
-                Ok((info, data)) => match g.arrive(i, &info, data) {
-                    Ok(()) => g.run.combine_locally(),
-                    Err(e) => {
+                Ok(_) if g.failed.is_some() => {}
+                Ok((info, data)) => {
+                    if let Err(e) = g.arrive(i, &info, data) {
                         g.failed = Some(e);
-                        None
                     }
-                },
-                Err(other) => {
-                    g.answers.push((i, other));
-                    None
                 }
-            }
-        };
-        if let Some(bytes) = combined {
-            if let Err(e) = self.store_result(&bytes) {
-                self.live().failed = Some(e);
+                Err(other) => g.answers.push((i, other)),
             }
         }
         match self.dispatch(true) {
@@ -412,36 +418,25 @@ impl Landing {
         }
     }
 
-    /// The result combined where the last small input landed: this node's copy of the
-    /// target, announced with its bytes (see `Reducer::store_result`).
-    fn store_result(&self, bytes: &[u8]) -> Result<()> {
-        let target = self.live().run.target.clone();
-        let (copy, evicted) = self.store.create(&target, bytes.len() as u64, true)?;
-        self.dir.withdraw(&evicted);
-        copy.append(bytes)?;
-        hop!(
-            self.id,
-            "reduce combined where it landed",
-            len = bytes.len() as u64
-        );
-        self.dir.put_inline_without_blocking(&target, bytes);
-        Ok(())
-    }
-
     /// Sends the tasks of every position whose inputs are all placed and that has none out.
-    /// From a landing thread (`where_landed`) nothing blocks: a task that cannot go out at
-    /// once goes through the dispatcher. `Some(node)`: `node` was found dead on the way (the
-    /// tasks not sent are left undispatched; repair, then dispatch again).
+    /// From a landing thread (`where_landed`) nothing blocks: a task whose link cannot take it
+    /// at once is left to the coordinator's thread (`Live::deferred`). `Some(node)`: `node`
+    /// was found dead on the way (the tasks not sent are left undispatched; repair, then
+    /// dispatch again).
     fn dispatch(&self, where_landed: bool) -> Result<Option<NodeId>> {
         let (jobs, on_tree) = {
             let mut g = self.live();
+            if g.ended {
+                return Ok(None);
+            }
             let mut jobs = Vec::new();
             for (p, task) in g.run.dispatchable() {
                 let node = g.run.slots[p].expect("placed").1;
                 let (tx, rx) = crossbeam_channel::bounded(1);
                 g.run.tasks[p] = Some(rx);
                 g.run.dispatches[p] += 1;
-                jobs.push((p, node, task, tx, g.run.dispatches[p]));
+                let mark = (g.run.dispatches[p], g.run.gen[p]);
+                jobs.push((p, node, task, tx, mark));
             }
             let on_tree = if jobs.is_empty() {
                 None
@@ -452,7 +447,12 @@ impl Landing {
         };
         let mut jobs = jobs.into_iter();
         let mut outcome = Ok(None);
-        for (p, node, task, tx, nth) in jobs.by_ref() {
+        let mut sent_any = false;
+        for (p, node, task, tx, (nth, gen)) in jobs.by_ref() {
+            let out = task.out.clone();
+            // Held until the outcome is known: a request that fails drops its callback, and
+            // the coordinator must not take the closed channel for a shutdown meanwhile.
+            let keep = tx.clone();
             let wake = self.wake.clone();
             let on_reply = Box::new(move |r: Result<Reply>| {
                 let _ = tx.send(r);
@@ -462,10 +462,25 @@ impl Landing {
             let sent = if where_landed {
                 self.rpc.call_without_blocking(node, make, on_reply)
             } else {
-                self.rpc.call_then(node, make, on_reply)
+                self.rpc.call_then(node, make, on_reply).map(|()| true)
             };
             match sent {
-                Ok(()) => hop!(self.id, "task dispatched", position = p, to = node),
+                Ok(true) => {
+                    hop!(self.id, "task dispatched", position = p, to = node);
+                    sent_any = true;
+                    // Repaired while it went out (a node died): the task is stale and
+                    // stopped from here, after it on the same link.
+                    if where_landed && self.live().run.gen[p] != gen {
+                        let cancel = ReduceMsg::Cancel { out };
+                        self.rpc.send_without_blocking(node, cancel.into());
+                    }
+                }
+                Ok(false) => {
+                    let mut g = self.live();
+                    g.undispatch(p, nth);
+                    g.deferred = true;
+                    break;
+                }
                 Err(e) => {
                     self.live().undispatch(p, nth);
                     outcome = match e {
@@ -475,13 +490,18 @@ impl Landing {
                     break;
                 }
             }
+            drop(keep);
         }
         // Not sent after a failure: no task is out for them.
-        for (p, _, _, _, nth) in jobs {
+        for (p, _, _, _, (nth, _)) in jobs {
             self.live().undispatch(p, nth);
         }
         if let Some(f) = on_tree {
-            f();
+            if sent_any {
+                f();
+            } else {
+                self.live().on_tree.get_or_insert(f);
+            }
         }
         outcome
     }
@@ -504,6 +524,8 @@ impl Live {
         !self.answers.is_empty()
             || self.failed.is_some()
             || !self.down.is_empty()
+            || self.deferred
+            || self.run.combinable()
             || !self.later.is_empty()
             || (self.waits_for_placement && self.run.placed() == self.run.num)
             || (self.run.range.is_some() && !self.run.hinted)
@@ -667,6 +689,7 @@ mod tests {
             later: Vec::new(),
             failed: None,
             down: Vec::new(),
+            deferred: false,
             on_tree: None,
             waits_for_placement: false,
             ended: false,
@@ -696,6 +719,24 @@ mod tests {
             l.needs_coordinator(),
             "the reduce is over: the coordinator returns"
         );
+    }
+
+    #[test]
+    fn small_inputs_are_combined_by_the_coordinator_once() {
+        let mut l = live(3, 3, 0);
+        let bytes = |v: f32| v.to_le_bytes().repeat(16);
+        l.arrive(0, &on(0), Some(bytes(1.0))).unwrap();
+        l.arrive(1, &on(1), Some(bytes(2.0))).unwrap();
+        assert!(!l.needs_coordinator());
+        l.arrive(2, &on(2), Some(bytes(4.0))).unwrap();
+        assert!(l.run.dispatchable().is_empty(), "no task for inline inputs");
+        assert!(
+            l.needs_coordinator(),
+            "the coordinator combines and stores the result"
+        );
+        assert_eq!(l.run.combine_locally(), Some(bytes(7.0)));
+        assert!(l.run.combine_locally().is_none(), "once");
+        assert!(l.run.finished());
     }
 
     #[test]

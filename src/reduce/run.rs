@@ -291,6 +291,11 @@ impl Run {
                 .all(|&(i, _)| self.inline[i].is_some())
     }
 
+    /// Whether [`Run::combine_locally`] has a result to give.
+    pub(super) fn combinable(&self) -> bool {
+        !self.local && self.tree.is_some() && self.placed() == self.num && self.all_inline()
+    }
+
     /// With every position placed and every input inline, the result, combined in the tree's
     /// order (bit for bit what the tasks would compute), once; every position is then done.
     pub(super) fn combine_locally(&mut self) -> Option<Vec<u8>> {

@@ -330,8 +330,25 @@ impl Transfers {
             "pull driver handed to a worker",
             source = first.source
         );
-        let begin = sent.map_or(Begin::Fresh, Begin::Sent);
-        self.drive_on_a_worker(id.clone(), copy, first, exclude.to_vec(), begin);
+        // Shared with the job, so that the pull comes back if no worker takes it.
+        let slot = Arc::new(Mutex::new(Some(sent.map_or(Begin::Fresh, Begin::Sent))));
+        let (me, job_slot) = (self.clone(), slot.clone());
+        let (job_id, job_copy, job_exclude) = (id.clone(), copy.clone(), exclude.to_vec());
+        let job = move || {
+            let begin = job_slot.lock().unwrap().take();
+            if let Some(begin) = begin {
+                me.drive(job_id, job_copy, first, job_exclude, begin);
+            }
+        };
+        if let Err(e) = self.workers.spawn(job) {
+            // No thread to be had: this caller drives the pull itself.
+            warn!(node = self.id, %id, "no worker for a pull ({e}); driving it here");
+            let begin = slot.lock().unwrap().take();
+            if let Some(begin) = begin {
+                self.clone()
+                    .drive(id.clone(), copy, first, exclude.to_vec(), begin);
+            }
+        }
     }
 
     /// Sends the first request of a pull that no thread drives ([`LazyPull`]). False if it
@@ -352,14 +369,8 @@ impl Transfers {
             seen: 0,
             quiet_since: Instant::now(),
         };
-        let wake_watchdog = !self.has_lazy_pulls();
         match self.open_stream(id, copy, first.source, 0, EndTo::Lazy(Box::new(lazy))) {
             Ok(Some(_)) => {
-                if wake_watchdog {
-                    // The dispatcher looks at pulls without a driver only while there are
-                    // some: it hears of the first one.
-                    self.rpc.enqueue(crate::rpc::Work::Run(Box::new(|| {})));
-                }
                 hop!(self.id, "pull without a driver", source = first.source);
                 true
             }
@@ -367,7 +378,8 @@ impl Transfers {
         }
     }
 
-    /// Runs [`Transfers::drive`] on a worker; with none to be had, on the dispatcher.
+    /// Runs [`Transfers::drive`] on a worker, for a pull whose end or stall was seen on a
+    /// thread that must not block; with no worker to be had, on the dispatcher.
     fn drive_on_a_worker(
         self: &Arc<Self>,
         id: ObjectId,
@@ -732,9 +744,11 @@ impl Transfers {
             .grant(source, copy.offset(), size, Arc::new(copy.clone()))
             .map_err(|e| e.to_string())?;
         let stream = self.next_stream.fetch_add(1, Ordering::Relaxed);
-        if matches!(end, EndTo::Lazy(_)) {
-            // Counted while in the table: `end_inbound` and `tick` take it out.
-            self.lazy.fetch_add(1, Ordering::AcqRel);
+        let lazy = matches!(end, EndTo::Lazy(_));
+        // Counted while in the table (`end_inbound` and `tick` take it out). The dispatcher
+        // looks at such pulls only while there are some: it hears of the first one.
+        if lazy && self.lazy.fetch_add(1, Ordering::AcqRel) == 0 {
+            self.rpc.enqueue(crate::rpc::Work::Run(Box::new(|| {})));
         }
         self.inbound.lock().unwrap().insert(
             stream,
@@ -754,8 +768,13 @@ impl Transfers {
                 from,
             },
         ) {
-            if let Some(ib) = self.inbound.lock().unwrap().remove(&stream) {
-                self.end_inbound(ib, None);
+            let taken = self.inbound.lock().unwrap().remove(&stream);
+            match taken {
+                Some(ib) => self.end_inbound(ib, None),
+                // Ended meanwhile (its source died): a pull without a driver was handed to
+                // one then, which goes on with it.
+                None if lazy => return Ok(Some(stream)),
+                None => {}
             }
             return Err(e.to_string());
         }
