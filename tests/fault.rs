@@ -729,3 +729,77 @@ fn a_pull_whose_source_stalls_resumes_at_the_watermark_after_the_op_timeout() {
         "no new pull"
     );
 }
+
+/// A reader chained on a copy that stops filling: node 1 pulls from node 0, which stalls;
+/// node 2 is sent to node 1's partial copy, which node 1 forwards as it lands with no worker
+/// for that serve. Both pulls stall until the op timeout: node 1 resumes from node 0, node
+/// 2 cancels its stream, and the serve without a worker is then ended by one (or its bytes
+/// finish arriving first). Both readers end with every byte, whatever the order.
+#[test]
+fn a_stalled_chain_of_forwarded_readers_recovers() {
+    const LEN: usize = 200 << 10;
+    let op_timeout = Duration::from_millis(800);
+    let cfg = NodeConfig {
+        op_timeout,
+        ..cfg()
+    };
+    let c = LocalCluster::start(3, cfg, tcp()).unwrap();
+    let id = name_on(c.node(0), "chained-stall", 0);
+    let data: Vec<u8> = pattern(12)[..LEN].to_vec();
+    c.node(0).put(id.clone(), &data).unwrap();
+    c.node(0).inject_fault(FaultPlan {
+        object: id.clone(),
+        after_bytes: 64 << 10,
+        action: FaultAction::Stall,
+    });
+    let t0 = Instant::now();
+    std::thread::scope(|s| {
+        let first = {
+            let (n, id) = (c.node(1).clone(), id.clone());
+            s.spawn(move || n.get(id))
+        };
+        // Node 1's copy exists and is stuck at 64 KiB: node 2 is sent to it.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while c.node(1).local_copy(id.clone()).is_none() {
+            assert!(Instant::now() < deadline, "node 1 never started its pull");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let second = {
+            let (n, id) = (c.node(2).clone(), id.clone());
+            s.spawn(move || {
+                let deadline = Instant::now() + Duration::from_secs(20);
+                loop {
+                    match n.get(id.clone()) {
+                        Ok(v) => return v,
+                        Err(_) if Instant::now() < deadline => {}
+                        Err(e) => panic!("node 2: {e}"),
+                    }
+                }
+            })
+        };
+        let got1 = loop {
+            match first.join().unwrap() {
+                Ok(v) => break v,
+                // The stall outlasted the op timeout: ask again (the copy goes on).
+                Err(_) if t0.elapsed() < Duration::from_secs(20) => {
+                    break c.node(1).get(id.clone()).expect("node 1 again")
+                }
+                Err(e) => panic!("node 1: {e}"),
+            }
+        };
+        assert!(got1 == data, "node 1's bytes differ");
+        assert!(second.join().unwrap() == data, "node 2's bytes differ");
+    });
+    assert!(c.node(0).fault_fired(), "the source stalled");
+    assert!(t0.elapsed() < Duration::from_secs(25));
+    let log: Vec<_> = c
+        .node(2)
+        .transfer_log()
+        .into_iter()
+        .filter(|t| t.id == id)
+        .collect();
+    assert!(
+        log.first().is_some_and(|t| t.source == 1),
+        "node 2 chained on node 1's copy: {log:?}"
+    );
+}

@@ -468,9 +468,14 @@ impl Landing {
                 Ok(true) => {
                     hop!(self.id, "task dispatched", position = p, to = node);
                     sent_any = true;
-                    // Repaired while it went out (a node died): the task is stale and
-                    // stopped from here, after it on the same link.
-                    if where_landed && self.live().run.gen[p] != gen {
+                    // Repaired while it went out (a node died), or the reduce ended
+                    // meanwhile: the task is stale and stopped from here, after it on the
+                    // same link.
+                    let stale = where_landed && {
+                        let g = self.live();
+                        g.ended || g.run.gen.get(p) != Some(&gen)
+                    };
+                    if stale {
                         let cancel = ReduceMsg::Cancel { out };
                         self.rpc.send_without_blocking(node, cancel.into());
                     }

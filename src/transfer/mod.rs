@@ -90,6 +90,8 @@ pub(crate) struct Transfers {
     // Source side.
     /// Cancel flags of the pulls this node serves, by (receiver, stream).
     serving: Mutex<HashMap<(NodeId, StreamId), Arc<AtomicBool>>>,
+    /// Serves forwarded with no worker (`serve.rs`, `Transfers::serve_lazily`).
+    lazy_serves: Mutex<HashMap<(NodeId, StreamId), Arc<serve::Forward>>>,
     /// Called where bytes of these objects land (`landed.rs`): forwarded serves
     /// (`serve.rs`), combining reduce tasks.
     watchers: Mutex<HashMap<ObjectId, Vec<Arc<dyn OnLanded>>>>,
@@ -113,6 +115,7 @@ impl Transfers {
             recv_log: Mutex::new(Vec::new()),
             bandwidth_bits: AtomicU64::new(0),
             serving: Mutex::new(HashMap::new()),
+            lazy_serves: Mutex::new(HashMap::new()),
             watchers: Mutex::new(HashMap::new()),
             serve_log: Mutex::new(Vec::new()),
         }

@@ -461,6 +461,7 @@ impl Transfers {
     /// progress for the op timeout, is handed to a driver, which stops the stream and goes
     /// on as with any driven pull.
     pub(crate) fn tick(self: &Arc<Self>) {
+        self.tick_serves();
         let now = Instant::now();
         let mut handed = Vec::new();
         {
@@ -498,9 +499,10 @@ impl Transfers {
         }
     }
 
-    /// Whether some pull runs without a driver ([`Transfers::tick`] has work).
+    /// Whether some pull runs without a driver, or some serve without a worker
+    /// ([`Transfers::tick`] has work).
     pub(crate) fn has_lazy_pulls(&self) -> bool {
-        self.lazy.load(Ordering::Acquire) > 0
+        self.lazy.load(Ordering::Acquire) > 0 || self.has_lazy_serves()
     }
 
     /// Pulls the copy to completion, replacing failed sources.

@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 use tracing::debug;
+use PullMsg::PullEnd;
 
 /// How long a source waits for a copy the shard says it has but that is not here yet (the
 /// shard lists a receiver before its pull creates the copy: a moment, normally).
@@ -57,6 +58,14 @@ pub(super) struct Forward {
     /// The forwarder left bytes to the worker (a write that would block, too many bytes at
     /// once, the fault hook, or the stream's position taken).
     help: AtomicBool,
+    /// Where the stream started.
+    from: u64,
+    /// When the serve began (for its record).
+    start: Instant,
+    /// Someone owns the end of the stream: a worker, or the forwarder that wrote its last
+    /// byte. Until then a forward of a copy that is here runs with no worker at all (see
+    /// [`Transfers::serve_lazily`]); whoever sets this first ends the serve.
+    owned: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -65,6 +74,9 @@ struct Sent {
     ended: bool,
     /// Bytes the forwarder wrote (for the serve's record).
     forwarded: u64,
+    /// The position and the copy's watermark when `tick_serves` last looked, and since
+    /// when they have not moved.
+    seen: (u64, u64, Instant),
 }
 
 /// One pull request, as a source serves it: write `[from, size)` of `id` into `dst`, tagged
@@ -78,10 +90,25 @@ struct Request {
 }
 
 impl Forward {
-    /// Leaves the bytes that landed to the serve's worker, and wakes it.
+    /// Leaves the bytes that landed to the serve's worker, and wakes it (starts it, if the
+    /// serve has none yet).
     fn ask_help(&self, copy: &CopyRef) {
         self.help.store(true, Ordering::Release);
         copy.kick();
+        if let Some(t) = self.owner.upgrade() {
+            t.give_a_worker(self.receiver, self.stream);
+        }
+    }
+
+    /// The pull request this forward serves.
+    fn request(&self) -> Request {
+        Request {
+            receiver: self.receiver,
+            id: self.id.clone(),
+            stream: self.stream,
+            dst: self.dst,
+            from: self.from,
+        }
     }
 
     /// Whether this forward writes from `copy`: the copy it is bound to, or, not bound yet,
@@ -139,6 +166,13 @@ impl Transfers {
             .unwrap()
             .insert((receiver, stream), cancel.clone());
         let fwd = self.forward_begin(&req, &cancel);
+        if let Some(f) = fwd.as_ref().filter(|f| f.copy.get().is_some()) {
+            self.serve_lazily(f);
+            return;
+        }
+        if let Some(f) = &fwd {
+            f.owned.store(true, Ordering::Release);
+        }
         let me = self.clone();
         let job_fwd = fwd.clone();
         let spawned = self.workers.spawn(move || me.serve(req, cancel, job_fwd));
@@ -147,11 +181,130 @@ impl Transfers {
             // Unless the forwarder already wrote it all, the stream ends refused.
             let over = fwd.as_ref().is_some_and(|f| self.forward_close(f).0);
             if !over {
-                let refused = PullMsg::PullEnd { stream, ok: false };
+                let refused = PullEnd { stream, ok: false };
                 self.rpc
                     .send_from_transport_thread(receiver, refused.into());
             }
         }
+    }
+
+    /// A forward of a copy that is here, served with no worker while its forwarder keeps
+    /// up: the thread that lands its bytes writes them on, and the one that writes the last
+    /// ends the serve (`end_lazily`). A worker is started when the forwarder asks for help,
+    /// or by [`Transfers::tick`] for a cancel or bytes left waiting; it then owns the stream
+    /// as any serve's worker does. On a chain of readers of a medium object no thread wakes
+    /// at the sources at all.
+    fn serve_lazily(&self, f: &Arc<Forward>) {
+        let first = {
+            let mut lazy = self.lazy_serves.lock().unwrap();
+            lazy.insert((f.receiver, f.stream), f.clone());
+            lazy.len() == 1
+        };
+        if first {
+            // The dispatcher looks at serves without a worker only while there are some.
+            self.rpc.enqueue(crate::rpc::Work::Run(Box::new(|| {})));
+        }
+        hop!(
+            self.id,
+            "serve without a worker",
+            to = f.receiver,
+            stream = f.stream
+        );
+        let ended = f.sent.lock().unwrap().ended;
+        if ended {
+            self.end_lazily(f.receiver, f.stream);
+        }
+    }
+
+    /// The forwarder wrote the last byte of a serve without a worker: its end, here.
+    fn end_lazily(&self, receiver: NodeId, stream: StreamId) {
+        let Some(f) = self.lazy_serves.lock().unwrap().remove(&(receiver, stream)) else {
+            return;
+        };
+        if f.owned.swap(true, Ordering::AcqRel) {
+            return; // a worker took it: it ends the serve
+        }
+        self.serving.lock().unwrap().remove(&(receiver, stream));
+        let (_, forwarded) = self.forward_close(&f);
+        let bytes = f.dst.len.saturating_sub(f.from);
+        self.record_serve(&f.id, receiver, (bytes, forwarded), f.start);
+    }
+
+    /// Starts a worker for the serve without one of `(receiver, stream)`, if it still has
+    /// none: it then owns the stream. Never blocks.
+    pub(super) fn give_a_worker(&self, receiver: NodeId, stream: StreamId) {
+        let Some(f) = self.lazy_serves.lock().unwrap().remove(&(receiver, stream)) else {
+            return;
+        };
+        if f.owned.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Some(me) = f.owner.upgrade() else { return };
+        let cancel = f.cancel.clone();
+        let (req, job_fwd) = (f.request(), f.clone());
+        hop!(
+            self.id,
+            "serve handed to a worker",
+            to = receiver,
+            stream = stream
+        );
+        if let Err(e) = self
+            .workers
+            .spawn(move || me.serve(req, cancel, Some(job_fwd)))
+        {
+            debug!(
+                node = self.id,
+                receiver, "no worker for a serve ({e}): refused"
+            );
+            self.serving.lock().unwrap().remove(&(receiver, stream));
+            let (over, _) = self.forward_close(&f);
+            if !over {
+                let refused = PullEnd { stream, ok: false };
+                self.rpc
+                    .send_from_transport_thread(receiver, refused.into());
+            }
+        }
+    }
+
+    /// Looks at the serves without a worker (from `Transfers::tick`): one cancelled, or
+    /// with bytes its forwarder left for `CANCEL_POLL` (a filler that does not forward), or
+    /// that made no progress for the op timeout, gets a worker.
+    pub(super) fn tick_serves(&self) {
+        let due: Vec<(NodeId, StreamId)> = {
+            let lazy = self.lazy_serves.lock().unwrap();
+            lazy.iter()
+                .filter(|(_, f)| self.serve_needs_a_worker(f))
+                .map(|(k, _)| *k)
+                .collect()
+        };
+        for (receiver, stream) in due {
+            self.give_a_worker(receiver, stream);
+        }
+    }
+
+    fn serve_needs_a_worker(&self, f: &Forward) -> bool {
+        if f.cancel.load(Ordering::Acquire) || self.rpc.is_closed() {
+            return true;
+        }
+        let Some(copy) = f.copy.get() else {
+            return true;
+        };
+        let Ok(mut sent) = f.sent.try_lock() else {
+            return false; // being written now
+        };
+        let now = Instant::now();
+        let wm = copy.watermark();
+        if sent.off != sent.seen.0 || wm != sent.seen.1 {
+            sent.seen = (sent.off, wm, now);
+            return false;
+        }
+        let quiet = now.duration_since(sent.seen.2);
+        (wm > sent.off && quiet >= CANCEL_POLL) || quiet >= self.cfg.op_timeout
+    }
+
+    /// Whether some serve runs without a worker ([`Transfers::tick_serves`] has work).
+    pub(super) fn has_lazy_serves(&self) -> bool {
+        !self.lazy_serves.lock().unwrap().is_empty()
     }
 
     /// Starts forwarding `[from, size)` of a small copy still filling to `receiver`, with
@@ -190,8 +343,12 @@ impl Transfers {
                 off: from,
                 ended: false,
                 forwarded: 0,
+                seen: (from, 0, Instant::now()),
             }),
             help: AtomicBool::new(false),
+            from,
+            start: Instant::now(),
+            owned: AtomicBool::new(false),
         });
         self.watch(id, f.clone());
         if bound {
@@ -255,6 +412,9 @@ impl Transfers {
             sent.ended = true;
             drop(sent);
             copy.kick(); // the worker is done: it stops the forward
+            if !f.owned.load(Ordering::Acquire) {
+                self.end_lazily(f.receiver, f.stream);
+            }
         }
     }
 
