@@ -777,15 +777,13 @@ fn a_stalled_chain_of_forwarded_readers_recovers() {
                 }
             })
         };
-        let got1 = loop {
-            match first.join().unwrap() {
-                Ok(v) => break v,
-                // The stall outlasted the op timeout: ask again (the copy goes on).
-                Err(_) if t0.elapsed() < Duration::from_secs(20) => {
-                    break c.node(1).get(id.clone()).expect("node 1 again")
-                }
-                Err(e) => panic!("node 1: {e}"),
+        let got1 = match first.join().unwrap() {
+            Ok(v) => v,
+            // The stall outlasted the op timeout: ask again (the copy goes on).
+            Err(_) if t0.elapsed() < Duration::from_secs(20) => {
+                c.node(1).get(id.clone()).expect("node 1 again")
             }
+            Err(e) => panic!("node 1: {e}"),
         };
         assert!(got1 == data, "node 1's bytes differ");
         assert!(second.join().unwrap() == data, "node 2's bytes differ");
