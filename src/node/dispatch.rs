@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::{debug, error, warn};
 
-/// How often the dispatcher looks at the pulls no thread drives, while there are some.
+/// How often the dispatcher looks at the pulls no thread drives and the serves with no worker.
 const TICK: Duration = Duration::from_millis(50);
 
 impl Inner {
@@ -38,24 +38,20 @@ impl Inner {
         // Messages held for peers a worker is linking (links made on demand): the dispatcher
         // never waits for a dial, and a peer's messages keep their order.
         let mut held: HashMap<NodeId, VecDeque<Msg>> = HashMap::new();
-        // Pulls that no thread drives are looked at every `TICK` while there are some
-        // (`Transfers::tick`: a stalled or deleted one gets a driver).
+        // Pulls that no thread drives, and serves with no worker, are looked at every
+        // `TICK` (`Transfers::tick`: a stalled one, or one whose copy went, gets a thread).
+        // The dispatcher wakes that often when idle rather than be told of each such pull.
         let mut next_tick = Instant::now() + TICK;
         loop {
-            let w = if self.transfers.has_lazy_pulls() {
-                match queue.recv_timeout(next_tick.saturating_duration_since(Instant::now())) {
-                    Ok(w) => Some(w),
-                    Err(RecvTimeoutError::Timeout) => None,
-                    Err(RecvTimeoutError::Disconnected) => break,
-                }
-            } else {
-                match queue.recv() {
-                    Ok(w) => Some(w),
-                    Err(_) => break,
-                }
+            let w = match queue.recv_timeout(next_tick.saturating_duration_since(Instant::now())) {
+                Ok(w) => Some(w),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => break,
             };
             if Instant::now() >= next_tick {
-                self.transfers.tick();
+                if self.transfers.has_lazy_pulls() {
+                    self.transfers.tick();
+                }
                 next_tick = Instant::now() + TICK;
             }
             let Some(w) = w else { continue };

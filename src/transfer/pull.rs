@@ -456,10 +456,10 @@ impl Transfers {
         }
     }
 
-    /// Looks at the pulls no thread drives (the dispatcher calls it every `CANCEL_POLL`
-    /// while there are some): one whose copy was deleted here, or whose stream made no
-    /// progress for the op timeout, is handed to a driver, which stops the stream and goes
-    /// on as with any driven pull.
+    /// Looks at the pulls no thread drives and the serves with no worker (the dispatcher
+    /// calls it every `CANCEL_POLL` while there are some): a pull whose copy was deleted
+    /// here, or whose stream made no progress for the op timeout, is handed to a driver,
+    /// which stops the stream and goes on as with any driven pull.
     pub(crate) fn tick(self: &Arc<Self>) {
         self.tick_serves();
         let now = Instant::now();
@@ -747,10 +747,9 @@ impl Transfers {
             .map_err(|e| e.to_string())?;
         let stream = self.next_stream.fetch_add(1, Ordering::Relaxed);
         let lazy = matches!(end, EndTo::Lazy(_));
-        // Counted while in the table (`end_inbound` and `tick` take it out). The dispatcher
-        // looks at such pulls only while there are some: it hears of the first one.
-        if lazy && self.lazy.fetch_add(1, Ordering::AcqRel) == 0 {
-            self.rpc.enqueue(crate::rpc::Work::Run(Box::new(|| {})));
+        // Counted while in the table (`end_inbound` and `tick` take it out).
+        if lazy {
+            self.lazy.fetch_add(1, Ordering::AcqRel);
         }
         self.inbound.lock().unwrap().insert(
             stream,

@@ -195,15 +195,10 @@ impl Transfers {
     /// as any serve's worker does. On a chain of readers of a medium object no thread wakes
     /// at the sources at all.
     fn serve_lazily(&self, f: &Arc<Forward>) {
-        let first = {
-            let mut lazy = self.lazy_serves.lock().unwrap();
-            lazy.insert((f.receiver, f.stream), f.clone());
-            lazy.len() == 1
-        };
-        if first {
-            // The dispatcher looks at serves without a worker only while there are some.
-            self.rpc.enqueue(crate::rpc::Work::Run(Box::new(|| {})));
-        }
+        self.lazy_serves
+            .lock()
+            .unwrap()
+            .insert((f.receiver, f.stream), f.clone());
         hop!(
             self.id,
             "serve without a worker",
