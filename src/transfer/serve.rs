@@ -199,6 +199,11 @@ impl Transfers {
             .lock()
             .unwrap()
             .insert((f.receiver, f.stream), f.clone());
+        // Help asked before it was listed here (by the forwarder's first write, or a
+        // landing in between) found no serve to give a worker to: given now.
+        if f.help.load(Ordering::Acquire) {
+            self.give_a_worker(f.receiver, f.stream);
+        }
         hop!(
             self.id,
             "serve without a worker",
@@ -284,6 +289,13 @@ impl Transfers {
         let Some(copy) = f.copy.get() else {
             return true;
         };
+        // A copy that failed, or was dropped here before it was complete: the worker ends
+        // the stream at once (refused), as it would have found it.
+        if copy.status() == CopyStatus::Failed
+            || (copy.is_detached() && copy.status() != CopyStatus::Complete)
+        {
+            return true;
+        }
         let Ok(mut sent) = f.sent.try_lock() else {
             return false; // being written now
         };
@@ -365,6 +377,12 @@ impl Transfers {
             return;
         };
         if sent.ended || f.cancel.load(Ordering::Acquire) || self.rpc.is_closed() {
+            return;
+        }
+        // The copy failed (its filler gave up): the stream ends refused, by a worker.
+        if copy.status() == CopyStatus::Failed {
+            drop(sent);
+            f.ask_help(copy);
             return;
         }
         let (wm, size) = (copy.watermark(), copy.size());
