@@ -308,10 +308,10 @@ impl Node {
             reduce::ids(&sources),
         );
         let what = format!("allreduce into {target}");
-        let (bytes, _) = blocking::run(py, timeout, &what, move || {
-            node.allreduce(id, &srcs, op, dt, &opts)
+        let (view, _) = blocking::run(py, timeout, &what, move || {
+            node.allreduce_view(id, &srcs, op, dt, &opts)
         })?;
-        memoryview(py, target, ObjectView::Owned(bytes))
+        memoryview(py, target, view)
     }
 
     /// The objects `names`, fetched concurrently (a gather at this node), as memoryviews in

@@ -128,9 +128,9 @@ fn decode_plan(b: &[u8], size: u64) -> Result<Vec<(u64, u64)>> {
 
 impl Node {
     /// Allreduce from the coordinator's side: reduces all `sources` into `target` and returns
-    /// the result (this node's copy). The other participants call
-    /// [`Node::allreduce_read`] (or `get(target)` for objects under the node's
-    /// `allreduce_partition_min`).
+    /// a copy of the result's bytes. [`Node::allreduce_view`] returns the node's copy itself,
+    /// with no copy made. The other participants call [`Node::allreduce_read`] (or
+    /// `get(target)` for objects under the node's `allreduce_partition_min`).
     pub fn allreduce(
         &self,
         target: impl Into<ObjectId>,
@@ -139,6 +139,24 @@ impl Node {
         dtype: DType,
         opts: &ReduceOptions,
     ) -> Result<(Vec<u8>, ReduceOutcome)> {
+        let (view, outcome) = self.allreduce_view(target, sources, op, dtype, opts)?;
+        let bytes = match view {
+            ObjectView::Owned(v) => v,
+            view => view.to_vec(),
+        };
+        Ok((bytes, outcome))
+    }
+
+    /// [`Node::allreduce`] returning a zero-copy view of this node's complete copy of the
+    /// result (a small result combined here is handed back as the bytes it was combined in).
+    pub fn allreduce_view(
+        &self,
+        target: impl Into<ObjectId>,
+        sources: &[ObjectId],
+        op: ReduceOp,
+        dtype: DType,
+        opts: &ReduceOptions,
+    ) -> Result<(ObjectView, ReduceOutcome)> {
         let target = target.into();
         let min = self.inner.cfg.allreduce_partition_min;
         let size = sources
@@ -200,7 +218,7 @@ impl Node {
         op: ReduceOp,
         dtype: DType,
         opts: &ReduceOptions,
-    ) -> Result<(Vec<u8>, ReduceOutcome)> {
+    ) -> Result<(ObjectView, ReduceOutcome)> {
         // The coordinator reads the target while it is being reduced, on a pooled thread
         // started as the first task goes out (no thread is created per call); a small result
         // combined here is returned as the reduce ends.
@@ -210,7 +228,7 @@ impl Node {
         let on_tree = Box::new(move || {
             let workers = reader.inner.workers.clone();
             let started = workers.spawn(move || {
-                let _ = tx.send(reader.get(id));
+                let _ = tx.send(reader.get_view(id));
             });
             if let Err(e) = started {
                 tracing::warn!("allreduce reader not started ({e}); read after the reduce");
@@ -227,15 +245,15 @@ impl Node {
                 .reduce(target.clone(), sources, sources.len(), kind, opts, hooks)?;
         if let Some(c) = self.inner.store.lookup(&target) {
             if c.status() == CopyStatus::Complete {
-                return Ok((c.filled(0, c.size()).to_vec(), outcome));
+                return Ok((ObjectView::Arena(c), outcome));
             }
         }
-        let bytes = match got.recv_timeout(self.inner.cfg.op_timeout) {
+        let view = match got.recv_timeout(self.inner.cfg.op_timeout) {
             Ok(r) => r?,
             // No reader ran (small result, or the reader could not start): read it now.
-            Err(_) => self.get(target)?,
+            Err(_) => self.get_view(target)?,
         };
-        Ok((bytes, outcome))
+        Ok((view, outcome))
     }
 
     /// The partitioned algorithm (see the module): one reduce per partition, rotated, all
@@ -250,7 +268,7 @@ impl Node {
         dtype: DType,
         opts: &ReduceOptions,
         parts: &[(u64, u64)],
-    ) -> Result<(Vec<u8>, ReduceOutcome)> {
+    ) -> Result<(ObjectView, ReduceOutcome)> {
         let n = parts.len();
         let handles = parts
             .iter()
@@ -289,12 +307,11 @@ impl Node {
             first.last_ready = first.last_ready.max(o.last_ready);
             first.done = first.done.max(o.done);
         }
-        let c = self
-            .inner
-            .store
-            .lookup(&target)
-            .ok_or_else(|| Error::NotFound(target.clone()))?;
-        Ok((c.filled(0, c.size()).to_vec(), first))
+        // Assembled (complete) here; deleted meanwhile by someone else: not found.
+        match self.inner.store.lookup(&target) {
+            Some(c) if c.status() == CopyStatus::Complete => Ok((ObjectView::Arena(c), first)),
+            _ => Err(Error::NotFound(target)),
+        }
     }
 
     /// Builds this node's copy of `target` from its partitions: fetches them all at once

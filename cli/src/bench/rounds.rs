@@ -6,7 +6,7 @@ use super::sync::{now_ns, RankSync, Stamp};
 use super::{Algo, BenchSpec, Collective, Degree, Placement};
 use anyhow::{bail, Context, Result};
 use phalanx::ops::{combine, DType, ReduceOp};
-use phalanx::{Node, ObjectId, ReduceOptions};
+use phalanx::{Node, ObjectId, ObjectView, ReduceOptions};
 use std::time::Duration;
 
 /// What rank 0 learns from one iteration.
@@ -226,7 +226,7 @@ impl<'a> Round<'a> {
         &self,
         inputs: &[ObjectId],
         target: &ObjectId,
-    ) -> Result<(u64, TreeShape, Option<Vec<u8>>)> {
+    ) -> Result<(u64, TreeShape, Option<ObjectView>)> {
         let node = self.node;
         let spec = self.spec;
         let n = node.num_nodes();
@@ -254,7 +254,7 @@ impl<'a> Round<'a> {
                         Some(_) => {}
                     }
                 }
-                Ok((now_ns(), (None, None), acc))
+                Ok((now_ns(), (None, None), acc.map(ObjectView::Owned)))
             }
             (Collective::Allreduce, Algo::Star) => {
                 bail!("allreduce has no star baseline; use --degree")
@@ -271,8 +271,14 @@ impl<'a> Round<'a> {
                 };
                 if spec.collective == Collective::Allreduce {
                     // Rank 0 reads the target while it is being reduced, like every rank.
-                    let (v, o) =
-                        node.allreduce(target.clone(), inputs, ReduceOp::Sum, DType::F32, &opts)?;
+                    // Its own copy, with no copy made, as every rank's `allreduce_read`.
+                    let (v, o) = node.allreduce_view(
+                        target.clone(),
+                        inputs,
+                        ReduceOp::Sum,
+                        DType::F32,
+                        &opts,
+                    )?;
                     Ok((now_ns(), (Some(o.degree), Some(o.partitions)), Some(v)))
                 } else {
                     // Done when the target is complete (on the root's node).
