@@ -36,6 +36,11 @@ pub struct NodeConfig {
     /// 8 MiB (`crate::allreduce::PARTITION_MIN`), `u64::MAX`: never. Every participant must
     /// have the same value.
     pub allreduce_partition_min: u64,
+    /// Allreduces of objects from `INLINE_LIMIT` bytes up to this size, with every input there
+    /// as it starts and each on its own node (the coordinator's among them), run by recursive
+    /// halving and doubling (`crate::allreduce`); 0: never. Every participant must have the
+    /// same value.
+    pub allreduce_halving_max: u64,
 }
 
 impl Default for NodeConfig {
@@ -50,6 +55,7 @@ impl Default for NodeConfig {
             latency_override: None,
             bandwidth_override: None,
             allreduce_partition_min: crate::allreduce::PARTITION_MIN,
+            allreduce_halving_max: crate::allreduce::HALVING_MAX,
         }
     }
 }
@@ -162,6 +168,9 @@ pub struct ClusterConfig {
     /// are reduced partition by partition (default 8388608; 0: never, one tree then a
     /// broadcast).
     pub allreduce_partition_min: Option<u64>,
+    /// Allreduces of objects from 64 KiB up to this size (inputs all there, one per node)
+    /// run by recursive halving and doubling (default 196608; 0: never).
+    pub allreduce_halving_max: Option<u64>,
     /// `"mesh"` or `"on_demand"`; default: a mesh up to 32 nodes, on demand beyond.
     pub connect: Option<Connect>,
     pub nodes: Vec<NodeEntry>,
@@ -224,6 +233,11 @@ impl ClusterConfig {
                 Some(0) => u64::MAX,
                 Some(m) => m,
             },
+            allreduce_halving_max: self
+                .allreduce_halving_max
+                .map_or(d.allreduce_halving_max, |m| {
+                    m.min(crate::allreduce::HALVING_LIMIT)
+                }),
             ..d
         }
     }
@@ -351,6 +365,19 @@ mod tests {
         );
         assert_eq!(part("allreduce_partition_min = 0\n"), u64::MAX);
         assert_eq!(part("allreduce_partition_min = 8388608\n"), 8 << 20);
+        let halving = |extra: &str| {
+            ClusterConfig::parse(&format!("{extra}{one}"))
+                .unwrap()
+                .node_config()
+                .allreduce_halving_max
+        };
+        assert_eq!(halving(""), crate::allreduce::HALVING_MAX);
+        assert_eq!(halving("allreduce_halving_max = 0\n"), 0);
+        assert_eq!(
+            halving("allreduce_halving_max = 1099511627776\n"),
+            crate::allreduce::HALVING_LIMIT,
+            "bounded: its blocks travel as messages"
+        );
     }
 
     #[test]

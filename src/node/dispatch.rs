@@ -52,6 +52,7 @@ impl Inner {
                 if self.transfers.has_lazy_pulls() {
                     self.transfers.tick();
                 }
+                self.reducer.halving_tick();
                 next_tick = Instant::now() + TICK;
             }
             let Some(w) = w else { continue };

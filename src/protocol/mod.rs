@@ -12,7 +12,7 @@ mod reply;
 pub use directory::{DirMsg, Located, LocationInfo, ObjectInfo};
 pub use member::MemberMsg;
 pub use pull::PullMsg;
-pub use reduce::{GatherFrom, ReduceMsg, ReduceTask};
+pub use reduce::{GatherFrom, HalvingPlan, ReduceMsg, ReduceTask};
 pub use reply::Reply;
 
 use crate::ObjectId;
@@ -100,6 +100,10 @@ impl Msg {
             Msg::Reduce(ReduceMsg::Task { .. }) => "ReduceTask",
             Msg::Reduce(ReduceMsg::Cancel { .. }) => "CancelReduce",
             Msg::Reduce(ReduceMsg::Gather { .. }) => "GatherHint",
+            Msg::Reduce(ReduceMsg::HalvingTask { .. }) => "HalvingTask",
+            Msg::Reduce(ReduceMsg::HalvingBlock { .. }) => "HalvingBlock",
+            Msg::Reduce(ReduceMsg::HalvingEnd { .. }) => "HalvingEnd",
+            Msg::Reduce(ReduceMsg::HalvingFailed { .. }) => "HalvingFailed",
             Msg::Store(StoreMsg::Evict { .. }) => "Evict",
             Msg::Member(MemberMsg::Down { .. }) => "MemberDown",
             Msg::Member(MemberMsg::Up { .. }) => "MemberUp",
@@ -165,6 +169,23 @@ mod tests {
             Msg::Reduce(ReduceMsg::Gather {
                 part: "p".into(),
                 from: GatherFrom::Node(3),
+            }),
+            Msg::Reduce(ReduceMsg::HalvingBlock {
+                target: "t".into(),
+                run: 7,
+                step: 2,
+                data: vec![1, 2, 3],
+            }),
+            Msg::Reduce(ReduceMsg::HalvingTask {
+                plan: HalvingPlan {
+                    target: "t".into(),
+                    run: 7,
+                    coordinator: 1,
+                    ranks: vec![(1, "a".into()), (4, "b".into())],
+                    size: 64,
+                    op: crate::ops::ReduceOp::Max,
+                    dtype: crate::ops::DType::I64,
+                },
             }),
             Msg::Store(StoreMsg::Evict {
                 rid: 9,

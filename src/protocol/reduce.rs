@@ -18,6 +18,43 @@ pub enum ReduceMsg {
     /// `crate::reduce::Run::gather_hints`). Advice: a stale or forged one costs a fallback
     /// to the directory, never a wrong byte.
     Gather { part: ObjectId, from: GatherFrom },
+    /// Run your rank of a halving-doubling allreduce (`crate::reduce::halving`): sent by the
+    /// run's coordinator to every other rank.
+    HalvingTask { plan: HalvingPlan },
+    /// Bytes of step `step` of run `run` of the halving-doubling allreduce into `target`,
+    /// pushed by the sender's rank to its partner.
+    HalvingBlock {
+        target: ObjectId,
+        run: u64,
+        step: u32,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    /// The coordinator's word on run `run`: `commit` (its own rank has the result: every
+    /// rank with the result stores and announces `target`), or not (the run is abandoned and
+    /// `target` comes from a tree instead; ranks drop what they computed).
+    HalvingEnd {
+        target: ObjectId,
+        run: u64,
+        commit: bool,
+    },
+    /// A rank to the coordinator: its part of run `run` failed (a partner died, a block never
+    /// came or was malformed, its input was gone).
+    HalvingFailed { target: ObjectId, run: u64 },
+}
+
+/// A halving-doubling allreduce as its coordinator planned it: rank `k` is the node
+/// `ranks[k].0` holding input `ranks[k].1`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HalvingPlan {
+    pub target: ObjectId,
+    /// Tells this run's messages from another's (a run abandoned and begun again).
+    pub run: u64,
+    pub coordinator: NodeId,
+    pub ranks: Vec<(NodeId, ObjectId)>,
+    pub size: u64,
+    pub op: ReduceOp,
+    pub dtype: DType,
 }
 
 /// Where a participant of a partitioned allreduce fetches one partition from: along the

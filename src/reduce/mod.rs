@@ -13,11 +13,16 @@
 mod claims;
 mod coordinator;
 mod gather;
+mod halving;
+mod halving_run;
+mod mailbox;
 mod run;
 mod task;
 mod tree;
 
 pub use claims::SourceClaims;
+pub(crate) use halving_run::MAX_RANKS as MAX_HALVING_RANKS;
+pub(crate) use mailbox::Outcome as HalvingOutcome;
 pub use tree::{choose_degree, Tree};
 
 use crate::config::NodeConfig;
@@ -188,6 +193,8 @@ pub(crate) struct Reducer {
     tasks: task::Tasks,
     /// Where this node fetches the partitions of partitioned allreduces from.
     gather: gather::GatherHints,
+    /// Blocks and words of halving-doubling allreduces (`halving_run`).
+    halving: Arc<mailbox::Mailbox>,
 }
 
 impl Reducer {
@@ -209,6 +216,7 @@ impl Reducer {
             workers: d.workers,
             tasks: task::Tasks::default(),
             gather: gather::GatherHints::default(),
+            halving: Arc::new(mailbox::Mailbox::default()),
         }
     }
 
@@ -218,6 +226,19 @@ impl Reducer {
             ReduceMsg::Task { rid, task } => self.start_task(from, rid, task),
             ReduceMsg::Cancel { out } => self.cancel_task(&out),
             ReduceMsg::Gather { part, from } => self.gather.record(&part, from),
+            ReduceMsg::HalvingTask { plan } => self.start_halving(from, plan),
+            ReduceMsg::HalvingBlock {
+                target,
+                run,
+                step,
+                data,
+            } => self.halving_block(from, target, run, step, data),
+            ReduceMsg::HalvingEnd {
+                target,
+                run,
+                commit,
+            } => self.halving_end(from, target, run, commit),
+            ReduceMsg::HalvingFailed { target, run } => self.halving.put_failed(target, run, from),
         }
     }
 

@@ -163,6 +163,12 @@ impl Transfers {
     }
 
     /// Observed pull throughput in bytes/s (or the configured override).
+    /// The node's fault-injection hook (also applied to the blocks of halving-doubling
+    /// allreduces this node sends).
+    pub(crate) fn fault_hook(&self) -> &Arc<FaultHook> {
+        &self.fault
+    }
+
     pub fn bandwidth_estimate(&self) -> f64 {
         if let Some(b) = self.cfg.bandwidth_override {
             return b;

@@ -1,0 +1,407 @@
+//! Recursive halving and doubling (Rabenseifner's allreduce) over the ranks of one run: the
+//! schedule and one rank's part of it, independent of how blocks travel ([`Exchange`]).
+//!
+//! With `m` ranks and `p` the largest power of two not above `m`, the object is cut into `p`
+//! blocks of whole elements. The `m - p` extra ranks first hand their input to a partner
+//! among the first `m - p` ranks (step 0). The `p` main ranks then reduce-scatter by
+//! recursive halving (`log p` steps: each keeps half of its range, sends its partner the
+//! other half and adds the partner's half of its own range), so that rank `r` ends with block
+//! `r` fully reduced; and allgather by recursive doubling (`log p` steps, ranges doubling).
+//! Last, each extra rank receives the result from its partner. Every main rank sends and
+//! receives `(p - 1) / p` of the object in each phase: `2 (p - 1) / p · S` in all, a ring's
+//! bytes in `2 log p` messages instead of `2 (p - 1)`.
+//!
+//! Each block is reduced once, at its owner, and copied from there: every rank ends with the
+//! same bytes, also for floating-point types.
+
+use crate::ops::{combine, DType, ReduceOp};
+use crate::{Error, Result};
+use std::ops::Range;
+
+/// How a rank's blocks reach the other ranks: `send` hands `data` (the bytes of `step`) to
+/// rank `to`; `recv` returns the bytes rank `from` sent for `step`, waiting for them (the
+/// blocking form of [`RankState`], for tests).
+#[cfg(test)]
+pub(crate) trait Exchange {
+    fn send(&self, to: usize, step: u32, data: Vec<u8>) -> Result<()>;
+    fn recv(&self, from: usize, step: u32) -> Result<Vec<u8>>;
+}
+
+/// The largest power of two not above `m` (`m` >= 1).
+fn main_ranks(m: usize) -> usize {
+    1 << (usize::BITS - 1 - m.leading_zeros())
+}
+
+/// Bytes of blocks `[lo, hi)` when `elems` elements of `esz` bytes are cut into `p` blocks.
+fn bytes_of(blocks: Range<usize>, p: usize, elems: u64, esz: u64) -> Range<usize> {
+    let at = |b: usize| ((b as u64 * elems / p as u64) * esz) as usize;
+    at(blocks.start)..at(blocks.end)
+}
+
+/// One message of a rank's schedule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Step {
+    pub id: u32,
+    pub partner: usize,
+    /// The bytes of this rank's vector it sends (`None`: it sends nothing at this step).
+    pub send: Option<Range<usize>>,
+    /// Where the partner's bytes go (`None`: it receives nothing), and whether they are
+    /// combined into what is there (else copied over it).
+    pub recv: Option<(Range<usize>, bool)>,
+}
+
+/// Rank `rank`'s steps, in order, for `m` ranks and an object of `size` bytes of `dtype`.
+pub(crate) fn schedule(rank: usize, m: usize, size: u64, dtype: DType) -> Vec<Step> {
+    assert!(rank < m, "rank {rank} of {m}");
+    let p = main_ranks(m);
+    let esz = dtype.size() as u64;
+    let elems = size / esz;
+    let whole = 0..size as usize;
+    let extras = m - p;
+    let log = p.trailing_zeros();
+    let mut steps = Vec::new();
+    if rank >= p {
+        // An extra rank: its input to its partner, the result back.
+        let partner = rank - p;
+        steps.push(Step {
+            id: 0,
+            partner,
+            send: Some(whole.clone()),
+            recv: None,
+        });
+        steps.push(Step {
+            id: 2 * log + 1,
+            partner,
+            send: None,
+            recv: Some((whole, false)),
+        });
+        return steps;
+    }
+    if rank < extras {
+        steps.push(Step {
+            id: 0,
+            partner: rank + p,
+            send: None,
+            recv: Some((whole.clone(), true)),
+        });
+    }
+    // Reduce-scatter: halving.
+    let (mut lo, mut hi) = (0, p);
+    for (k, mask) in (0..log).map(|k| (k, p >> (k + 1))) {
+        let mid = (lo + hi) / 2;
+        let (keep, give) = if rank & mask == 0 {
+            (lo..mid, mid..hi)
+        } else {
+            (mid..hi, lo..mid)
+        };
+        steps.push(Step {
+            id: 1 + k,
+            partner: rank ^ mask,
+            send: Some(bytes_of(give, p, elems, esz)),
+            recv: Some((bytes_of(keep.clone(), p, elems, esz), true)),
+        });
+        (lo, hi) = (keep.start, keep.end);
+    }
+    // Allgather: doubling.
+    for k in 0..log {
+        let mask = 1 << k;
+        let len = hi - lo;
+        let theirs = if rank & mask == 0 {
+            hi..hi + len
+        } else {
+            lo - len..lo
+        };
+        steps.push(Step {
+            id: 1 + log + k,
+            partner: rank ^ mask,
+            send: Some(bytes_of(lo..hi, p, elems, esz)),
+            recv: Some((bytes_of(theirs.clone(), p, elems, esz), false)),
+        });
+        (lo, hi) = (lo.min(theirs.start), hi.max(theirs.end));
+    }
+    if rank < extras {
+        steps.push(Step {
+            id: 2 * log + 1,
+            partner: rank + p,
+            send: Some(whole),
+            recv: None,
+        });
+    }
+    steps
+}
+
+/// One rank's part of a run as a state machine: [`RankState::advance`] does every step it
+/// can with the blocks at hand and stops at the first block still missing, so whichever
+/// thread a block lands on can carry the rank on (no thread waits for it).
+pub(crate) struct RankState {
+    steps: Vec<Step>,
+    /// The next step to do, and whether its send is done.
+    next: usize,
+    sent: bool,
+    v: Vec<u8>,
+    op: ReduceOp,
+    dtype: DType,
+}
+
+impl RankState {
+    /// Rank `rank` of `m` over `input` (this rank's bytes).
+    pub fn new(rank: usize, m: usize, input: Vec<u8>, op: ReduceOp, dtype: DType) -> Result<Self> {
+        let size = input.len() as u64;
+        if !size.is_multiple_of(dtype.size() as u64) {
+            return Err(Error::InvalidArgument(format!(
+                "{size} bytes are not whole {dtype:?} elements"
+            )));
+        }
+        Ok(RankState {
+            steps: schedule(rank, m, size, dtype),
+            next: 0,
+            sent: false,
+            v: input,
+            op,
+            dtype,
+        })
+    }
+
+    /// The (partner rank, step) whose block the rank waits for; `None` once done.
+    pub fn waits_for(&self) -> Option<(usize, u32)> {
+        self.steps.get(self.next).map(|s| (s.partner, s.id))
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.next == self.steps.len()
+    }
+
+    /// The result, once done.
+    pub fn into_result(self) -> Option<Vec<u8>> {
+        self.is_done().then_some(self.v)
+    }
+
+    /// Does every step it can: sends with `send`, takes blocks with `take` (`None`: not
+    /// there yet, the rank stops and waits). A block of the wrong length is an error.
+    pub fn advance(
+        &mut self,
+        send: &mut dyn FnMut(usize, u32, Vec<u8>) -> Result<()>,
+        take: &mut dyn FnMut(usize, u32) -> Result<Option<Vec<u8>>>,
+    ) -> Result<()> {
+        while let Some(step) = self.steps.get(self.next) {
+            if !self.sent {
+                if let Some(r) = &step.send {
+                    send(step.partner, step.id, self.v[r.clone()].to_vec())?;
+                }
+                self.sent = true;
+            }
+            if let Some((r, add)) = &step.recv {
+                let Some(got) = take(step.partner, step.id)? else {
+                    return Ok(());
+                };
+                if got.len() != r.len() {
+                    return Err(Error::InvalidArgument(format!(
+                        "allreduce step {} from rank {}: {} bytes, expected {}",
+                        step.id,
+                        step.partner,
+                        got.len(),
+                        r.len()
+                    )));
+                }
+                if *add {
+                    combine(self.op, self.dtype, &mut self.v[r.clone()], &got);
+                } else {
+                    self.v[r.clone()].copy_from_slice(&got);
+                }
+            }
+            self.next += 1;
+            self.sent = false;
+        }
+        Ok(())
+    }
+}
+
+/// Runs rank `rank`'s part of an allreduce of `m` ranks over `input` (this rank's bytes) to
+/// its end on the calling thread, waiting for each block, and returns the result.
+#[cfg(test)]
+pub(crate) fn run_rank(
+    rank: usize,
+    m: usize,
+    input: Vec<u8>,
+    op: ReduceOp,
+    dtype: DType,
+    ex: &dyn Exchange,
+) -> Result<Vec<u8>> {
+    let mut st = RankState::new(rank, m, input, op, dtype)?;
+    st.advance(
+        &mut |to, step, data| ex.send(to, step, data),
+        &mut |from, step| ex.recv(from, step).map(Some),
+    )?;
+    Ok(st.into_result().expect("every block was waited for"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crossbeam_channel::{unbounded, Receiver, Sender};
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    /// Ranks of one process: a channel per rank, blocks kept until asked for.
+    struct Local {
+        me: usize,
+        to: Vec<Sender<(usize, u32, Vec<u8>)>>,
+        from: Receiver<(usize, u32, Vec<u8>)>,
+        early: Mutex<HashMap<(usize, u32), Vec<u8>>>,
+    }
+
+    impl Exchange for Local {
+        fn send(&self, to: usize, step: u32, data: Vec<u8>) -> Result<()> {
+            self.to[to].send((self.me, step, data)).unwrap();
+            Ok(())
+        }
+        fn recv(&self, from: usize, step: u32) -> Result<Vec<u8>> {
+            if let Some(d) = self.early.lock().unwrap().remove(&(from, step)) {
+                return Ok(d);
+            }
+            loop {
+                let (f, s, d) = self
+                    .from
+                    .recv_timeout(std::time::Duration::from_secs(10))
+                    .map_err(|_| {
+                        Error::Timeout(std::time::Duration::from_secs(10), "test exchange".into())
+                    })?;
+                if (f, s) == (from, step) {
+                    return Ok(d);
+                }
+                self.early.lock().unwrap().insert((f, s), d);
+            }
+        }
+    }
+
+    fn all_ranks(inputs: Vec<Vec<u8>>, op: ReduceOp, dtype: DType) -> Vec<Vec<u8>> {
+        let m = inputs.len();
+        let (txs, rxs): (Vec<_>, Vec<_>) = (0..m).map(|_| unbounded()).unzip();
+        std::thread::scope(|s| {
+            let hs: Vec<_> = inputs
+                .into_iter()
+                .zip(rxs)
+                .enumerate()
+                .map(|(r, (input, rx))| {
+                    let ex = Local {
+                        me: r,
+                        to: txs.clone(),
+                        from: rx,
+                        early: Mutex::new(HashMap::new()),
+                    };
+                    s.spawn(move || run_rank(r, m, input, op, dtype, &ex).unwrap())
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    fn input(rank: usize, elems: usize, dtype: DType) -> Vec<u8> {
+        (0..elems)
+            .flat_map(|i| {
+                let x = ((rank * 7919 + i * 104729) % 1000) as i64 - 500;
+                match dtype {
+                    DType::F32 => (x as f32 / 8.0).to_le_bytes().to_vec(),
+                    DType::F64 => (x as f64 / 8.0).to_le_bytes().to_vec(),
+                    DType::I32 => (x as i32).to_le_bytes().to_vec(),
+                    DType::I64 => x.to_le_bytes().to_vec(),
+                    DType::U8 => vec![x as u8],
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_rank_ends_with_the_reduce_of_every_input() {
+        let ops = [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max, ReduceOp::Prod];
+        let dtypes = [DType::F32, DType::F64, DType::I32, DType::I64, DType::U8];
+        for m in 1..=9 {
+            for (op, dtype) in ops
+                .iter()
+                .flat_map(|o| dtypes.iter().map(move |d| (*o, *d)))
+            {
+                // Uneven blocks: an element count no power of two divides.
+                let elems = 1000 + m;
+                let inputs: Vec<Vec<u8>> = (0..m).map(|r| input(r, elems, dtype)).collect();
+                let mut want = inputs[0].clone();
+                for x in &inputs[1..] {
+                    combine(op, dtype, &mut want, x);
+                }
+                let got = all_ranks(inputs, op, dtype);
+                let what = format!("{m} ranks, {op:?} {dtype:?}");
+                // Every rank has the same bytes, whatever the type.
+                assert!(got.iter().all(|g| g == &got[0]), "ranks differ: {what}");
+                // Integers, min and max exactly, float sums too (the inputs are multiples of
+                // 1/8); float products in another order round differently.
+                let float = matches!(dtype, DType::F32 | DType::F64);
+                if float && op == ReduceOp::Prod {
+                    let f = |b: &[u8]| -> Vec<f64> {
+                        match dtype {
+                            DType::F32 => b
+                                .chunks(4)
+                                .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
+                                .collect(),
+                            _ => b
+                                .chunks(8)
+                                .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+                                .collect(),
+                        }
+                    };
+                    for (a, b) in f(&got[0]).iter().zip(f(&want)) {
+                        assert!(
+                            (a - b).abs() <= 1e-5 * b.abs().max(1e-30),
+                            "{what}: {a} {b}"
+                        );
+                    }
+                } else {
+                    assert!(got[0] == want, "result differs from the reference: {what}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn main_ranks_send_a_rings_bytes_in_twice_log_p_messages() {
+        let size = 64 << 10;
+        for (m, p) in [(8usize, 8usize), (6, 4), (5, 4), (2, 2)] {
+            for r in 0..m {
+                let steps = schedule(r, m, size, DType::F32);
+                let sent: usize = steps
+                    .iter()
+                    .filter_map(|s| s.send.clone())
+                    .map(|x| x.len())
+                    .sum();
+                let log = p.trailing_zeros() as usize;
+                let extra_pair = r < m - p;
+                if r >= p {
+                    assert_eq!(steps.len(), 2);
+                    assert_eq!(sent, size as usize);
+                } else {
+                    assert_eq!(steps.len(), 2 * log + 2 * extra_pair as usize);
+                    let ring = 2 * (p - 1) * size as usize / p;
+                    let own = if extra_pair { size as usize } else { 0 };
+                    assert_eq!(sent, ring + own, "rank {r} of {m}");
+                }
+                // Partners are ranks of the run, never the rank itself.
+                assert!(steps.iter().all(|s| s.partner < m && s.partner != r));
+            }
+        }
+    }
+
+    #[test]
+    fn a_short_block_is_an_error_not_a_panic() {
+        struct Short;
+        impl Exchange for Short {
+            fn send(&self, _: usize, _: u32, _: Vec<u8>) -> Result<()> {
+                Ok(())
+            }
+            fn recv(&self, _: usize, _: u32) -> Result<Vec<u8>> {
+                Ok(vec![0; 3])
+            }
+        }
+        let r = run_rank(0, 2, vec![0; 64], ReduceOp::Sum, DType::F32, &Short);
+        assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
+        let odd = run_rank(0, 2, vec![0; 6], ReduceOp::Sum, DType::F32, &Short);
+        assert!(matches!(odd, Err(Error::InvalidArgument(_))), "{odd:?}");
+    }
+}

@@ -1,0 +1,448 @@
+//! Running halving-doubling allreduces (`halving`) on nodes: the coordinator's part, the
+//! other ranks' tasks, blocks pushed between partners as messages, and the commit.
+//!
+//! A run has `m` ranks, one per node holding one of the inputs, the coordinator among them.
+//! The coordinator sends every other rank the plan and runs its own rank; every rank pushes
+//! its blocks to its partners and waits for theirs (`Mailbox`). Nothing is announced until
+//! the coordinator's own rank has the whole result: it then stores and announces the target
+//! and tells every rank to do the same (`HalvingEnd { commit: true }`). All ranks end with
+//! the same bytes, so any of them may serve readers. A rank whose partner dies, whose block
+//! does not come, or whose input is gone reports failure; the coordinator then abandons the
+//! run (`commit: false`) before anything was announced, and the caller reduces the inputs
+//! still there with a tree instead.
+
+use super::halving::RankState;
+use super::mailbox::{End, Gave, Outcome, Parked, RunKey, RunView};
+use super::Reducer;
+use crate::hop::hop;
+use crate::protocol::{HalvingPlan, Msg, ReduceMsg};
+use crate::store::{CopyRef, CopyStatus};
+use crate::{Error, ObjectId, Result};
+use phalanx_transport::NodeId;
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::{debug, warn};
+
+/// Most ranks one run takes.
+pub const MAX_RANKS: usize = 1024;
+
+/// How long a run may go without news (a block, a word) before its ranks give up (at most
+/// the node's op timeout).
+const STEP_WAIT: Duration = Duration::from_secs(10);
+
+/// Checks a plan a rank was sent: well formed, this node a rank once, `from` its coordinator.
+fn check_plan(plan: &HalvingPlan, me: NodeId, from: NodeId, max_size: u64) -> Result<usize> {
+    let bad = |why: &str| {
+        Err(Error::InvalidArgument(format!(
+            "halving plan refused: {why}"
+        )))
+    };
+    let m = plan.ranks.len();
+    if !(2..=MAX_RANKS).contains(&m) {
+        return bad("rank count");
+    }
+    if plan.coordinator != from {
+        return bad("not sent by its coordinator");
+    }
+    if plan.size > max_size || !plan.size.is_multiple_of(plan.dtype.size() as u64) {
+        return bad("size");
+    }
+    let mut nodes: Vec<NodeId> = plan.ranks.iter().map(|r| r.0).collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    if nodes.len() != m || !nodes.contains(&plan.coordinator) {
+        return bad("nodes");
+    }
+    match plan.ranks.iter().position(|r| r.0 == me) {
+        Some(rank) => Ok(rank),
+        None => bad("this node is no rank of it"),
+    }
+}
+
+impl Reducer {
+    fn step_wait(&self) -> Duration {
+        STEP_WAIT.min(self.cfg.op_timeout)
+    }
+
+    /// A plan from `from`: starts this node's rank where the plan landed if its input is
+    /// complete here, else on a worker once it is.
+    pub(super) fn start_halving(self: &Arc<Self>, from: NodeId, plan: HalvingPlan) {
+        let rank = match check_plan(&plan, self.id, from, self.cfg.allreduce_halving_max) {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(node = self.id, from, "{e}");
+                let msg = ReduceMsg::HalvingFailed {
+                    target: plan.target,
+                    run: plan.run,
+                };
+                self.rpc.send_from_transport_thread(from, Msg::Reduce(msg));
+                return;
+            }
+        };
+        let plan = Arc::new(plan);
+        self.halving.register(&key_of(&plan), plan.coordinator);
+        let ready = self
+            .store
+            .lookup(&plan.ranks[rank].1)
+            .is_some_and(|c| c.status() == CopyStatus::Complete);
+        if ready {
+            return self.begin_rank(plan, rank, Duration::ZERO);
+        }
+        let me = self.clone();
+        let wait = self.step_wait();
+        if let Err(e) = self.workers.spawn(move || me.begin_rank(plan, rank, wait)) {
+            warn!(node = self.id, "halving rank not started: {e}");
+        }
+    }
+
+    /// Starts rank `rank` of `plan` on this thread: its input (waiting up to `wait` for it to
+    /// complete), then every step it can.
+    fn begin_rank(&self, plan: Arc<HalvingPlan>, rank: usize, wait: Duration) {
+        hop!(self.id, "halving rank running", rank = rank as u64);
+        let state = self
+            .halving_input(&plan, rank, wait)
+            .and_then(|input| RankState::new(rank, plan.ranks.len(), input, plan.op, plan.dtype));
+        match state {
+            Ok(state) => self.drive(Parked {
+                plan,
+                state: Box::new(state),
+                sent: 0,
+            }),
+            Err(e) => self.rank_failed(&plan, e),
+        }
+    }
+
+    /// A block landed here (on a transport thread): carries this node's rank on if it waited
+    /// for it.
+    pub(super) fn halving_block(
+        &self,
+        from: NodeId,
+        target: ObjectId,
+        run: u64,
+        step: u32,
+        data: Vec<u8>,
+    ) {
+        if let Some(p) = self.halving.put_block(target, run, from, step, data) {
+            self.drive(p);
+        }
+    }
+
+    /// Does every step the rank can, sending without blocking; parks it at the first block
+    /// that is not here yet. Runs on whichever thread has the rank: the one its last block
+    /// landed on, mostly.
+    fn drive(&self, mut p: Parked) {
+        let key = key_of(&p.plan);
+        let fault = self.transfers.fault_hook();
+        loop {
+            let plan = p.plan.clone();
+            let (mut sent, mut tripped) = (p.sent, false);
+            let r = p.state.advance(
+                &mut |to, step, data| {
+                    // The fault hook: the node dies once it has sent the planned bytes of the
+                    // run (on a worker: a transport thread does not close its own links).
+                    if let Some(budget) = fault.budget(&plan.target, sent) {
+                        if data.len() as u64 > budget {
+                            tripped = true;
+                            return Err(Error::InvalidArgument("injected fault".into()));
+                        }
+                    }
+                    sent += data.len() as u64;
+                    let msg = ReduceMsg::HalvingBlock {
+                        target: plan.target.clone(),
+                        run: plan.run,
+                        step,
+                        data,
+                    };
+                    self.rpc
+                        .send_without_blocking(plan.ranks[to].0, Msg::Reduce(msg));
+                    Ok(())
+                },
+                &mut |from, step| Ok(self.halving.try_take(&key, plan.ranks[from].0, step)),
+            );
+            p.sent = sent;
+            if tripped {
+                let fault = fault.clone();
+                if self
+                    .workers
+                    .spawn(move || {
+                        let _ = fault.fire();
+                    })
+                    .is_err()
+                {
+                    warn!(node = self.id, "injected fault not fired");
+                }
+                return;
+            }
+            if let Err(e) = r {
+                return self.rank_failed(&plan, e);
+            }
+            if p.state.is_done() {
+                let v = p.state.into_result().expect("done");
+                hop!(self.id, "halving rank has the result");
+                return match self.halving.rank_finished(&key, Ok(v)) {
+                    End::Commit(v) => self.commit_on_a_worker(key.0, key.1, v),
+                    End::Over => self.halving.finish(&key, Outcome::Abandoned),
+                    End::Wait => {}
+                };
+            }
+            match self.halving.park(&key, p) {
+                Some(again) => p = again,
+                None => return,
+            }
+        }
+    }
+
+    /// This node's rank failed: the coordinator is told (it abandons the run), unless it is
+    /// the coordinator, whose thread hears of it.
+    fn rank_failed(&self, plan: &HalvingPlan, e: Error) {
+        debug!(node = self.id, "halving rank of {}: {e}", plan.target);
+        let key = key_of(plan);
+        self.halving.rank_finished(&key, Err(e.to_string()));
+        if plan.coordinator != self.id {
+            let msg = ReduceMsg::HalvingFailed {
+                target: plan.target.clone(),
+                run: plan.run,
+            };
+            self.rpc
+                .send_without_blocking(plan.coordinator, Msg::Reduce(msg));
+            self.halving.finish(&key, Outcome::Abandoned);
+        }
+    }
+
+    /// The coordinator's last word landed here.
+    pub(super) fn halving_end(&self, from: NodeId, target: ObjectId, run: u64, commit: bool) {
+        match self.halving.put_end(target.clone(), run, from, commit) {
+            End::Commit(v) => self.commit_on_a_worker(target, run, v),
+            End::Over => self.halving.finish(&(target, run), Outcome::Abandoned),
+            End::Wait => {}
+        }
+    }
+
+    /// Stores and announces a committed result on a worker (an allocation may wait for room;
+    /// a transport thread must not).
+    fn commit_on_a_worker(&self, target: ObjectId, run: u64, v: Vec<u8>) {
+        let (store, dir, halving, me) = (
+            self.store.clone(),
+            self.dir.clone(),
+            self.halving.clone(),
+            self.id,
+        );
+        let key = (target.clone(), run);
+        let job = move || {
+            let outcome = match store_result(&store, &dir, &target, &v) {
+                Ok(_) => Outcome::Committed,
+                Err(e) => {
+                    warn!(node = me, "allreduce result {target} not stored: {e}");
+                    Outcome::Abandoned
+                }
+            };
+            hop!(me, "halving rank done");
+            halving.finish(&(target, run), outcome);
+        };
+        if let Err(e) = self.workers.spawn(job) {
+            warn!(node = self.id, "allreduce result not stored: {e}");
+            self.halving.finish(&key, Outcome::Abandoned);
+        }
+    }
+
+    /// This rank's input: the local copy, once complete (waiting up to `wait`).
+    fn halving_input(&self, plan: &HalvingPlan, rank: usize, wait: Duration) -> Result<Vec<u8>> {
+        let id = &plan.ranks[rank].1;
+        let copy = self.store.wait_lookup(id, wait)?;
+        copy.wait_complete(wait, None)?;
+        if copy.size() != plan.size {
+            return Err(Error::InvalidArgument(format!(
+                "allreduce input {id} has {} bytes, the plan {}",
+                copy.size(),
+                plan.size
+            )));
+        }
+        Ok(copy.filled(0, copy.size()).to_vec())
+    }
+
+    /// Runs whose coordinator died, or that heard nothing for too long, end here (the
+    /// dispatcher's tick): their ranks stop, readers read elsewhere, the coordinator (if
+    /// alive) is told.
+    pub(crate) fn halving_tick(&self) {
+        if !self.halving.has_runs() {
+            return;
+        }
+        let members = &self.members;
+        for ((target, run), coordinator) in self
+            .halving
+            .sweep(self.step_wait(), &|n| members.is_down(n))
+        {
+            if coordinator != self.id && !members.is_down(coordinator) {
+                let msg = ReduceMsg::HalvingFailed { target, run };
+                let _ = self.rpc.send(coordinator, Msg::Reduce(msg));
+            }
+        }
+    }
+
+    /// Coordinates run `plan` (this node is one of its ranks): sends the other ranks their
+    /// task, runs its own, and commits. The result's copy here, or `None` if the run was
+    /// abandoned before anything was announced (the caller then uses a tree).
+    /// `announce` runs once the outcome is known here, before the ranks hear it (it tells the
+    /// readers the plan: they then find their rank's outcome as soon as it is there).
+    pub(crate) fn coordinate_halving(
+        &self,
+        plan: &HalvingPlan,
+        announce: &dyn Fn() -> Result<()>,
+    ) -> Result<Option<CopyRef>> {
+        let key = key_of(plan);
+        let rank = plan
+            .ranks
+            .iter()
+            .position(|r| r.0 == self.id)
+            .ok_or_else(|| Error::InvalidArgument("the coordinator is no rank".into()))?;
+        let others: Vec<NodeId> = plan
+            .ranks
+            .iter()
+            .map(|r| r.0)
+            .filter(|&n| n != self.id)
+            .collect();
+        self.halving.register(&key, self.id);
+        let plan = Arc::new(plan.clone());
+        let mut sent = true;
+        for &n in &others {
+            let task = ReduceMsg::HalvingTask {
+                plan: (*plan).clone(),
+            };
+            if let Err(e) = self.rpc.send(n, Msg::Reduce(task)) {
+                debug!(node = self.id, "halving task to {n}: {e}");
+                sent = false;
+                break;
+            }
+        }
+        let result = if sent {
+            self.begin_rank(plan.clone(), rank, self.step_wait());
+            let members = &self.members;
+            let ranks: Vec<NodeId> = others.clone();
+            let watch = |v: &RunView| {
+                if !v.failed.is_empty() {
+                    return Some(Gave::Abandoned);
+                }
+                ranks
+                    .iter()
+                    .any(|&n| members.is_down(n))
+                    .then_some(Gave::PeerDown)
+            };
+            match self.halving.wait_result(&key, self.step_wait(), &watch) {
+                Ok(Ok(v)) => Ok(v),
+                Ok(Err(e)) => Err(Error::InvalidArgument(e)),
+                Err(g) => Err(Error::InvalidArgument(format!("{g:?}"))),
+            }
+        } else {
+            Err(Error::InvalidArgument(
+                "a rank of the allreduce could not be told its task".into(),
+            ))
+        };
+        let stored = result.and_then(|v| store_result(&self.store, &self.dir, &plan.target, &v));
+        let commit = stored.is_ok();
+        let announced = announce();
+        for &n in &others {
+            let end = ReduceMsg::HalvingEnd {
+                target: plan.target.clone(),
+                run: plan.run,
+                commit,
+            };
+            // Never blocks (queued to the dispatcher when the link is busy); a rank that
+            // does not hear it gives up on its own (the tick's sweep).
+            self.rpc.send_without_blocking(n, Msg::Reduce(end));
+        }
+        announced?;
+        match stored {
+            Ok(copy) => {
+                self.halving.finish(&key, Outcome::Committed);
+                Ok(Some(copy))
+            }
+            Err(e) => {
+                warn!(
+                    node = self.id,
+                    "allreduce into {} abandoned: {e}", plan.target
+                );
+                self.halving.finish(&key, Outcome::Abandoned);
+                Ok(None)
+            }
+        }
+    }
+
+    /// How run `run` into `target`, coordinated by `coordinator`, ended on this node, waiting
+    /// up to `wait` for it.
+    pub(crate) fn halving_outcome(
+        &self,
+        target: &ObjectId,
+        run: u64,
+        coordinator: NodeId,
+        wait: Duration,
+    ) -> Option<Outcome> {
+        self.halving
+            .wait_outcome(&(target.clone(), run), coordinator, wait)
+    }
+}
+
+fn key_of(plan: &HalvingPlan) -> RunKey {
+    (plan.target.clone(), plan.run)
+}
+
+/// Stores a result under the target's name (pinned, as a reduce's output) and announces it
+/// complete.
+fn store_result(
+    store: &Arc<crate::store::Store>,
+    dir: &crate::directory::DirClient,
+    target: &ObjectId,
+    bytes: &[u8],
+) -> Result<CopyRef> {
+    let size = bytes.len() as u64;
+    let copy = match store.create_output(target, size) {
+        Ok((copy, evicted)) => {
+            dir.withdraw(&evicted);
+            copy.append(bytes)?;
+            copy
+        }
+        // A complete copy is here already (the same bytes: every rank has them).
+        Err(Error::AlreadyExists(_)) => match store.lookup(target) {
+            Some(c) if c.status() == CopyStatus::Complete => return Ok(c),
+            _ => return Err(Error::AlreadyExists(target.clone())),
+        },
+        Err(e) => return Err(e),
+    };
+    dir.publish(target, size, true)?;
+    Ok(copy)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::{DType, ReduceOp};
+
+    fn plan(ranks: &[NodeId], coordinator: NodeId, size: u64) -> HalvingPlan {
+        HalvingPlan {
+            target: "t".into(),
+            run: 1,
+            coordinator,
+            ranks: ranks
+                .iter()
+                .map(|&n| (n, ObjectId::new(format!("in{n}"))))
+                .collect(),
+            size,
+            op: ReduceOp::Sum,
+            dtype: DType::F32,
+        }
+    }
+
+    #[test]
+    fn forged_or_malformed_plans_are_refused() {
+        let max = 1 << 20;
+        assert_eq!(check_plan(&plan(&[0, 3, 5], 0, 64), 3, 0, max).unwrap(), 1);
+        // Not from its coordinator, this node no rank, a node twice, one rank, too large,
+        // not whole elements, a coordinator that is no rank.
+        assert!(check_plan(&plan(&[0, 3, 5], 0, 64), 3, 5, max).is_err());
+        assert!(check_plan(&plan(&[0, 3, 5], 0, 64), 4, 0, max).is_err());
+        assert!(check_plan(&plan(&[0, 3, 3], 0, 64), 3, 0, max).is_err());
+        assert!(check_plan(&plan(&[0], 0, 64), 0, 0, max).is_err());
+        assert!(check_plan(&plan(&[0, 3], 0, max + 4), 3, 0, max).is_err());
+        assert!(check_plan(&plan(&[0, 3], 0, 66), 3, 0, max).is_err());
+        assert!(check_plan(&plan(&[1, 3], 0, 64), 3, 0, max).is_err());
+    }
+}

@@ -1,0 +1,539 @@
+//! Where the messages of halving-doubling allreduces wait for the rank that takes them: the
+//! blocks partners pushed, the coordinator's last word, ranks' failure reports, the rank of
+//! this node while it waits for a block (parked, so that the thread the block lands on
+//! carries it on), its result, and how each run ended here (for the node's readers).
+//! Bounded: a peer that floods it with blocks of runs nobody takes pushes out the oldest
+//! runs (whose ranks then give up and the allreduce falls back to a tree), never the node's
+//! memory.
+
+use super::halving::RankState;
+use crate::protocol::HalvingPlan;
+use crate::ObjectId;
+use phalanx_transport::NodeId;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Bytes of blocks held for all runs together.
+const MAX_BYTES: usize = 64 << 20;
+/// Runs with something waiting here.
+const MAX_RUNS: usize = 1024;
+/// Ends remembered for readers.
+const MAX_OUTCOMES: usize = 4096;
+/// How often a wait looks again at whether the peers it depends on are alive.
+const RECHECK: Duration = Duration::from_millis(20);
+
+/// How a run ended on this node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// The result is stored here under the target's name.
+    Committed,
+    /// Abandoned, or this node's rank failed: the target comes from elsewhere.
+    Abandoned,
+}
+
+/// Why a wait ended without what it waited for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Gave {
+    /// The run was abandoned (the coordinator said so, or a rank reported failure).
+    Abandoned,
+    /// A peer it depends on is down.
+    PeerDown,
+    /// Nothing came for the whole wait.
+    Timeout,
+}
+
+pub(crate) type RunKey = (ObjectId, u64);
+
+/// This node's rank of a run, between two blocks.
+pub(crate) struct Parked {
+    pub plan: Arc<HalvingPlan>,
+    pub state: Box<RankState>,
+    /// Bytes of blocks this rank has sent (for the fault-injection hook).
+    pub sent: u64,
+}
+
+impl Parked {
+    /// The node and step of the block it waits for.
+    fn waits_for(&self) -> Option<(NodeId, u32)> {
+        let (rank, step) = self.state.waits_for()?;
+        Some((self.plan.ranks.get(rank)?.0, step))
+    }
+}
+
+/// What the coordinator's word asks of this node's rank.
+pub(crate) enum End {
+    /// Store and announce this result.
+    Commit(Vec<u8>),
+    /// Nothing yet (the rank is still running, or this is no rank of ours).
+    Wait,
+    /// Done here: the run was abandoned, or this rank had failed.
+    Over,
+}
+
+struct RunBox {
+    blocks: HashMap<(NodeId, u32), Vec<u8>>,
+    bytes: usize,
+    /// The coordinator's word (`commit`), with the node that said it.
+    end: Option<(NodeId, bool)>,
+    /// Ranks that reported failure.
+    failed: Vec<NodeId>,
+    /// The coordinator, once this node's rank is registered.
+    coordinator: Option<NodeId>,
+    /// This node's rank while it waits for a block.
+    parked: Option<Parked>,
+    /// This node's rank's result (or why it failed), once it has one.
+    result: Option<Result<Vec<u8>, String>>,
+    /// When something last happened to the run here.
+    touched: Instant,
+}
+
+impl Default for RunBox {
+    fn default() -> Self {
+        RunBox {
+            blocks: HashMap::new(),
+            bytes: 0,
+            end: None,
+            failed: Vec::new(),
+            coordinator: None,
+            parked: None,
+            result: None,
+            touched: Instant::now(),
+        }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    runs: HashMap<RunKey, RunBox>,
+    /// Runs in the order they appeared (the oldest is pushed out first).
+    order: VecDeque<RunKey>,
+    bytes: usize,
+    outcomes: HashMap<RunKey, Outcome>,
+    outcome_order: VecDeque<RunKey>,
+}
+
+impl State {
+    fn run(&mut self, key: &RunKey) -> &mut RunBox {
+        if !self.runs.contains_key(key) {
+            self.runs.insert(key.clone(), RunBox::default());
+            self.order.push_back(key.clone());
+        }
+        let b = self.runs.get_mut(key).expect("just made");
+        b.touched = Instant::now();
+        b
+    }
+
+    fn drop_run(&mut self, key: &RunKey) {
+        if let Some(b) = self.runs.remove(key) {
+            self.bytes -= b.bytes;
+            self.order.retain(|k| k != key);
+        }
+    }
+
+    /// Pushes out the oldest runs until the bounds hold.
+    fn bound(&mut self) {
+        while self.bytes > MAX_BYTES || self.runs.len() > MAX_RUNS {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(b) = self.runs.remove(&old) {
+                self.bytes -= b.bytes;
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Mailbox {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+impl Mailbox {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap()
+    }
+
+    /// A block pushed by `from` for step `step` of run `run` into `target`. A second block
+    /// for the same step from the same node replaces the first. Returns this node's rank if
+    /// it was parked waiting for this very block: the caller carries it on.
+    pub fn put_block(
+        &self,
+        target: ObjectId,
+        run: u64,
+        from: NodeId,
+        step: u32,
+        data: Vec<u8>,
+    ) -> Option<Parked> {
+        let mut st = self.lock();
+        if data.len() > MAX_BYTES {
+            return None;
+        }
+        let key = (target, run);
+        let len = data.len();
+        let b = st.run(&key);
+        let old = b.blocks.insert((from, step), data).map_or(0, |d| d.len());
+        b.bytes = b.bytes + len - old;
+        let wakes = b
+            .parked
+            .as_ref()
+            .is_some_and(|p| p.waits_for() == Some((from, step)));
+        let parked = if wakes { b.parked.take() } else { None };
+        st.bytes = st.bytes + len - old;
+        st.bound();
+        self.changed.notify_all();
+        parked
+    }
+
+    /// The block `from` sent for `step`, if it is here (taken).
+    pub fn try_take(&self, key: &RunKey, from: NodeId, step: u32) -> Option<Vec<u8>> {
+        let mut st = self.lock();
+        let b = st.runs.get_mut(key)?;
+        let d = b.blocks.remove(&(from, step))?;
+        b.bytes -= d.len();
+        st.bytes -= d.len();
+        Some(d)
+    }
+
+    /// Registers this node's rank of a run coordinated by `coordinator`.
+    pub fn register(&self, key: &RunKey, coordinator: NodeId) {
+        let mut st = self.lock();
+        st.run(key).coordinator = Some(coordinator);
+        st.bound();
+    }
+
+    /// Parks the rank until the block it waits for comes; hands it back at once if that
+    /// block is here already (or the run is gone: it was pushed out or ended).
+    pub fn park(&self, key: &RunKey, p: Parked) -> Option<Parked> {
+        let mut st = self.lock();
+        let Some(b) = st.runs.get_mut(key) else {
+            return None; // ended, or pushed out: the rank stops here
+        };
+        if p.waits_for().is_some_and(|w| b.blocks.contains_key(&w)) {
+            return Some(p);
+        }
+        b.parked = Some(p);
+        None
+    }
+
+    /// This node's rank is done (`Err`: it failed). For a rank that does not coordinate,
+    /// what the coordinator's word, if already here, asks of it.
+    pub fn rank_finished(&self, key: &RunKey, result: Result<Vec<u8>, String>) -> End {
+        let mut st = self.lock();
+        let b = st.run(key);
+        let word = b.end.filter(|e| Some(e.0) == b.coordinator).map(|e| e.1);
+        let end = match (&result, word) {
+            (Ok(v), Some(true)) => End::Commit(v.clone()),
+            (_, Some(_)) | (Err(_), None) => End::Over,
+            (Ok(_), None) => End::Wait,
+        };
+        b.result = Some(result);
+        self.changed.notify_all();
+        end
+    }
+
+    /// The coordinator's last word on a run (kept with the node that said it), and what it
+    /// asks of this node's rank.
+    pub fn put_end(&self, target: ObjectId, run: u64, from: NodeId, commit: bool) -> End {
+        let mut st = self.lock();
+        let key = (target, run);
+        let b = st.run(&key);
+        if b.coordinator.is_some_and(|c| c != from) {
+            return End::Wait; // not its coordinator's word: ignored
+        }
+        b.end = Some((from, commit));
+        let end = match (&b.result, b.coordinator) {
+            (Some(Ok(v)), Some(_)) if commit => End::Commit(v.clone()),
+            (Some(_), Some(_)) => End::Over,
+            (None, Some(_)) if !commit => End::Over,
+            _ => End::Wait,
+        };
+        st.bound();
+        self.changed.notify_all();
+        end
+    }
+
+    /// Waits up to `wait` (from the last thing that happened to the run) for this node's
+    /// rank's result, giving up as soon as `watch` says why.
+    pub fn wait_result(
+        &self,
+        key: &RunKey,
+        wait: Duration,
+        watch: &dyn Fn(&RunView) -> Option<Gave>,
+    ) -> Result<Result<Vec<u8>, String>, Gave> {
+        let mut st = self.lock();
+        loop {
+            let b = st.runs.get_mut(key);
+            if let Some(r) = b.as_ref().and_then(|b| b.result.clone()) {
+                return Ok(r);
+            }
+            let since = b.map_or(Instant::now(), |b| b.touched);
+            st = self.wait_once(st, key, since + wait, watch)?;
+        }
+    }
+
+    /// Runs whose coordinator `is_down` says is gone, or where nothing happened for `idle`:
+    /// ended here (abandoned), with their coordinators.
+    pub fn sweep(&self, idle: Duration, is_down: &dyn Fn(NodeId) -> bool) -> Vec<(RunKey, NodeId)> {
+        let mut st = self.lock();
+        // Blocks of runs no rank here took up, for that long: dropped.
+        let orphans: Vec<RunKey> = st
+            .runs
+            .iter()
+            .filter(|(_, b)| b.coordinator.is_none() && b.touched.elapsed() > idle)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in &orphans {
+            st.drop_run(k);
+        }
+        let stale: Vec<(RunKey, NodeId)> = st
+            .runs
+            .iter()
+            .filter_map(|(k, b)| {
+                let c = b.coordinator?;
+                (b.touched.elapsed() > idle || is_down(c)).then(|| (k.clone(), c))
+            })
+            .collect();
+        drop(st);
+        for (k, _) in &stale {
+            self.finish(k, Outcome::Abandoned);
+        }
+        stale
+    }
+
+    /// Whether any run waits here (for the dispatcher's tick).
+    pub fn has_runs(&self) -> bool {
+        !self.lock().runs.is_empty()
+    }
+
+    /// A rank reported that its part failed.
+    pub fn put_failed(&self, target: ObjectId, run: u64, from: NodeId) {
+        let mut st = self.lock();
+        let key = (target, run);
+        let b = st.run(&key);
+        if !b.failed.contains(&from) {
+            b.failed.push(from);
+        }
+        st.bound();
+        self.changed.notify_all();
+    }
+
+    fn wait_once<'a>(
+        &'a self,
+        st: MutexGuard<'a, State>,
+        key: &RunKey,
+        deadline: Instant,
+        watch: &dyn Fn(&RunView) -> Option<Gave>,
+    ) -> Result<MutexGuard<'a, State>, Gave> {
+        let view = RunView::of(st.runs.get(key));
+        if let Some(g) = watch(&view) {
+            return Err(g);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(Gave::Timeout);
+        }
+        let slice = (deadline - now).min(RECHECK);
+        Ok(self.changed.wait_timeout(st, slice).unwrap().0)
+    }
+
+    /// The run is over on this node: what it left here goes, its outcome stays for readers.
+    pub fn finish(&self, key: &RunKey, outcome: Outcome) {
+        let mut st = self.lock();
+        st.drop_run(key);
+        if st.outcomes.get(key) == Some(&Outcome::Committed) {
+            return; // a late word changes nothing
+        }
+        if st.outcomes.insert(key.clone(), outcome).is_none() {
+            st.outcome_order.push_back(key.clone());
+            while st.outcome_order.len() > MAX_OUTCOMES {
+                if let Some(old) = st.outcome_order.pop_front() {
+                    st.outcomes.remove(&old);
+                }
+            }
+        }
+        self.changed.notify_all();
+    }
+
+    /// How the run ended here, waiting up to `wait`: its recorded outcome, or the
+    /// coordinator `from`'s word that it was abandoned.
+    pub fn wait_outcome(&self, key: &RunKey, from: NodeId, wait: Duration) -> Option<Outcome> {
+        let deadline = Instant::now() + wait;
+        let mut st = self.lock();
+        loop {
+            if let Some(o) = st.outcomes.get(key) {
+                return Some(*o);
+            }
+            if st.runs.get(key).and_then(|b| b.end) == Some((from, false)) {
+                return Some(Outcome::Abandoned);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            st = self.changed.wait_timeout(st, deadline - now).unwrap().0;
+        }
+    }
+
+    /// Bytes held, for tests.
+    #[cfg(test)]
+    fn held(&self) -> (usize, usize) {
+        let st = self.lock();
+        (st.bytes, st.runs.len())
+    }
+}
+
+/// What a waiter may look at while it waits: the failure reports of its run.
+pub(crate) struct RunView {
+    pub failed: Vec<NodeId>,
+}
+
+impl RunView {
+    fn of(b: Option<&RunBox>) -> RunView {
+        RunView {
+            failed: b.map(|b| b.failed.clone()).unwrap_or_default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::{DType, ReduceOp};
+
+    fn key(t: &str, run: u64) -> RunKey {
+        (ObjectId::new(t), run)
+    }
+
+    fn parked(coordinator: NodeId) -> Parked {
+        let plan = HalvingPlan {
+            target: "t".into(),
+            run: 1,
+            coordinator,
+            ranks: vec![(0, "a".into()), (3, "b".into())],
+            size: 8,
+            op: ReduceOp::Sum,
+            dtype: DType::I32,
+        };
+        let state = RankState::new(0, 2, vec![0; 8], ReduceOp::Sum, DType::I32).unwrap();
+        Parked {
+            plan: Arc::new(plan),
+            state: Box::new(state),
+            sent: 0,
+        }
+    }
+
+    #[test]
+    fn a_parked_rank_is_handed_to_the_block_it_waits_for() {
+        let m = Mailbox::default();
+        let k = key("t", 1);
+        m.register(&k, 0);
+        // Rank 0 of 2 waits for rank 1 (node 3), step 1, once its own send is done.
+        let mut p = parked(0);
+        p.state
+            .advance(&mut |_, _, _| Ok(()), &mut |_, _| Ok(None))
+            .unwrap();
+        assert!(m.park(&k, p).is_none());
+        // Another node's block, or another step, does not wake it.
+        assert!(m.put_block("t".into(), 1, 4, 1, vec![0; 4]).is_none());
+        assert!(m.put_block("t".into(), 1, 3, 2, vec![0; 4]).is_none());
+        let mut p = m.put_block("t".into(), 1, 3, 1, vec![0; 4]).expect("woken");
+        assert_eq!(m.try_take(&k, 3, 1), Some(vec![0; 4]));
+        assert_eq!(m.try_take(&k, 3, 1), None);
+        // A block already here: parking hands the rank straight back.
+        p.state
+            .advance(&mut |_, _, _| Ok(()), &mut |_, s| {
+                Ok((s == 1).then(|| vec![0; 4]))
+            })
+            .unwrap();
+        assert!(!p.state.is_done(), "waits for the allgather's block");
+        assert!(m.put_block("t".into(), 1, 3, 2, vec![0; 4]).is_none());
+        assert!(m.park(&k, p).is_some());
+        m.finish(&k, Outcome::Committed);
+        assert_eq!(m.held(), (0, 0));
+        // A run gone (ended, pushed out): the rank is dropped, not parked.
+        assert!(m.park(&k, parked(0)).is_none());
+        assert_eq!(m.held(), (0, 0));
+    }
+
+    #[test]
+    fn the_coordinators_word_decides_and_only_its() {
+        let m = Mailbox::default();
+        let k = key("t", 2);
+        m.register(&k, 0);
+        // A word from another node is kept but asks nothing.
+        assert!(matches!(m.put_end("t".into(), 2, 7, true), End::Wait));
+        assert!(matches!(m.rank_finished(&k, Ok(vec![1])), End::Wait));
+        assert!(matches!(m.put_end("t".into(), 2, 0, true), End::Commit(v) if v == vec![1]));
+        // The word before the result.
+        let k3 = key("t", 3);
+        m.register(&k3, 0);
+        assert!(matches!(m.put_end("t".into(), 3, 0, true), End::Wait));
+        assert!(matches!(m.rank_finished(&k3, Ok(vec![2])), End::Commit(_)));
+        // Abandoned, or failed here: over.
+        let k4 = key("t", 4);
+        m.register(&k4, 0);
+        assert!(matches!(m.put_end("t".into(), 4, 0, false), End::Over));
+        assert_eq!(
+            m.wait_outcome(&k4, 0, Duration::ZERO),
+            Some(Outcome::Abandoned)
+        );
+        let k5 = key("t", 5);
+        m.register(&k5, 0);
+        assert!(matches!(m.rank_finished(&k5, Err("x".into())), End::Over));
+        assert_eq!(m.wait_outcome(&key("t", 6), 0, Duration::ZERO), None);
+    }
+
+    #[test]
+    fn the_coordinator_waits_for_its_result_or_gives_up() {
+        let m = std::sync::Arc::new(Mailbox::default());
+        let k = key("t", 1);
+        m.register(&k, 0);
+        let m2 = m.clone();
+        let h = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            m2.rank_finished(&key("t", 1), Ok(vec![5]));
+        });
+        let r = m.wait_result(&k, Duration::from_secs(5), &|_| None);
+        assert_eq!(r, Ok(Ok(vec![5])));
+        h.join().unwrap();
+        let k2 = key("t", 2);
+        m.register(&k2, 0);
+        m.put_failed("t".into(), 2, 5);
+        let watch = |v: &RunView| (!v.failed.is_empty()).then_some(Gave::Abandoned);
+        assert_eq!(
+            m.wait_result(&k2, Duration::from_secs(5), &watch),
+            Err(Gave::Abandoned)
+        );
+        let k3 = key("t", 3);
+        m.register(&k3, 0);
+        assert_eq!(
+            m.wait_result(&k3, Duration::from_millis(10), &|_| None),
+            Err(Gave::Timeout)
+        );
+        // Swept: idle, or its coordinator down.
+        let swept = m.sweep(Duration::from_secs(60), &|n| n == 0);
+        assert_eq!(swept.len(), 3);
+        assert!(!m.has_runs());
+    }
+
+    #[test]
+    fn a_flood_pushes_out_the_oldest_runs_within_the_bounds() {
+        let m = Mailbox::default();
+        for run in 0..(MAX_RUNS as u64 + 10) {
+            m.put_block(ObjectId::new("flood"), run, 1, 0, vec![0; 1024]);
+        }
+        let (bytes, runs) = m.held();
+        assert_eq!(runs, MAX_RUNS);
+        assert_eq!(bytes, MAX_RUNS * 1024);
+        // The oldest went, the newest stayed.
+        assert!(m.try_take(&key("flood", 0), 1, 0).is_none());
+        let last = MAX_RUNS as u64 + 9;
+        assert!(m.try_take(&key("flood", last), 1, 0).is_some());
+        // One huge block is refused outright.
+        m.put_block(ObjectId::new("big"), 1, 1, 0, vec![0; MAX_BYTES + 1]);
+        assert_eq!(m.held().1, MAX_RUNS);
+    }
+}

@@ -1,0 +1,231 @@
+//! Halving-doubling allreduce (`phalanx::allreduce`, objects from 64 KiB to
+//! `allreduce_halving_max`, every input there and one per node) over real TCP on loopback:
+//! every op and dtype equals a serial reference on every node, for powers of two and not;
+//! inputs that do not fit the algorithm take the tree; a rank that dies mid-run leaves the
+//! survivors with the reduce of the inputs still there.
+
+#[path = "common/log.rs"]
+mod log;
+
+use phalanx::ops::combine;
+use phalanx::reduce::ReduceOptions;
+use phalanx::transport::TcpConfig;
+use phalanx::{DType, LocalCluster, NodeConfig, ObjectId, ReduceOp};
+use phalanx::{FaultAction, FaultPlan};
+use std::time::Duration;
+
+const SIZE: u64 = 128 << 10;
+
+fn cfg() -> NodeConfig {
+    log::from_env();
+    NodeConfig {
+        arena_size: 64 << 20,
+        op_timeout: Duration::from_secs(60),
+        ..NodeConfig::default()
+    }
+}
+
+fn tcp() -> TcpConfig {
+    TcpConfig {
+        heartbeat_timeout: Duration::from_secs(1),
+        ..TcpConfig::default()
+    }
+}
+
+/// Input `k`: elements 0..=3 (exact in every dtype and op, whatever the order).
+fn input(k: usize, size: u64, dtype: DType) -> Vec<u8> {
+    let esz = dtype.size();
+    let mut v = vec![0u8; size as usize];
+    for (i, e) in v.chunks_mut(esz).enumerate() {
+        let x = ((i * 5 + k * 3) % 4) as u8;
+        match dtype {
+            DType::F32 => e.copy_from_slice(&(x as f32).to_le_bytes()),
+            DType::F64 => e.copy_from_slice(&(x as f64).to_le_bytes()),
+            DType::I32 => e.copy_from_slice(&(x as i32).to_le_bytes()),
+            DType::I64 => e.copy_from_slice(&(x as i64).to_le_bytes()),
+            DType::U8 => e[0] = x,
+        }
+    }
+    v
+}
+
+fn reference(inputs: &[&Vec<u8>], op: ReduceOp, dtype: DType) -> Vec<u8> {
+    let mut acc = inputs[0].clone();
+    for x in &inputs[1..] {
+        combine(op, dtype, &mut acc, x);
+    }
+    acc
+}
+
+/// Node 0 coordinates, nodes `readers` read; returns every result (node 0's first) and the
+/// coordinator's outcome.
+fn run(
+    c: &LocalCluster,
+    target: &ObjectId,
+    sources: &[ObjectId],
+    op: ReduceOp,
+    dtype: DType,
+    readers: &[usize],
+) -> (Vec<Vec<u8>>, phalanx::reduce::ReduceOutcome) {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = readers
+            .iter()
+            .map(|&k| {
+                let n = c.node(k).clone();
+                let t = target.clone();
+                s.spawn(move || n.allreduce_read(t, SIZE).map(|v| v.to_vec()))
+            })
+            .collect();
+        let (mine, outcome) = c
+            .node(0)
+            .allreduce(
+                target.clone(),
+                sources,
+                op,
+                dtype,
+                &ReduceOptions::default(),
+            )
+            .expect("coordinator");
+        let mut all = vec![mine];
+        for h in hs {
+            all.push(h.join().unwrap().expect("reader"));
+        }
+        (all, outcome)
+    })
+}
+
+#[test]
+fn every_op_and_dtype_equals_the_reference_on_every_node() {
+    let ops = [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max, ReduceOp::Prod];
+    let dtypes = [DType::F32, DType::F64, DType::I32, DType::I64, DType::U8];
+    for n in [2usize, 3, 4, 5] {
+        let c = LocalCluster::start(n as u32, cfg(), tcp()).unwrap();
+        for (i, (op, dtype)) in ops
+            .iter()
+            .flat_map(|o| dtypes.iter().map(move |d| (*o, *d)))
+            .enumerate()
+        {
+            let tag = format!("hd{n}/{i}");
+            let inputs: Vec<Vec<u8>> = (0..n).map(|k| input(k, SIZE, dtype)).collect();
+            let sources: Vec<ObjectId> = (0..n)
+                .map(|k| ObjectId::new(format!("{tag}/in{k}")))
+                .collect();
+            for k in 0..n {
+                c.node(k).put(sources[k].clone(), &inputs[k]).unwrap();
+            }
+            let target = ObjectId::new(format!("{tag}/out"));
+            let readers: Vec<usize> = (1..n).collect();
+            let (all, outcome) = run(&c, &target, &sources, op, dtype, &readers);
+            // Halving and doubling ran: no tree, the main ranks' block count recorded.
+            assert!(outcome.tree.is_empty(), "{tag}: a tree ran");
+            assert_eq!(
+                outcome.partitions,
+                1 << (usize::BITS - 1 - n.leading_zeros())
+            );
+            let want = reference(&inputs.iter().collect::<Vec<_>>(), op, dtype);
+            for (k, got) in all.iter().enumerate() {
+                assert!(*got == want, "{tag} ({op:?} {dtype:?}): node {k} differs");
+            }
+            // Every node holds the result: a get anywhere is local.
+            for k in 0..n {
+                assert!(
+                    c.node(k).local_copy(target.as_str()).is_some(),
+                    "{tag}: node {k}"
+                );
+            }
+            c.node(0).delete_allreduce(target, SIZE, n, dtype).unwrap();
+        }
+    }
+}
+
+#[test]
+fn inputs_two_to_a_node_or_missing_take_the_tree() {
+    let n = 3;
+    let c = LocalCluster::start(n as u32, cfg(), tcp()).unwrap();
+    let dtype = DType::I32;
+    // Four inputs on three nodes: node 0 holds two.
+    let inputs: Vec<Vec<u8>> = (0..4).map(|k| input(k, SIZE, dtype)).collect();
+    let sources: Vec<ObjectId> = (0..4)
+        .map(|k| ObjectId::new(format!("two/in{k}")))
+        .collect();
+    for (k, holder) in [0usize, 1, 2, 0].into_iter().enumerate() {
+        c.node(holder).put(sources[k].clone(), &inputs[k]).unwrap();
+    }
+    let target = ObjectId::new("two/out");
+    let (all, outcome) = run(&c, &target, &sources, ReduceOp::Sum, dtype, &[1, 2]);
+    assert!(!outcome.tree.is_empty(), "one tree");
+    let want = reference(&inputs.iter().collect::<Vec<_>>(), ReduceOp::Sum, dtype);
+    assert!(all.iter().all(|g| *g == want));
+    // One input put only after the allreduce began: the tree places it as it comes.
+    let late = ObjectId::new("late/in2");
+    let sources = vec![
+        ObjectId::new("late/in0"),
+        ObjectId::new("late/in1"),
+        late.clone(),
+    ];
+    for k in 0..2 {
+        c.node(k).put(sources[k].clone(), &inputs[k]).unwrap();
+    }
+    let target = ObjectId::new("late/out");
+    let (all, outcome) = std::thread::scope(|s| {
+        let (node, bytes) = (c.node(2).clone(), &inputs[2]);
+        s.spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            node.put(late, bytes).unwrap();
+        });
+        run(&c, &target, &sources, ReduceOp::Sum, dtype, &[1, 2])
+    });
+    assert!(!outcome.tree.is_empty(), "one tree");
+    let want = reference(
+        &inputs[..3].iter().collect::<Vec<_>>(),
+        ReduceOp::Sum,
+        dtype,
+    );
+    assert!(all.iter().all(|g| *g == want));
+}
+
+/// A rank dies mid-run (after sending `after` bytes of its blocks: none, half its first
+/// block, more than its first): the run is abandoned before anything was announced and the
+/// survivors end, all of them, with the tree's reduce of the inputs still there.
+#[test]
+fn a_rank_killed_mid_run_leaves_the_survivors_correct() {
+    let n = 5;
+    let dtype = DType::I64;
+    for (seed, after) in [(1u64, 0u64), (2, SIZE / 4), (3, SIZE / 2 + 8)] {
+        let c = LocalCluster::start(n as u32, cfg(), tcp()).unwrap();
+        let tag = format!("kill{seed}");
+        let inputs: Vec<Vec<u8>> = (0..n).map(|k| input(k, SIZE, dtype)).collect();
+        let sources: Vec<ObjectId> = (0..n)
+            .map(|k| ObjectId::new(format!("{tag}/in{k}")))
+            .collect();
+        for k in 0..n {
+            c.node(k).put(sources[k].clone(), &inputs[k]).unwrap();
+        }
+        let victim = 1 + seed as usize % (n - 1);
+        let target = ObjectId::new(format!("{tag}/out"));
+        c.node(victim).inject_fault(FaultPlan {
+            object: target.clone(),
+            after_bytes: after,
+            action: FaultAction::DropLinks,
+        });
+        let readers: Vec<usize> = (1..n).filter(|&k| k != victim).collect();
+        let (all, outcome) = run(&c, &target, &sources, ReduceOp::Sum, dtype, &readers);
+        assert!(c.node(victim).fault_fired(), "seed {seed}: the fault fired");
+        assert!(!outcome.tree.is_empty(), "seed {seed}: the tree took over");
+        // The inputs the tree used: every survivor's, not the victim's.
+        let used: Vec<&Vec<u8>> = outcome
+            .used
+            .iter()
+            .map(|id| &inputs[sources.iter().position(|s| s == id).unwrap()])
+            .collect();
+        assert_eq!(used.len(), n - 1, "seed {seed}");
+        assert!(!outcome.used.contains(&sources[victim]), "seed {seed}");
+        let want = reference(&used, ReduceOp::Sum, dtype);
+        for (i, got) in all.iter().enumerate() {
+            assert!(
+                *got == want,
+                "seed {seed}: survivor {i} (victim {victim}) is wrong"
+            );
+        }
+    }
+}
