@@ -30,6 +30,9 @@ pub const MAX_RANKS: usize = 1024;
 /// the node's op timeout).
 const STEP_WAIT: Duration = Duration::from_secs(10);
 
+/// A run slower than this says where its time went (at debug level).
+const SLOW_RUN: Duration = Duration::from_millis(20);
+
 /// Checks a plan a rank was sent: well formed, this node a rank once, `from` its coordinator.
 fn check_plan(plan: &HalvingPlan, me: NodeId, from: NodeId, max_size: u64) -> Result<usize> {
     let bad = |why: &str| {
@@ -107,6 +110,8 @@ impl Reducer {
                 plan,
                 state: Box::new(state),
                 sent: 0,
+                began: std::time::Instant::now(),
+                taken: Vec::new(),
             }),
             Err(e) => self.rank_failed(&plan, e),
         }
@@ -157,7 +162,13 @@ impl Reducer {
                         .send_without_blocking(plan.ranks[to].0, Msg::Reduce(msg));
                     Ok(())
                 },
-                &mut |from, step| Ok(self.halving.try_take(&key, plan.ranks[from].0, step)),
+                &mut |from, step| {
+                    let got = self.halving.try_take(&key, plan.ranks[from].0, step);
+                    if got.is_some() {
+                        p.taken.push((step, p.began.elapsed().as_micros() as u32));
+                    }
+                    Ok(got)
+                },
             );
             p.sent = sent;
             if tripped {
@@ -177,6 +188,14 @@ impl Reducer {
                 return self.rank_failed(&plan, e);
             }
             if p.state.is_done() {
+                if p.began.elapsed() > SLOW_RUN {
+                    debug!(
+                        node = self.id,
+                        "slow halving rank of {}: blocks taken at (step, us) {:?}",
+                        plan.target,
+                        p.taken
+                    );
+                }
                 let v = p.state.into_result().expect("done");
                 hop!(self.id, "halving rank has the result");
                 return match self.halving.rank_finished(&key, Ok(v)) {
@@ -302,6 +321,7 @@ impl Reducer {
             .filter(|&n| n != self.id)
             .collect();
         self.halving.register(&key, self.id);
+        let t0 = std::time::Instant::now();
         let plan = Arc::new(plan.clone());
         let mut sent = true;
         for &n in &others {
@@ -314,6 +334,7 @@ impl Reducer {
                 break;
             }
         }
+        let tasks_sent = t0.elapsed();
         let result = if sent {
             self.begin_rank(plan.clone(), rank, self.step_wait());
             let members = &self.members;
@@ -337,7 +358,17 @@ impl Reducer {
                 "a rank of the allreduce could not be told its task".into(),
             ))
         };
+        let had_result = t0.elapsed();
         let stored = result.and_then(|v| store_result(&self.store, &self.dir, &plan.target, &v));
+        if t0.elapsed() > SLOW_RUN {
+            debug!(
+                node = self.id,
+                "slow halving run of {}: tasks sent after {tasks_sent:?}, result after \
+                 {had_result:?}, stored after {:?}",
+                plan.target,
+                t0.elapsed()
+            );
+        }
         let commit = stored.is_ok();
         let announced = announce();
         for &n in &others {

@@ -52,6 +52,10 @@ pub(crate) struct Parked {
     pub state: Box<RankState>,
     /// Bytes of blocks this rank has sent (for the fault-injection hook).
     pub sent: u64,
+    /// When the rank began, and when (us after) each step's block was taken: reported for a
+    /// slow run.
+    pub began: Instant,
+    pub taken: Vec<(u32, u32)>,
 }
 
 impl Parked {
@@ -422,6 +426,8 @@ mod tests {
             plan: Arc::new(plan),
             state: Box::new(state),
             sent: 0,
+            began: Instant::now(),
+            taken: Vec::new(),
         }
     }
 

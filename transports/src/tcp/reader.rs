@@ -12,7 +12,7 @@
 //! the others of its thread; what it has already read (a whole frame, frames in its buffer)
 //! is handled before the turn ends. A connection silent for the heartbeat timeout is failed:
 //! by its epoll thread's periodic scan, or by the receive timeout of its own thread's socket.
-//! Each data frame is acknowledged at once (`ack_now`).
+//! Each data frame, and each large control frame, is acknowledged at once (`ack_now`).
 
 use super::conn::Conn;
 use super::heartbeat::HB_WATCHING;
@@ -457,7 +457,11 @@ impl Inner {
                     .store(self.links.now_ns(), Ordering::Relaxed);
                 // The frame is whole: its grant hold (if any) is released before the event.
                 r.frame = Frame::Header;
-                let data = matches!(ev, Event::Data { .. });
+                let data = match &ev {
+                    Event::Data { .. } => true,
+                    Event::Ctrl { msg, .. } => msg.len() >= ACK_CTRL_FROM,
+                    _ => false,
+                };
                 self.links.emit(ev);
                 if data {
                     // Its last segment is acknowledged now, not by a timer (after the event:
@@ -571,14 +575,20 @@ struct Sock<'a> {
     blocking: bool,
 }
 
+/// Control frames at least this large are acknowledged at once like data frames: their
+/// sender may have filled its congestion window with them, and no reply may come soon enough
+/// to carry the ACK (blocks of a halving-doubling allreduce: 40-60 ms stalls, the delayed-ACK
+/// timer, in about one run in sixty at 128 KiB before this).
+const ACK_CTRL_FROM: usize = 16 << 10;
+
 /// Acknowledges what was read at once instead of by the delayed-ACK timer, after each data
-/// frame. A link carries requests and replies both ways, so Linux takes it for interactive
+/// frame (and each large control frame, [`ACK_CTRL_FROM`]). A link carries requests and replies both ways, so Linux takes it for interactive
 /// ("pingpong") and holds ACKs back, up to 200 ms, hoping to piggyback them on a reply; a
 /// source whose last segments wait for those ACKs (its congestion window full, its tail-loss
 /// probe armed) then stalls. On the 8 emulated hosts a few iterations in every sixty of a
 /// 1 MiB broadcast took 60-150 ms instead of 9 (the p99 of reduce and allreduce of 64 KiB and
-/// 1 MiB likewise); with this the p99 is within 2-3x of the median. Control frames keep the
-/// delayed ACK, which their replies carry. The cost is one system call per data frame.
+/// 1 MiB likewise); with this the p99 is within 2-3x of the median. Small control frames
+/// keep the delayed ACK, which their replies carry. The cost is one system call per frame.
 fn ack_now(stream: &TcpStream) {
     let one: nix::libc::c_int = 1;
     // SAFETY: the descriptor is the live socket `stream` borrows; the option value is a valid
