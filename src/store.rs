@@ -171,7 +171,7 @@ impl Store {
         size: u64,
         pinned: bool,
     ) -> Result<(CopyRef, Vec<ObjectId>)> {
-        self.create_with(id, size, pinned, false)
+        self.create_with(id, size, pinned, false, EVICTION_GRACE)
     }
 
     /// Creates the pinned copy of an object this node produces (a reduce task's output). A
@@ -183,7 +183,17 @@ impl Store {
         id: &ObjectId,
         size: u64,
     ) -> Result<(CopyRef, Vec<ObjectId>)> {
-        self.create_with(id, size, true, true)
+        self.create_with(id, size, true, true, EVICTION_GRACE)
+    }
+
+    /// [`Store::create_output`] that never waits: where room would have to be waited for (a
+    /// copy still held a moment), it fails at once (for a thread that must not block).
+    pub fn create_output_now(
+        self: &Arc<Self>,
+        id: &ObjectId,
+        size: u64,
+    ) -> Result<(CopyRef, Vec<ObjectId>)> {
+        self.create_with(id, size, true, true, Duration::ZERO)
     }
 
     /// Fails the copy named `id` if it is an unfinished pull (unpinned, not complete).
@@ -218,6 +228,7 @@ impl Store {
         size: u64,
         pinned: bool,
         replace_pull: bool,
+        grace: Duration,
     ) -> Result<(CopyRef, Vec<ObjectId>)> {
         let mut st = self.lock();
         if replace_pull {
@@ -230,7 +241,7 @@ impl Store {
         // reader finishing) becomes evictable when released: wait briefly for it rather than
         // fail.
         let mut evicted = Vec::new();
-        let deadline = Instant::now() + EVICTION_GRACE;
+        let deadline = Instant::now() + grace;
         let offset = loop {
             match Self::allocate(&mut st, size, &mut evicted) {
                 Ok(off) => break off,

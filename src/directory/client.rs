@@ -73,6 +73,20 @@ impl DirClient {
         self.tolerate_shard_down(id, r)
     }
 
+    /// [`DirClient::publish`] from a thread that must not block (a transport thread); it
+    /// keeps its place before this node's later messages to the shard.
+    pub fn publish_without_blocking(&self, id: &ObjectId, size: u64, complete: bool) {
+        hop!(self.id, "publish", complete = complete);
+        let msg = DirMsg::Publish {
+            id: id.clone(),
+            size,
+            node: self.id,
+            complete,
+        };
+        self.rpc
+            .send_without_blocking(self.shard_of(id), msg.into());
+    }
+
     /// Stores a small object's bytes in its directory entry. Returns once the message is on
     /// its way, like [`DirClient::publish`]: a put costs no round trip. Every later message
     /// of this node to the shard (a delete, a reset) is ordered after it, since messages of
@@ -98,6 +112,16 @@ impl DirClient {
         for id in ids {
             self.withdraw_at(self.shard_of(id), id);
         }
+    }
+
+    /// [`DirClient::withdraw`] of one copy from a thread that must not block.
+    pub fn withdraw_without_blocking(&self, id: &ObjectId) {
+        let msg = DirMsg::Withdraw {
+            id: id.clone(),
+            node: self.id,
+        };
+        self.rpc
+            .send_without_blocking(self.shard_of(id), msg.into());
     }
 
     /// [`DirClient::withdraw`] at a shard the caller already knows.

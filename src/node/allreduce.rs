@@ -30,7 +30,9 @@ use super::Node;
 use crate::config::INLINE_LIMIT;
 use crate::ops::{DType, ReduceOp};
 use crate::protocol::{GatherFrom, HalvingPlan};
-use crate::reduce::{HalvingOutcome, Hooks, ReduceOptions, ReduceOutcome, MAX_HALVING_RANKS};
+use crate::reduce::{
+    HalvingOutcome, HalvingRan, Hooks, ReduceOptions, ReduceOutcome, MAX_HALVING_RANKS,
+};
 use crate::store::CopyStatus;
 use crate::view::ObjectView;
 use crate::{Error, ObjectId, Result};
@@ -299,8 +301,12 @@ impl Node {
         // their copy committed soon after (one wake-up each, none while the run needs the
         // CPUs); if the run was abandoned, they read the tree's result.
         let announce = || self.put(plan_id(&plan.target), &encode_halving(&plan));
-        let ran = self.inner.reducer.coordinate_halving(&plan, &announce)?;
-        if let Some(copy) = ran {
+        let copy = match self.inner.reducer.coordinate_halving(&plan, &announce)? {
+            HalvingRan::Here(copy) => Some(ObjectView::Arena(copy)),
+            HalvingRan::Elsewhere => Some(self.get_view(plan.target.clone())?),
+            HalvingRan::Abandoned => None,
+        };
+        if let Some(view) = copy {
             let p = plan.ranks.len();
             let outcome = ReduceOutcome {
                 target: plan.target.clone(),
@@ -314,7 +320,7 @@ impl Node {
                 done: std::time::Instant::now(),
                 partitions: 1 << (usize::BITS - 1 - p.leading_zeros()),
             };
-            return Ok((ObjectView::Arena(copy), outcome));
+            return Ok((view, outcome));
         }
         let members = &self.inner.members;
         let alive = plan.ranks.iter().filter(|r| !members.is_down(r.0)).count();
@@ -371,7 +377,19 @@ impl Node {
         if !self.reads_plan(size) {
             return self.get_view(target);
         }
-        let plan = self.get_view(plan_id(&target))?;
+        let plan = if self.halving_size(size) {
+            match self.plan_or_local_commit(&target)? {
+                Some(plan) => plan,
+                // A run into the target committed here: this node's copy is the result.
+                None => {
+                    return Ok(ObjectView::Arena(
+                        self.local_complete(&target).expect("checked"),
+                    ))
+                }
+            }
+        } else {
+            self.get_view(plan_id(&target))?
+        };
         if let Some((run, coordinator, nodes)) = decode_halving(&plan)? {
             drop(plan);
             // A rank: its own copy once the run is committed; else (abandoned, failed here,
@@ -399,6 +417,60 @@ impl Node {
         }
         self.assemble(&target, &parts)?;
         self.get_view(target)
+    }
+
+    /// This node's complete copy of `id`, if it has one.
+    fn local_complete(&self, id: &ObjectId) -> Option<crate::store::CopyRef> {
+        self.inner
+            .store
+            .lookup(id)
+            .filter(|c| c.status() == CopyStatus::Complete)
+    }
+
+    /// A reader of an allreduce that may run by halving and doubling: the plan's bytes, or
+    /// `None` as soon as a run into `target` commits on this node with its copy complete
+    /// here. A rank hears its run's outcome from the run itself (its coordinator's word),
+    /// one hop after the coordinator has the result; the plan reaches readers through the
+    /// directory (announced, then sent on), later.
+    fn plan_or_local_commit(&self, target: &ObjectId) -> Result<Option<ObjectView>> {
+        let watch = self.inner.reducer.watch_halving_commit(target);
+        let (tx, answers) = crossbeam_channel::bounded(1);
+        let on_reply = Box::new(move |r: Result<crate::protocol::Reply>| {
+            let _ = tx.try_send(r);
+        });
+        let plan = plan_id(target);
+        self.inner.dir.subscribe_then(&plan, on_reply)?;
+        let deadline = std::time::Instant::now() + self.inner.cfg.op_timeout;
+        let mut local = Some(&watch.rx);
+        loop {
+            let mut sel = crossbeam_channel::Select::new();
+            let on_answer = sel.recv(&answers);
+            let on_local = local.map(|rx| sel.recv(rx));
+            let op = sel.select_deadline(deadline).map_err(|_| {
+                Error::Timeout(
+                    self.inner.cfg.op_timeout,
+                    format!("allreduce plan of {target}"),
+                )
+            })?;
+            if Some(op.index()) == on_local {
+                let _ = op.recv(local.expect("selected"));
+                if self.local_complete(target).is_some() {
+                    return Ok(None);
+                }
+                // Committed under this name before (a deleted result): the plan decides.
+                local = None;
+                continue;
+            }
+            debug_assert_eq!(op.index(), on_answer);
+            return match op.recv(&answers) {
+                Ok(Ok(crate::protocol::Reply::InfoInline(_, data))) => {
+                    Ok(Some(ObjectView::Owned(data)))
+                }
+                // Anything else (the plan deleted first, a shard that died, an odd answer):
+                // the plain way.
+                _ => self.get_view(plan).map(Some),
+            };
+        }
     }
 
     /// The tree algorithm (see the module).

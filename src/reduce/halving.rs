@@ -130,6 +130,37 @@ pub(crate) fn schedule(rank: usize, m: usize, size: u64, dtype: DType) -> Vec<St
     steps
 }
 
+/// The ranks `rank` hands the plan on to, largest subtree first, in the binomial tree over
+/// `m` ranks rooted at `root` (the coordinator's rank): the plan reaches every rank in
+/// `ceil(log2 m)` hops, each rank sending at most that many, where a coordinator telling
+/// every rank itself sends `m - 1` one after another (and the last rank waits for all).
+pub(crate) fn plan_children(rank: usize, m: usize, root: usize) -> Vec<usize> {
+    debug_assert!(rank < m && root < m);
+    let i = (rank + m - root) % m;
+    // Children of relative index i: i + 2^j for every 2^j below i's lowest set bit (every j
+    // for the root) that stays inside the run.
+    let low = if i == 0 {
+        m.next_power_of_two()
+    } else {
+        1 << i.trailing_zeros()
+    };
+    let mut kids = Vec::new();
+    let mut step = low >> 1;
+    while step > 0 {
+        if i + step < m {
+            kids.push((i + step + root) % m);
+        }
+        step >>= 1;
+    }
+    kids
+}
+
+/// The rank that hands `rank` the plan in [`plan_children`]'s tree (`None` for the root).
+pub(crate) fn plan_parent(rank: usize, m: usize, root: usize) -> Option<usize> {
+    let i = (rank + m - root) % m;
+    (i != 0).then(|| (i - (1 << i.trailing_zeros()) + root) % m)
+}
+
 /// One rank's part of a run as a state machine: [`RankState::advance`] does every step it
 /// can with the blocks at hand and stops at the first block still missing, so whichever
 /// thread a block lands on can carry the rank on (no thread waits for it).
@@ -386,6 +417,36 @@ mod tests {
                 assert!(steps.iter().all(|s| s.partner < m && s.partner != r));
             }
         }
+    }
+
+    #[test]
+    fn the_plan_reaches_every_rank_once_within_log_hops() {
+        for m in 2..=40 {
+            for root in [0, 1, m / 2, m - 1] {
+                let mut got = vec![0usize; m];
+                let mut depth = vec![0u32; m];
+                let mut todo = vec![root];
+                while let Some(r) = todo.pop() {
+                    let kids = plan_children(r, m, root);
+                    assert!(kids.len() <= m.next_power_of_two().trailing_zeros() as usize);
+                    for k in kids {
+                        got[k] += 1;
+                        depth[k] = depth[r] + 1;
+                        assert_eq!(plan_parent(k, m, root), Some(r), "m {m} root {root}");
+                        todo.push(k);
+                    }
+                }
+                assert_eq!(plan_parent(root, m, root), None);
+                for (r, &n) in got.iter().enumerate() {
+                    assert_eq!(n, usize::from(r != root), "m {m} root {root} rank {r}");
+                }
+                let bound = m.next_power_of_two().trailing_zeros();
+                assert!(depth.iter().all(|&d| d <= bound), "m {m}: {depth:?}");
+            }
+        }
+        // The root's first child is its partner of the first halving step (8 ranks).
+        assert_eq!(plan_children(0, 8, 0), vec![4, 2, 1]);
+        assert_eq!(plan_children(4, 8, 0), vec![6, 5]);
     }
 
     #[test]

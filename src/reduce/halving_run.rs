@@ -2,21 +2,25 @@
 //! other ranks' tasks, blocks pushed between partners as messages, and the commit.
 //!
 //! A run has `m` ranks, one per node holding one of the inputs, the coordinator among them.
-//! The coordinator sends every other rank the plan and runs its own rank; every rank pushes
-//! its blocks to its partners and waits for theirs (`Mailbox`). Nothing is announced until
-//! the coordinator's own rank has the whole result: it then stores and announces the target
-//! and tells every rank to do the same (`HalvingEnd { commit: true }`). All ranks end with
-//! the same bytes, so any of them may serve readers. A rank whose partner dies, whose block
-//! does not come, or whose input is gone reports failure; the coordinator then abandons the
-//! run (`commit: false`) before anything was announced, and the caller reduces the inputs
-//! still there with a tree instead.
+//! The plan goes down a binomial tree rooted at the coordinator (each rank hands it on to
+//! the ranks below it before it starts: `ceil(log2 m)` hops, no node sending more than that
+//! many); every rank pushes its blocks to its partners and waits for theirs (`Mailbox`).
+//! Nothing is announced until the coordinator's own rank has the whole result (every block
+//! was then reduced from every input): the run commits at that moment, and the thread that
+//! completed the coordinator's rank tells every rank (`HalvingEnd { commit: true }`). Each
+//! rank stores and announces its copy where that word (or its own result) lands, and its
+//! node's reader, which watches for the commit, returns that copy. All ranks end with the
+//! same bytes, so any of them may serve readers. A rank whose partner dies, whose block does
+//! not come, or whose input is gone reports failure; the coordinator then abandons the run
+//! (`commit: false`) before anything was announced, and the caller reduces the inputs still
+//! there with a tree instead. The first of the two decisions stands (`Mailbox::decide`).
 
-use super::halving::RankState;
-use super::mailbox::{End, Gave, Outcome, Parked, RunKey, RunView};
+use super::halving::{plan_children, plan_parent, RankState};
+use super::mailbox::{CommitWatch, End, Gave, Outcome, Parked, RunKey, RunView};
 use super::Reducer;
 use crate::hop::hop;
 use crate::protocol::{HalvingPlan, Msg, ReduceMsg};
-use crate::store::{CopyRef, CopyStatus};
+use crate::store::{CopyRef, CopyStatus, Store};
 use crate::{Error, ObjectId, Result};
 use phalanx_transport::NodeId;
 use std::sync::Arc;
@@ -33,7 +37,8 @@ const STEP_WAIT: Duration = Duration::from_secs(10);
 /// A run slower than this says where its time went (at debug level).
 const SLOW_RUN: Duration = Duration::from_millis(20);
 
-/// Checks a plan a rank was sent: well formed, this node a rank once, `from` its coordinator.
+/// Checks a plan a rank was sent: well formed, this node a rank once, `from` the rank that
+/// hands it this plan in the plan's tree (`plan_parent`: the coordinator or a rank below it).
 fn check_plan(plan: &HalvingPlan, me: NodeId, from: NodeId, max_size: u64) -> Result<usize> {
     let bad = |why: &str| {
         Err(Error::InvalidArgument(format!(
@@ -44,9 +49,6 @@ fn check_plan(plan: &HalvingPlan, me: NodeId, from: NodeId, max_size: u64) -> Re
     if !(2..=MAX_RANKS).contains(&m) {
         return bad("rank count");
     }
-    if plan.coordinator != from {
-        return bad("not sent by its coordinator");
-    }
     if plan.size > max_size || !plan.size.is_multiple_of(plan.dtype.size() as u64) {
         return bad("size");
     }
@@ -56,10 +58,31 @@ fn check_plan(plan: &HalvingPlan, me: NodeId, from: NodeId, max_size: u64) -> Re
     if nodes.len() != m || !nodes.contains(&plan.coordinator) {
         return bad("nodes");
     }
-    match plan.ranks.iter().position(|r| r.0 == me) {
-        Some(rank) => Ok(rank),
-        None => bad("this node is no rank of it"),
+    let Some(rank) = plan.ranks.iter().position(|r| r.0 == me) else {
+        return bad("this node is no rank of it");
+    };
+    let root = coordinator_rank(plan)?;
+    match plan_parent(rank, m, root).map(|q| plan.ranks[q].0) {
+        Some(parent) if parent == from => Ok(rank),
+        _ => bad("not handed on by its parent in the plan's tree"),
     }
+}
+
+/// The coordinator's rank in its plan.
+fn coordinator_rank(plan: &HalvingPlan) -> Result<usize> {
+    plan.ranks
+        .iter()
+        .position(|r| r.0 == plan.coordinator)
+        .ok_or_else(|| Error::InvalidArgument("the coordinator is no rank".into()))
+}
+
+/// The nodes `rank` hands the plan on to.
+fn plan_children_of(plan: &HalvingPlan, rank: usize) -> Result<Vec<NodeId>> {
+    let root = coordinator_rank(plan)?;
+    Ok(plan_children(rank, plan.ranks.len(), root)
+        .into_iter()
+        .map(|k| plan.ranks[k].0)
+        .collect())
 }
 
 impl Reducer {
@@ -78,12 +101,22 @@ impl Reducer {
                     target: plan.target,
                     run: plan.run,
                 };
-                self.rpc.send_from_transport_thread(from, Msg::Reduce(msg));
+                self.rpc
+                    .send_from_transport_thread(plan.coordinator, Msg::Reduce(msg));
                 return;
             }
         };
         let plan = Arc::new(plan);
         self.halving.register(&key_of(&plan), plan.coordinator);
+        // The ranks below this one in the plan's tree first: they start while this one
+        // works. One that cannot be told is found by the coordinator (its node is down, or
+        // its partners' blocks wait for it and the run is abandoned at the step wait).
+        for child in plan_children_of(&plan, rank).unwrap_or_default() {
+            let task = ReduceMsg::HalvingTask {
+                plan: (*plan).clone(),
+            };
+            self.rpc.send_without_blocking(child, Msg::Reduce(task));
+        }
         let ready = self
             .store
             .lookup(&plan.ranks[rank].1)
@@ -198,6 +231,11 @@ impl Reducer {
                 }
                 let v = p.state.into_result().expect("done");
                 hop!(self.id, "halving rank has the result");
+                if plan.coordinator == self.id && self.halving.decide(&key, true) {
+                    // The coordinator has every block reduced from every input: the run's
+                    // result is final. The ranks commit now, while this node stores its own.
+                    self.send_end(&plan, true);
+                }
                 return match self.halving.rank_finished(&key, Ok(v)) {
                     End::Commit(v) => self.commit_on_a_worker(key.0, key.1, v),
                     End::Over => self.halving.finish(&key, Outcome::Abandoned),
@@ -237,9 +275,20 @@ impl Reducer {
         }
     }
 
-    /// Stores and announces a committed result on a worker (an allocation may wait for room;
-    /// a transport thread must not).
+    /// Stores and announces a committed result: here if the store has room at once (the
+    /// node's reader is then woken one thread hand-off sooner), else on a worker (an
+    /// allocation may wait for room; a transport thread must not).
     fn commit_on_a_worker(&self, target: ObjectId, run: u64, v: Vec<u8>) {
+        match store_result_with(&self.store, &self.dir, &target, &v, true) {
+            Ok(_) => {
+                hop!(self.id, "halving rank done");
+                return self.halving.finish(&(target, run), Outcome::Committed);
+            }
+            Err(Error::AlreadyExists(_)) => {
+                return self.halving.finish(&(target, run), Outcome::Abandoned);
+            }
+            Err(_) => {}
+        }
         let (store, dir, halving, me) = (
             self.store.clone(),
             self.dir.clone(),
@@ -298,22 +347,39 @@ impl Reducer {
         }
     }
 
-    /// Coordinates run `plan` (this node is one of its ranks): sends the other ranks their
-    /// task, runs its own, and commits. The result's copy here, or `None` if the run was
-    /// abandoned before anything was announced (the caller then uses a tree).
-    /// `announce` runs once the outcome is known here, before the ranks hear it (it tells the
-    /// readers the plan: they then find their rank's outcome as soon as it is there).
+    /// Tells every other rank of `plan` how the run ends (never blocks: queued to the
+    /// dispatcher when a link is busy; a rank that does not hear it gives up on its own, at
+    /// the tick's sweep).
+    fn send_end(&self, plan: &HalvingPlan, commit: bool) {
+        for n in plan.ranks.iter().map(|r| r.0).filter(|&n| n != self.id) {
+            let end = ReduceMsg::HalvingEnd {
+                target: plan.target.clone(),
+                run: plan.run,
+                commit,
+            };
+            self.rpc.send_without_blocking(n, Msg::Reduce(end));
+        }
+    }
+
+    /// Coordinates run `plan` (this node is one of its ranks): hands the plan to the ranks
+    /// below it in the plan's tree (each hands it on), runs its own rank, and decides. The
+    /// run commits the moment the coordinator's rank has the whole result (every block was
+    /// then reduced from every input): the thread that completes it tells the ranks at once,
+    /// and this one stores the result here. It is abandoned, before anything was announced,
+    /// if a rank fails, dies or stalls first (the caller then uses a tree).
+    /// `announce` runs once the outcome is known here (it tells readers the plan).
     pub(crate) fn coordinate_halving(
         &self,
         plan: &HalvingPlan,
         announce: &dyn Fn() -> Result<()>,
-    ) -> Result<Option<CopyRef>> {
+    ) -> Result<Ran> {
         let key = key_of(plan);
-        let rank = plan
-            .ranks
-            .iter()
-            .position(|r| r.0 == self.id)
-            .ok_or_else(|| Error::InvalidArgument("the coordinator is no rank".into()))?;
+        let rank = coordinator_rank(plan)?;
+        if plan.ranks[rank].0 != self.id {
+            return Err(Error::InvalidArgument(
+                "the coordinator is not this node".into(),
+            ));
+        }
         let others: Vec<NodeId> = plan
             .ranks
             .iter()
@@ -324,7 +390,7 @@ impl Reducer {
         let t0 = std::time::Instant::now();
         let plan = Arc::new(plan.clone());
         let mut sent = true;
-        for &n in &others {
+        for n in plan_children_of(&plan, rank)? {
             let task = ReduceMsg::HalvingTask {
                 plan: (*plan).clone(),
             };
@@ -335,31 +401,54 @@ impl Reducer {
             }
         }
         let tasks_sent = t0.elapsed();
+        let members = &self.members;
+        let watch = |v: &RunView| {
+            if !v.failed.is_empty() {
+                return Some(Gave::Abandoned);
+            }
+            others
+                .iter()
+                .any(|&n| members.is_down(n))
+                .then_some(Gave::PeerDown)
+        };
         let result = if sent {
             self.begin_rank(plan.clone(), rank, self.step_wait());
-            let members = &self.members;
-            let ranks: Vec<NodeId> = others.clone();
-            let watch = |v: &RunView| {
-                if !v.failed.is_empty() {
-                    return Some(Gave::Abandoned);
-                }
-                ranks
-                    .iter()
-                    .any(|&n| members.is_down(n))
-                    .then_some(Gave::PeerDown)
-            };
             match self.halving.wait_result(&key, self.step_wait(), &watch) {
                 Ok(Ok(v)) => Ok(v),
-                Ok(Err(e)) => Err(Error::InvalidArgument(e)),
-                Err(g) => Err(Error::InvalidArgument(format!("{g:?}"))),
+                Ok(Err(e)) => Err(e),
+                Err(g) => Err(format!("{g:?}")),
             }
         } else {
-            Err(Error::InvalidArgument(
-                "a rank of the allreduce could not be told its task".into(),
-            ))
+            Err("a rank of the allreduce could not be told its task".into())
+        };
+        let result = match result {
+            // Decided (commit) by the thread that completed this rank.
+            Ok(v) => Some(v),
+            Err(e) if self.halving.decide(&key, false) => {
+                debug!(
+                    node = self.id,
+                    "allreduce into {} abandoned: {e}", plan.target
+                );
+                self.send_end(&plan, false);
+                None
+            }
+            // Committed meanwhile: the result is here, or about to be.
+            Err(_) => match self.halving.wait_result(&key, self.step_wait(), &|_| None) {
+                Ok(Ok(v)) => Some(v),
+                _ => {
+                    announce()?;
+                    self.halving.finish(&key, Outcome::Abandoned);
+                    return Ok(Ran::Elsewhere);
+                }
+            },
         };
         let had_result = t0.elapsed();
-        let stored = result.and_then(|v| store_result(&self.store, &self.dir, &plan.target, &v));
+        let Some(v) = result else {
+            announce()?;
+            self.halving.finish(&key, Outcome::Abandoned);
+            return Ok(Ran::Abandoned);
+        };
+        let stored = store_result(&self.store, &self.dir, &plan.target, &v);
         if t0.elapsed() > SLOW_RUN {
             debug!(
                 node = self.id,
@@ -369,33 +458,29 @@ impl Reducer {
                 t0.elapsed()
             );
         }
-        let commit = stored.is_ok();
         let announced = announce();
-        for &n in &others {
-            let end = ReduceMsg::HalvingEnd {
-                target: plan.target.clone(),
-                run: plan.run,
-                commit,
-            };
-            // Never blocks (queued to the dispatcher when the link is busy); a rank that
-            // does not hear it gives up on its own (the tick's sweep).
-            self.rpc.send_without_blocking(n, Msg::Reduce(end));
-        }
-        announced?;
         match stored {
             Ok(copy) => {
                 self.halving.finish(&key, Outcome::Committed);
-                Ok(Some(copy))
+                announced?;
+                Ok(Ran::Here(copy))
             }
             Err(e) => {
+                // The ranks have committed: readers (this one too) read one of their copies.
                 warn!(
                     node = self.id,
-                    "allreduce into {} abandoned: {e}", plan.target
+                    "allreduce result {} not stored here: {e}", plan.target
                 );
                 self.halving.finish(&key, Outcome::Abandoned);
-                Ok(None)
+                announced?;
+                Ok(Ran::Elsewhere)
             }
         }
+    }
+
+    /// A watch that hears when a run into `target` commits on this node.
+    pub(crate) fn watch_halving_commit(&self, target: &ObjectId) -> CommitWatch {
+        self.halving.watch_commit(target)
     }
 
     /// How run `run` into `target`, coordinated by `coordinator`, ended on this node, waiting
@@ -412,6 +497,16 @@ impl Reducer {
     }
 }
 
+/// How a coordinated run ended.
+pub(crate) enum Ran {
+    /// Committed, with the result stored here.
+    Here(CopyRef),
+    /// Committed, but the result could not be stored here: the ranks' copies are read.
+    Elsewhere,
+    /// Abandoned before anything was announced: the caller reduces with a tree.
+    Abandoned,
+}
+
 fn key_of(plan: &HalvingPlan) -> RunKey {
     (plan.target.clone(), plan.run)
 }
@@ -419,15 +514,37 @@ fn key_of(plan: &HalvingPlan) -> RunKey {
 /// Stores a result under the target's name (pinned, as a reduce's output) and announces it
 /// complete.
 fn store_result(
-    store: &Arc<crate::store::Store>,
+    store: &Arc<Store>,
     dir: &crate::directory::DirClient,
     target: &ObjectId,
     bytes: &[u8],
 ) -> Result<CopyRef> {
+    store_result_with(store, dir, target, bytes, false)
+}
+
+/// [`store_result`]; `now`: on a thread that must not block (no wait for room: an error
+/// instead; the announcement queued if the link is busy).
+fn store_result_with(
+    store: &Arc<Store>,
+    dir: &crate::directory::DirClient,
+    target: &ObjectId,
+    bytes: &[u8],
+    now: bool,
+) -> Result<CopyRef> {
     let size = bytes.len() as u64;
-    let copy = match store.create_output(target, size) {
+    let made = match now {
+        true => store.create_output_now(target, size),
+        false => store.create_output(target, size),
+    };
+    let copy = match made {
         Ok((copy, evicted)) => {
-            dir.withdraw(&evicted);
+            if now {
+                for id in &evicted {
+                    dir.withdraw_without_blocking(id);
+                }
+            } else {
+                dir.withdraw(&evicted);
+            }
             copy.append(bytes)?;
             copy
         }
@@ -438,7 +555,11 @@ fn store_result(
         },
         Err(e) => return Err(e),
     };
-    dir.publish(target, size, true)?;
+    if now {
+        dir.publish_without_blocking(target, size, true);
+    } else {
+        dir.publish(target, size, true)?;
+    }
     Ok(copy)
 }
 
@@ -475,5 +596,13 @@ mod tests {
         assert!(check_plan(&plan(&[0, 3], 0, max + 4), 3, 0, max).is_err());
         assert!(check_plan(&plan(&[0, 3], 0, 66), 3, 0, max).is_err());
         assert!(check_plan(&plan(&[1, 3], 0, 64), 3, 0, max).is_err());
+        // Handed on down the plan's tree: node 6 (rank 3) hears it from node 5 (rank 2), the
+        // coordinator's child, and from nobody else, the coordinator included.
+        let four = plan(&[0, 3, 5, 6], 0, 64);
+        assert_eq!(check_plan(&four, 6, 5, max).unwrap(), 3);
+        assert!(check_plan(&four, 6, 0, max).is_err());
+        assert!(check_plan(&four, 6, 3, max).is_err());
+        assert_eq!(plan_children_of(&four, 0).unwrap(), vec![5, 3]);
+        assert_eq!(plan_children_of(&four, 2).unwrap(), vec![6]);
     }
 }

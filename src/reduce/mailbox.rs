@@ -9,6 +9,7 @@
 use super::halving::RankState;
 use crate::protocol::HalvingPlan;
 use crate::ObjectId;
+use crossbeam_channel::{Receiver, Sender};
 use phalanx_transport::NodeId;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -89,6 +90,8 @@ struct RunBox {
     parked: Option<Parked>,
     /// This node's rank's result (or why it failed), once it has one.
     result: Option<Result<Vec<u8>, String>>,
+    /// The coordinator's decision (on the coordinator's node): commit, or abandon.
+    decided: Option<bool>,
     /// When something last happened to the run here.
     touched: Instant,
 }
@@ -103,6 +106,7 @@ impl Default for RunBox {
             coordinator: None,
             parked: None,
             result: None,
+            decided: None,
             touched: Instant::now(),
         }
     }
@@ -116,6 +120,9 @@ struct State {
     bytes: usize,
     outcomes: HashMap<RunKey, Outcome>,
     outcome_order: VecDeque<RunKey>,
+    /// Readers of a target told when a run into it commits here (`watch_commit`).
+    watchers: HashMap<ObjectId, Vec<(u64, Sender<()>)>>,
+    next_watch: u64,
 }
 
 impl State {
@@ -238,6 +245,19 @@ impl Mailbox {
         end
     }
 
+    /// The coordinator decides how the run ends (`commit`, or abandon): true if this call
+    /// decided it, false if it was decided already (the first decision stands).
+    pub fn decide(&self, key: &RunKey, commit: bool) -> bool {
+        let mut st = self.lock();
+        let b = st.run(key);
+        if b.decided.is_some() {
+            return false;
+        }
+        b.decided = Some(commit);
+        st.bound();
+        true
+    }
+
     /// The coordinator's last word on a run (kept with the node that said it), and what it
     /// asks of this node's rank.
     pub fn put_end(&self, target: ObjectId, run: u64, from: NodeId, commit: bool) -> End {
@@ -350,6 +370,11 @@ impl Mailbox {
         if st.outcomes.get(key) == Some(&Outcome::Committed) {
             return; // a late word changes nothing
         }
+        if outcome == Outcome::Committed {
+            for (_, tx) in st.watchers.remove(&key.0).unwrap_or_default() {
+                let _ = tx.try_send(());
+            }
+        }
         if st.outcomes.insert(key.clone(), outcome).is_none() {
             st.outcome_order.push_back(key.clone());
             while st.outcome_order.len() > MAX_OUTCOMES {
@@ -381,11 +406,59 @@ impl Mailbox {
         }
     }
 
+    /// A reader's watch on `target`: its channel gets a word when a run into `target`
+    /// commits on this node (at once if one has). Dropping the watch ends it.
+    pub fn watch_commit(self: &Arc<Self>, target: &ObjectId) -> CommitWatch {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let mut st = self.lock();
+        let id = st.next_watch;
+        st.next_watch += 1;
+        let done = st
+            .outcomes
+            .iter()
+            .any(|(k, o)| k.0 == *target && *o == Outcome::Committed);
+        if done {
+            let _ = tx.try_send(());
+        } else {
+            st.watchers
+                .entry(target.clone())
+                .or_default()
+                .push((id, tx));
+        }
+        CommitWatch {
+            rx,
+            mailbox: self.clone(),
+            target: target.clone(),
+            id,
+        }
+    }
+
     /// Bytes held, for tests.
     #[cfg(test)]
     fn held(&self) -> (usize, usize) {
         let st = self.lock();
         (st.bytes, st.runs.len())
+    }
+}
+
+/// A reader's watch for a run into its target to commit here (see
+/// [`Mailbox::watch_commit`]).
+pub(crate) struct CommitWatch {
+    pub rx: Receiver<()>,
+    mailbox: Arc<Mailbox>,
+    target: ObjectId,
+    id: u64,
+}
+
+impl Drop for CommitWatch {
+    fn drop(&mut self) {
+        let mut st = self.mailbox.lock();
+        if let Some(ws) = st.watchers.get_mut(&self.target) {
+            ws.retain(|(id, _)| *id != self.id);
+            if ws.is_empty() {
+                st.watchers.remove(&self.target);
+            }
+        }
     }
 }
 
@@ -523,6 +596,47 @@ mod tests {
         let swept = m.sweep(Duration::from_secs(60), &|n| n == 0);
         assert_eq!(swept.len(), 3);
         assert!(!m.has_runs());
+    }
+
+    #[test]
+    fn the_first_decision_stands() {
+        let m = Mailbox::default();
+        let k = key("t", 7);
+        assert!(m.decide(&k, true));
+        assert!(!m.decide(&k, false));
+        assert!(!m.decide(&k, true));
+        let other = key("t", 8);
+        assert!(m.decide(&other, false));
+        assert!(!m.decide(&other, true));
+    }
+
+    #[test]
+    fn a_commit_watch_hears_commits_of_its_target_only() {
+        let m = std::sync::Arc::new(Mailbox::default());
+        let w = m.watch_commit(&ObjectId::new("t"));
+        // Another target's commit, or its own run abandoned: no word.
+        m.finish(&key("u", 1), Outcome::Committed);
+        m.finish(&key("t", 1), Outcome::Abandoned);
+        assert!(w.rx.try_recv().is_err());
+        m.finish(&key("t", 2), Outcome::Committed);
+        assert!(w.rx.try_recv().is_ok());
+        // A watch begun after the commit hears of it at once.
+        let late = m.watch_commit(&ObjectId::new("t"));
+        assert!(late.rx.try_recv().is_ok());
+        // Dropped watches leave nothing behind.
+        let w2 = m.watch_commit(&ObjectId::new("v"));
+        let w3 = m.watch_commit(&ObjectId::new("v"));
+        assert_eq!(
+            m.lock().watchers.get(&ObjectId::new("v")).map(Vec::len),
+            Some(2)
+        );
+        drop(w2);
+        assert_eq!(
+            m.lock().watchers.get(&ObjectId::new("v")).map(Vec::len),
+            Some(1)
+        );
+        drop(w3);
+        assert!(m.lock().watchers.is_empty());
     }
 
     #[test]

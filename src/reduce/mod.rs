@@ -21,7 +21,7 @@ mod task;
 mod tree;
 
 pub use claims::SourceClaims;
-pub(crate) use halving_run::MAX_RANKS as MAX_HALVING_RANKS;
+pub(crate) use halving_run::{Ran as HalvingRan, MAX_RANKS as MAX_HALVING_RANKS};
 pub(crate) use mailbox::Outcome as HalvingOutcome;
 pub use tree::{choose_degree, Tree};
 
