@@ -138,6 +138,43 @@ fn every_op_and_dtype_equals_the_reference_on_every_node() {
     }
 }
 
+/// Eight ranks, the coordinator not the first: the plan goes down three levels of the
+/// plan's tree (ranks handing it on), every node ends with the reference, and each reader
+/// returns its own rank's copy (no node pulled the result), several runs in a row.
+#[test]
+fn eight_ranks_hand_the_plan_on_and_read_their_own_copies() {
+    let n = 8;
+    let c = LocalCluster::start(n as u32, cfg(), tcp()).unwrap();
+    let dtype = DType::F32;
+    for round in 0..4 {
+        let tag = format!("eight{round}");
+        let inputs: Vec<Vec<u8>> = (0..n).map(|k| input(k + round, SIZE, dtype)).collect();
+        // Sources in an order that makes node 0 rank 3 (the root of the plan's tree).
+        let order = [5usize, 2, 7, 0, 1, 6, 3, 4];
+        let sources: Vec<ObjectId> = order
+            .iter()
+            .map(|k| ObjectId::new(format!("{tag}/in{k}")))
+            .collect();
+        for (i, &k) in order.iter().enumerate() {
+            c.node(k).put(sources[i].clone(), &inputs[k]).unwrap();
+        }
+        let target = ObjectId::new(format!("{tag}/out"));
+        let readers: Vec<usize> = (1..n).collect();
+        let (all, outcome) = run(&c, &target, &sources, ReduceOp::Sum, dtype, &readers);
+        assert!(outcome.tree.is_empty(), "{tag}: a tree ran");
+        assert_eq!(outcome.partitions, 8);
+        let want = reference(&inputs.iter().collect::<Vec<_>>(), ReduceOp::Sum, dtype);
+        for (k, got) in all.iter().enumerate() {
+            assert!(*got == want, "{tag}: node {k} differs");
+        }
+        for k in 0..n {
+            let pulled = c.node(k).transfer_log().iter().any(|r| r.id == target);
+            assert!(!pulled, "{tag}: node {k} pulled the result");
+        }
+        c.node(0).delete_allreduce(target, SIZE, n, dtype).unwrap();
+    }
+}
+
 #[test]
 fn inputs_two_to_a_node_or_missing_take_the_tree() {
     let n = 3;
