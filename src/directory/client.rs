@@ -61,15 +61,9 @@ impl DirClient {
     /// Announces a local copy (partial or complete) to the object's directory shard.
     pub fn publish(&self, id: &ObjectId, size: u64, complete: bool) -> Result<()> {
         hop!(self.id, "publish", complete = complete);
-        let r = self.rpc.send(
-            self.shard_of(id),
-            DirMsg::Publish {
-                id: id.clone(),
-                size,
-                node: self.id,
-                complete,
-            },
-        );
+        let r = self
+            .rpc
+            .send(self.shard_of(id), self.publish_msg(id, size, complete));
         self.tolerate_shard_down(id, r)
     }
 
@@ -77,14 +71,17 @@ impl DirClient {
     /// keeps its place before this node's later messages to the shard.
     pub fn publish_without_blocking(&self, id: &ObjectId, size: u64, complete: bool) {
         hop!(self.id, "publish", complete = complete);
-        let msg = DirMsg::Publish {
+        let msg = self.publish_msg(id, size, complete);
+        self.rpc.send_without_blocking(self.shard_of(id), msg);
+    }
+
+    fn publish_msg(&self, id: &ObjectId, size: u64, complete: bool) -> Msg {
+        Msg::Dir(DirMsg::Publish {
             id: id.clone(),
             size,
             node: self.id,
             complete,
-        };
-        self.rpc
-            .send_without_blocking(self.shard_of(id), msg.into());
+        })
     }
 
     /// Stores a small object's bytes in its directory entry. Returns once the message is on
@@ -116,23 +113,20 @@ impl DirClient {
 
     /// [`DirClient::withdraw`] of one copy from a thread that must not block.
     pub fn withdraw_without_blocking(&self, id: &ObjectId) {
-        let msg = DirMsg::Withdraw {
-            id: id.clone(),
-            node: self.id,
-        };
-        self.rpc
-            .send_without_blocking(self.shard_of(id), msg.into());
+        let msg = self.withdraw_msg(id);
+        self.rpc.send_without_blocking(self.shard_of(id), msg);
     }
 
     /// [`DirClient::withdraw`] at a shard the caller already knows.
     pub fn withdraw_at(&self, shard: NodeId, id: &ObjectId) {
-        let _ = self.rpc.send(
-            shard,
-            DirMsg::Withdraw {
-                id: id.clone(),
-                node: self.id,
-            },
-        );
+        let _ = self.rpc.send(shard, self.withdraw_msg(id));
+    }
+
+    fn withdraw_msg(&self, id: &ObjectId) -> Msg {
+        Msg::Dir(DirMsg::Withdraw {
+            id: id.clone(),
+            node: self.id,
+        })
     }
 
     /// Asks for a source of `id`, waiting until there is one or until `deadline`; a shard that
@@ -198,16 +192,9 @@ impl DirClient {
 
     /// Releases the source of an assignment (and, if `ok`, marks our copy complete).
     pub fn transfer_done(&self, shard: NodeId, id: &ObjectId, src: NodeId, token: u64, ok: bool) {
-        let _ = self.rpc.send(
-            shard,
-            DirMsg::TransferDone {
-                id: id.clone(),
-                source: src,
-                receiver: self.id,
-                token,
-                ok,
-            },
-        );
+        let _ = self
+            .rpc
+            .send(shard, self.transfer_done_msg(id, src, token, ok));
     }
 
     /// [`DirClient::transfer_done`] from a thread that must not block (where a pull's last
@@ -220,14 +207,18 @@ impl DirClient {
         token: u64,
         ok: bool,
     ) {
-        let msg = DirMsg::TransferDone {
+        let msg = self.transfer_done_msg(id, src, token, ok);
+        self.rpc.send_without_blocking(shard, msg);
+    }
+
+    fn transfer_done_msg(&self, id: &ObjectId, src: NodeId, token: u64, ok: bool) -> Msg {
+        Msg::Dir(DirMsg::TransferDone {
             id: id.clone(),
             source: src,
             receiver: self.id,
             token,
             ok,
-        };
-        self.rpc.send_without_blocking(shard, msg.into());
+        })
     }
 
     /// Synchronous query at `shard`: the entry as it stands now.

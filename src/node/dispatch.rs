@@ -49,7 +49,7 @@ impl Inner {
                 Err(RecvTimeoutError::Disconnected) => break,
             };
             if Instant::now() >= next_tick {
-                if self.transfers.has_lazy_pulls() {
+                if self.transfers.has_lazy_work() {
                     self.transfers.tick();
                 }
                 self.reducer.halving_tick();

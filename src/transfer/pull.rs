@@ -501,7 +501,7 @@ impl Transfers {
 
     /// Whether some pull runs without a driver, or some serve without a worker
     /// ([`Transfers::tick`] has work).
-    pub(crate) fn has_lazy_pulls(&self) -> bool {
+    pub(crate) fn has_lazy_work(&self) -> bool {
         self.lazy.load(Ordering::Acquire) > 0 || self.has_lazy_serves()
     }
 
