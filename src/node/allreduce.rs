@@ -379,13 +379,9 @@ impl Node {
         }
         let plan = if self.halving_size(size) {
             match self.plan_or_local_commit(&target)? {
-                Some(plan) => plan,
+                Ok(plan) => plan,
                 // A run into the target committed here: this node's copy is the result.
-                None => {
-                    return Ok(ObjectView::Arena(
-                        self.local_complete(&target).expect("checked"),
-                    ))
-                }
+                Err(copy) => return Ok(ObjectView::Arena(copy)),
             }
         } else {
             self.get_view(plan_id(&target))?
@@ -428,18 +424,22 @@ impl Node {
     }
 
     /// A reader of an allreduce that may run by halving and doubling: the plan's bytes, or
-    /// `None` as soon as a run into `target` commits on this node with its copy complete
-    /// here. A rank hears its run's outcome from the run itself (its coordinator's word),
-    /// one hop after the coordinator has the result; the plan reaches readers through the
-    /// directory (announced, then sent on), later.
-    fn plan_or_local_commit(&self, target: &ObjectId) -> Result<Option<ObjectView>> {
+    /// (`Err`) this node's complete copy as soon as a run into `target` commits here. A rank
+    /// hears its run's outcome from the run itself (its coordinator's word, one hop after
+    /// the coordinator has the result), whichever of the two comes first.
+    fn plan_or_local_commit(
+        &self,
+        target: &ObjectId,
+    ) -> Result<std::result::Result<ObjectView, crate::store::CopyRef>> {
         let watch = self.inner.reducer.watch_halving_commit(target);
         let (tx, answers) = crossbeam_channel::bounded(1);
         let on_reply = Box::new(move |r: Result<crate::protocol::Reply>| {
             let _ = tx.try_send(r);
         });
         let plan = plan_id(target);
-        self.inner.dir.subscribe_then(&plan, on_reply)?;
+        if self.inner.dir.subscribe_then(&plan, on_reply).is_err() {
+            return self.get_view(plan).map(Ok);
+        }
         let deadline = std::time::Instant::now() + self.inner.cfg.op_timeout;
         let mut local = Some(&watch.rx);
         loop {
@@ -452,23 +452,25 @@ impl Node {
                     format!("allreduce plan of {target}"),
                 )
             })?;
-            if Some(op.index()) == on_local {
-                let _ = op.recv(local.expect("selected"));
-                if self.local_complete(target).is_some() {
-                    return Ok(None);
+            if let (Some(i), Some(rx)) = (on_local, local) {
+                if op.index() == i {
+                    let _ = op.recv(rx);
+                    if let Some(copy) = self.local_complete(target) {
+                        return Ok(Err(copy));
+                    }
+                    // Dropped here meanwhile (deleted): the plan decides.
+                    local = None;
+                    continue;
                 }
-                // Committed under this name before (a deleted result): the plan decides.
-                local = None;
-                continue;
             }
             debug_assert_eq!(op.index(), on_answer);
             return match op.recv(&answers) {
                 Ok(Ok(crate::protocol::Reply::InfoInline(_, data))) => {
-                    Ok(Some(ObjectView::Owned(data)))
+                    Ok(Ok(ObjectView::Owned(data)))
                 }
                 // Anything else (the plan deleted first, a shard that died, an odd answer):
                 // the plain way.
-                _ => self.get_view(plan).map(Some),
+                _ => self.get_view(plan).map(Ok),
             };
         }
     }

@@ -37,6 +37,10 @@ pub enum ReduceMsg {
         target: ObjectId,
         run: u64,
         commit: bool,
+        /// `HalvingPlan::digest` of the coordinator's plan: a rank commits only the plan it
+        /// runs if that is the one (a plan another node forged in the coordinator's name
+        /// never commits).
+        plan: [u8; 16],
     },
     /// A rank to the coordinator: its part of run `run` failed (a partner died, a block never
     /// came or was malformed, its input was gone).
@@ -55,6 +59,18 @@ pub struct HalvingPlan {
     pub size: u64,
     pub op: ReduceOp,
     pub dtype: DType,
+}
+
+impl HalvingPlan {
+    /// The first 16 bytes of the SHA-256 of the plan's encoding: names this very plan.
+    pub fn digest(&self) -> [u8; 16] {
+        use sha2::{Digest, Sha256};
+        let enc = bincode::serialize(self).expect("plans always serialise");
+        let h = Sha256::digest(&enc);
+        let mut d = [0u8; 16];
+        d.copy_from_slice(&h[..16]);
+        d
+    }
 }
 
 /// Where a participant of a partitioned allreduce fetches one partition from: along the

@@ -107,7 +107,12 @@ impl Reducer {
             }
         };
         let plan = Arc::new(plan);
-        self.halving.register(&key_of(&plan), plan.coordinator);
+        if !self
+            .halving
+            .register(&key_of(&plan), plan.coordinator, plan.digest())
+        {
+            return; // abandoned before the plan came down the tree
+        }
         // The ranks below this one in the plan's tree first: they start while this one
         // works. One that cannot be told is found by the coordinator (its node is down, or
         // its partners' blocks wait for it and the run is abandoned at the step wait).
@@ -267,8 +272,18 @@ impl Reducer {
     }
 
     /// The coordinator's last word landed here.
-    pub(super) fn halving_end(&self, from: NodeId, target: ObjectId, run: u64, commit: bool) {
-        match self.halving.put_end(target.clone(), run, from, commit) {
+    pub(super) fn halving_end(
+        &self,
+        from: NodeId,
+        target: ObjectId,
+        run: u64,
+        commit: bool,
+        plan: [u8; 16],
+    ) {
+        match self
+            .halving
+            .put_end(target.clone(), run, from, commit, plan)
+        {
             End::Commit(v) => self.commit_on_a_worker(target, run, v),
             End::Over => self.halving.finish(&(target, run), Outcome::Abandoned),
             End::Wait => {}
@@ -351,11 +366,13 @@ impl Reducer {
     /// dispatcher when a link is busy; a rank that does not hear it gives up on its own, at
     /// the tick's sweep).
     fn send_end(&self, plan: &HalvingPlan, commit: bool) {
+        let digest = plan.digest();
         for n in plan.ranks.iter().map(|r| r.0).filter(|&n| n != self.id) {
             let end = ReduceMsg::HalvingEnd {
                 target: plan.target.clone(),
                 run: plan.run,
                 commit,
+                plan: digest,
             };
             self.rpc.send_without_blocking(n, Msg::Reduce(end));
         }
@@ -367,7 +384,8 @@ impl Reducer {
     /// then reduced from every input): the thread that completes it tells the ranks at once,
     /// and this one stores the result here. It is abandoned, before anything was announced,
     /// if a rank fails, dies or stalls first (the caller then uses a tree).
-    /// `announce` runs once the outcome is known here (it tells readers the plan).
+    /// `announce` tells readers the plan, once the run is decided (readers on the ranks'
+    /// nodes mostly learn of the commit from their own run first).
     pub(crate) fn coordinate_halving(
         &self,
         plan: &HalvingPlan,
@@ -386,7 +404,7 @@ impl Reducer {
             .map(|r| r.0)
             .filter(|&n| n != self.id)
             .collect();
-        self.halving.register(&key, self.id);
+        self.halving.register(&key, self.id, plan.digest());
         let t0 = std::time::Instant::now();
         let plan = Arc::new(plan.clone());
         let mut sent = true;
@@ -403,7 +421,8 @@ impl Reducer {
         let tasks_sent = t0.elapsed();
         let members = &self.members;
         let watch = |v: &RunView| {
-            if !v.failed.is_empty() {
+            // Failure reports count from the run's ranks only.
+            if v.failed.iter().any(|n| others.contains(n)) {
                 return Some(Gave::Abandoned);
             }
             others
@@ -448,6 +467,8 @@ impl Reducer {
             self.halving.finish(&key, Outcome::Abandoned);
             return Ok(Ran::Abandoned);
         };
+        // Announced first: the ranks are committing already.
+        let announced = announce();
         let stored = store_result(&self.store, &self.dir, &plan.target, &v);
         if t0.elapsed() > SLOW_RUN {
             debug!(
@@ -458,7 +479,6 @@ impl Reducer {
                 t0.elapsed()
             );
         }
-        let announced = announce();
         match stored {
             Ok(copy) => {
                 self.halving.finish(&key, Outcome::Committed);

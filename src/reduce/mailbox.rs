@@ -84,8 +84,10 @@ struct RunBox {
     end: Option<(NodeId, bool)>,
     /// Ranks that reported failure.
     failed: Vec<NodeId>,
-    /// The coordinator, once this node's rank is registered.
+    /// The coordinator, once this node's rank is registered, and the digest of the plan it
+    /// runs (a commit must name it).
     coordinator: Option<NodeId>,
+    digest: Option<[u8; 16]>,
     /// This node's rank while it waits for a block.
     parked: Option<Parked>,
     /// This node's rank's result (or why it failed), once it has one.
@@ -104,6 +106,7 @@ impl Default for RunBox {
             end: None,
             failed: Vec::new(),
             coordinator: None,
+            digest: None,
             parked: None,
             result: None,
             decided: None,
@@ -208,11 +211,21 @@ impl Mailbox {
         Some(d)
     }
 
-    /// Registers this node's rank of a run coordinated by `coordinator`.
-    pub fn register(&self, key: &RunKey, coordinator: NodeId) {
+    /// Registers this node's rank of a run coordinated by `coordinator`, running the plan
+    /// of digest `digest`. False if the coordinator abandoned the run already (its word
+    /// came before the plan, which travels down the plan's tree): the rank is not to start.
+    pub fn register(&self, key: &RunKey, coordinator: NodeId, digest: [u8; 16]) -> bool {
         let mut st = self.lock();
-        st.run(key).coordinator = Some(coordinator);
+        let b = st.run(key);
+        b.coordinator = Some(coordinator);
+        b.digest = Some(digest);
+        let abandoned = b.end == Some((coordinator, false));
         st.bound();
+        if abandoned {
+            drop(st);
+            self.finish(key, Outcome::Abandoned);
+        }
+        !abandoned
     }
 
     /// Parks the rank until the block it waits for comes; hands it back at once if that
@@ -247,25 +260,42 @@ impl Mailbox {
 
     /// The coordinator decides how the run ends (`commit`, or abandon): true if this call
     /// decided it, false if it was decided already (the first decision stands).
+    /// A run that ended here (its entry gone) stays decided; one pushed out before it was
+    /// decided may still be abandoned, never committed.
     pub fn decide(&self, key: &RunKey, commit: bool) -> bool {
         let mut st = self.lock();
-        let b = st.run(key);
+        if st.outcomes.contains_key(key) {
+            return false;
+        }
+        let Some(b) = st.runs.get_mut(key) else {
+            return !commit;
+        };
         if b.decided.is_some() {
             return false;
         }
         b.decided = Some(commit);
-        st.bound();
         true
     }
 
     /// The coordinator's last word on a run (kept with the node that said it), and what it
-    /// asks of this node's rank.
-    pub fn put_end(&self, target: ObjectId, run: u64, from: NodeId, commit: bool) -> End {
+    /// asks of this node's rank. A commit counts only for the plan of digest `plan` (the one
+    /// the coordinator made), and only once this node's rank runs it.
+    pub fn put_end(
+        &self,
+        target: ObjectId,
+        run: u64,
+        from: NodeId,
+        commit: bool,
+        plan: [u8; 16],
+    ) -> End {
         let mut st = self.lock();
         let key = (target, run);
         let b = st.run(&key);
         if b.coordinator.is_some_and(|c| c != from) {
             return End::Wait; // not its coordinator's word: ignored
+        }
+        if commit && b.digest != Some(plan) {
+            return End::Wait; // not the plan this rank runs (or none yet): ignored
         }
         b.end = Some((from, commit));
         let end = match (&b.result, b.coordinator) {
@@ -289,11 +319,12 @@ impl Mailbox {
     ) -> Result<Result<Vec<u8>, String>, Gave> {
         let mut st = self.lock();
         loop {
-            let b = st.runs.get_mut(key);
-            if let Some(r) = b.as_ref().and_then(|b| b.result.clone()) {
+            // Gone: swept (nothing happened for the wait) or pushed out.
+            let b = st.runs.get_mut(key).ok_or(Gave::Abandoned)?;
+            if let Some(r) = b.result.clone() {
                 return Ok(r);
             }
-            let since = b.map_or(Instant::now(), |b| b.touched);
+            let since = b.touched;
             st = self.wait_once(st, key, since + wait, watch)?;
         }
     }
@@ -407,24 +438,18 @@ impl Mailbox {
     }
 
     /// A reader's watch on `target`: its channel gets a word when a run into `target`
-    /// commits on this node (at once if one has). Dropping the watch ends it.
+    /// commits on this node from now on (a run that committed before is found through its
+    /// plan; an earlier run under the same name, deleted since, is no answer). Dropping the
+    /// watch ends it.
     pub fn watch_commit(self: &Arc<Self>, target: &ObjectId) -> CommitWatch {
         let (tx, rx) = crossbeam_channel::bounded(1);
         let mut st = self.lock();
         let id = st.next_watch;
         st.next_watch += 1;
-        let done = st
-            .outcomes
-            .iter()
-            .any(|(k, o)| k.0 == *target && *o == Outcome::Committed);
-        if done {
-            let _ = tx.try_send(());
-        } else {
-            st.watchers
-                .entry(target.clone())
-                .or_default()
-                .push((id, tx));
-        }
+        st.watchers
+            .entry(target.clone())
+            .or_default()
+            .push((id, tx));
         CommitWatch {
             rx,
             mailbox: self.clone(),
@@ -480,6 +505,8 @@ mod tests {
     use super::*;
     use crate::ops::{DType, ReduceOp};
 
+    const D: [u8; 16] = [7; 16];
+
     fn key(t: &str, run: u64) -> RunKey {
         (ObjectId::new(t), run)
     }
@@ -508,7 +535,7 @@ mod tests {
     fn a_parked_rank_is_handed_to_the_block_it_waits_for() {
         let m = Mailbox::default();
         let k = key("t", 1);
-        m.register(&k, 0);
+        m.register(&k, 0, D);
         // Rank 0 of 2 waits for rank 1 (node 3), step 1, once its own send is done.
         let mut p = parked(0);
         p.state
@@ -541,26 +568,26 @@ mod tests {
     fn the_coordinators_word_decides_and_only_its() {
         let m = Mailbox::default();
         let k = key("t", 2);
-        m.register(&k, 0);
+        m.register(&k, 0, D);
         // A word from another node is kept but asks nothing.
-        assert!(matches!(m.put_end("t".into(), 2, 7, true), End::Wait));
+        assert!(matches!(m.put_end("t".into(), 2, 7, true, D), End::Wait));
         assert!(matches!(m.rank_finished(&k, Ok(vec![1])), End::Wait));
-        assert!(matches!(m.put_end("t".into(), 2, 0, true), End::Commit(v) if v == vec![1]));
+        assert!(matches!(m.put_end("t".into(), 2, 0, true, D), End::Commit(v) if v == vec![1]));
         // The word before the result.
         let k3 = key("t", 3);
-        m.register(&k3, 0);
-        assert!(matches!(m.put_end("t".into(), 3, 0, true), End::Wait));
+        m.register(&k3, 0, D);
+        assert!(matches!(m.put_end("t".into(), 3, 0, true, D), End::Wait));
         assert!(matches!(m.rank_finished(&k3, Ok(vec![2])), End::Commit(_)));
         // Abandoned, or failed here: over.
         let k4 = key("t", 4);
-        m.register(&k4, 0);
-        assert!(matches!(m.put_end("t".into(), 4, 0, false), End::Over));
+        m.register(&k4, 0, D);
+        assert!(matches!(m.put_end("t".into(), 4, 0, false, D), End::Over));
         assert_eq!(
             m.wait_outcome(&k4, 0, Duration::ZERO),
             Some(Outcome::Abandoned)
         );
         let k5 = key("t", 5);
-        m.register(&k5, 0);
+        m.register(&k5, 0, D);
         assert!(matches!(m.rank_finished(&k5, Err("x".into())), End::Over));
         assert_eq!(m.wait_outcome(&key("t", 6), 0, Duration::ZERO), None);
     }
@@ -569,7 +596,7 @@ mod tests {
     fn the_coordinator_waits_for_its_result_or_gives_up() {
         let m = std::sync::Arc::new(Mailbox::default());
         let k = key("t", 1);
-        m.register(&k, 0);
+        m.register(&k, 0, D);
         let m2 = m.clone();
         let h = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(30));
@@ -579,7 +606,7 @@ mod tests {
         assert_eq!(r, Ok(Ok(vec![5])));
         h.join().unwrap();
         let k2 = key("t", 2);
-        m.register(&k2, 0);
+        m.register(&k2, 0, D);
         m.put_failed("t".into(), 2, 5);
         let watch = |v: &RunView| (!v.failed.is_empty()).then_some(Gave::Abandoned);
         assert_eq!(
@@ -587,7 +614,7 @@ mod tests {
             Err(Gave::Abandoned)
         );
         let k3 = key("t", 3);
-        m.register(&k3, 0);
+        m.register(&k3, 0, D);
         assert_eq!(
             m.wait_result(&k3, Duration::from_millis(10), &|_| None),
             Err(Gave::Timeout)
@@ -602,12 +629,44 @@ mod tests {
     fn the_first_decision_stands() {
         let m = Mailbox::default();
         let k = key("t", 7);
+        m.register(&k, 0, D);
         assert!(m.decide(&k, true));
         assert!(!m.decide(&k, false));
         assert!(!m.decide(&k, true));
         let other = key("t", 8);
+        m.register(&other, 0, D);
         assert!(m.decide(&other, false));
         assert!(!m.decide(&other, true));
+        // Ended here (abandoned): a late commit is refused, the entry gone or not.
+        m.finish(&other, Outcome::Abandoned);
+        assert!(!m.decide(&other, true));
+        // Never registered or pushed out: abandoned, never committed.
+        assert!(!m.decide(&key("t", 9), true));
+        assert!(m.decide(&key("t", 10), false));
+    }
+
+    #[test]
+    fn a_commit_counts_only_for_the_plan_the_rank_runs() {
+        let m = Mailbox::default();
+        let k = key("t", 11);
+        // A commit before the plan is here: ignored (the coordinator could not have one).
+        assert!(matches!(m.put_end("t".into(), 11, 0, true, D), End::Wait));
+        assert!(m.register(&k, 0, D));
+        assert!(matches!(m.rank_finished(&k, Ok(vec![4])), End::Wait));
+        // The coordinator's commit of another plan (a forged one ran here): ignored.
+        assert!(matches!(
+            m.put_end("t".into(), 11, 0, true, [9; 16]),
+            End::Wait
+        ));
+        assert!(matches!(m.put_end("t".into(), 11, 0, true, D), End::Commit(v) if v == vec![4]));
+        // An abandon that came before the plan: the rank does not start.
+        let k2 = key("t", 12);
+        assert!(matches!(m.put_end("t".into(), 12, 0, false, D), End::Wait));
+        assert!(!m.register(&k2, 0, D));
+        assert_eq!(
+            m.wait_outcome(&k2, 0, Duration::ZERO),
+            Some(Outcome::Abandoned)
+        );
     }
 
     #[test]
@@ -620,9 +679,9 @@ mod tests {
         assert!(w.rx.try_recv().is_err());
         m.finish(&key("t", 2), Outcome::Committed);
         assert!(w.rx.try_recv().is_ok());
-        // A watch begun after the commit hears of it at once.
+        // A watch begun after the commit does not hear of it (the plan says).
         let late = m.watch_commit(&ObjectId::new("t"));
-        assert!(late.rx.try_recv().is_ok());
+        assert!(late.rx.try_recv().is_err());
         // Dropped watches leave nothing behind.
         let w2 = m.watch_commit(&ObjectId::new("v"));
         let w3 = m.watch_commit(&ObjectId::new("v"));
@@ -636,6 +695,8 @@ mod tests {
             Some(1)
         );
         drop(w3);
+        assert!(!m.lock().watchers.contains_key(&ObjectId::new("v")));
+        drop(late);
         assert!(m.lock().watchers.is_empty());
     }
 

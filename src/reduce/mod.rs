@@ -237,7 +237,8 @@ impl Reducer {
                 target,
                 run,
                 commit,
-            } => self.halving_end(from, target, run, commit),
+                plan,
+            } => self.halving_end(from, target, run, commit, plan),
             ReduceMsg::HalvingFailed { target, run } => self.halving.put_failed(target, run, from),
         }
     }
