@@ -291,3 +291,86 @@ fn a_partition_root_killed_mid_allreduce_leaves_the_survivors_correct() {
         );
     }
 }
+
+/// The first `num` of `m` inputs: two inputs come late, the allreduce combines the first three
+/// to be ready, and every participant (the late ones' nodes too) ends with the same bytes,
+/// the reduce of exactly the inputs the outcome names; for a small (inline) object, one of
+/// the halving-doubling sizes, and one of a partitioned allreduce's.
+#[test]
+fn the_first_n_of_m_allreduce_combines_what_it_used_on_every_node() {
+    let n = 5;
+    let c = LocalCluster::start(n as u32, cfg(), tcp()).unwrap();
+    let dtype = DType::I32;
+    for (round, size) in [4u64 << 10, 128 << 10, PARTITION_MIN]
+        .into_iter()
+        .enumerate()
+    {
+        let tag = format!("first{round}");
+        let inputs: Vec<Vec<u8>> = (0..n).map(|k| input(k, size, dtype)).collect();
+        let sources: Vec<ObjectId> = (0..n)
+            .map(|k| ObjectId::new(format!("{tag}/in{k}")))
+            .collect();
+        // Inputs 0, 1, 2 now; 3 and 4 well after the allreduce began.
+        for k in 0..3 {
+            c.node(k).put(sources[k].clone(), &inputs[k]).unwrap();
+        }
+        let target = ObjectId::new(format!("{tag}/out"));
+        let (all, outcome) = std::thread::scope(|s| {
+            for k in 3..n {
+                let (node, id, bytes) = (c.node(k).clone(), sources[k].clone(), &inputs[k]);
+                s.spawn(move || {
+                    std::thread::sleep(Duration::from_millis(400));
+                    node.put(id, bytes).unwrap();
+                });
+            }
+            let readers: Vec<_> = (1..n)
+                .map(|k| {
+                    let (node, t) = (c.node(k).clone(), target.clone());
+                    s.spawn(move || node.allreduce_read(t, size).map(|v| v.to_vec()))
+                })
+                .collect();
+            let (mine, outcome) = c
+                .node(0)
+                .allreduce_first(
+                    target.clone(),
+                    &sources,
+                    3,
+                    ReduceOp::Sum,
+                    dtype,
+                    &ReduceOptions::default(),
+                )
+                .expect("coordinator");
+            let mut all = vec![mine.to_vec()];
+            for r in readers {
+                all.push(r.join().unwrap().expect("reader"));
+            }
+            (all, outcome)
+        });
+        let mut used: Vec<usize> = outcome
+            .used
+            .iter()
+            .map(|id| sources.iter().position(|s| s == id).unwrap())
+            .collect();
+        used.sort_unstable();
+        assert_eq!(used, vec![0, 1, 2], "{tag}: the first three to be ready");
+        let want = reference(
+            &used.iter().map(|&k| inputs[k].clone()).collect::<Vec<_>>(),
+            ReduceOp::Sum,
+            dtype,
+        );
+        for (k, got) in all.iter().enumerate() {
+            assert!(*got == want, "{tag}: node {k} differs");
+        }
+        c.node(0).delete_allreduce(target, size, 3, dtype).unwrap();
+    }
+    // None of its inputs: refused.
+    let err = c.node(0).allreduce_first(
+        "none",
+        &[],
+        0,
+        ReduceOp::Sum,
+        dtype,
+        &ReduceOptions::default(),
+    );
+    assert!(err.is_err());
+}

@@ -276,6 +276,41 @@ impl Node {
         self.allreduce_partitioned(target, sources, op, dtype, opts, &parts)
     }
 
+    /// Allreduce of the first `num` of `sources` to be ready (in arrival order, as
+    /// [`Node::reduce_with`] places them): always one tree, whose result every participant
+    /// reads with [`Node::allreduce_read`] as for a whole allreduce. The outcome's `used`
+    /// names the inputs combined. `num` at least `sources.len()` is [`Node::allreduce_view`].
+    pub fn allreduce_first(
+        &self,
+        target: impl Into<ObjectId>,
+        sources: &[ObjectId],
+        num: usize,
+        op: ReduceOp,
+        dtype: DType,
+        opts: &ReduceOptions,
+    ) -> Result<(ObjectView, ReduceOutcome)> {
+        let target = target.into();
+        if num == 0 {
+            return Err(Error::InvalidArgument(
+                "an allreduce of none of its inputs".into(),
+            ));
+        }
+        if num >= sources.len() {
+            return self.allreduce_view(target, sources, op, dtype, opts);
+        }
+        // Readers of an object this size wait for the plan: one tree. Without the size here,
+        // announced whenever partitioning or halving is on (as `allreduce_view` does).
+        let size = sources
+            .iter()
+            .find_map(|s| self.inner.store.lookup(s).map(|c| c.size()));
+        let min = self.inner.cfg.allreduce_partition_min;
+        let unknown = min != u64::MAX || self.inner.cfg.allreduce_halving_max >= INLINE_LIMIT;
+        if size.map_or(unknown, |s| self.reads_plan(s)) {
+            self.put(plan_id(&target), &encode_plan(&[]))?;
+        }
+        self.allreduce_tree(target, sources, num, op, dtype, opts)
+    }
+
     /// Whether an allreduce of objects of `size` bytes runs by halving and doubling when it
     /// can (and so its readers wait for its plan).
     fn halving_size(&self, size: u64) -> bool {
