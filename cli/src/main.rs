@@ -90,6 +90,10 @@ struct BenchArgs {
     /// gather).
     #[arg(long, default_value_t = 0)]
     arrival_interval_ms: u64,
+    /// Reduce and allreduce combine the first K inputs to be ready, of one per rank
+    /// (`allreduce_first`); default: all of them.
+    #[arg(long)]
+    first: Option<u32>,
     #[arg(long)]
     config: Option<PathBuf>,
     /// This process's rank; else PHALANX_RANK, else SLURM_PROCID.
@@ -312,6 +316,7 @@ fn bench_cmd(a: BenchArgs) -> Result<()> {
             iters: a.iters,
             warmup: a.warmup,
             arrival_interval_ms: a.arrival_interval_ms,
+            first: a.first,
             degree: a.degree,
             placement: a.placement,
             trace: a.trace,

@@ -84,6 +84,8 @@ pub struct BenchSpec {
     pub iters: usize,
     pub warmup: usize,
     pub arrival_interval_ms: u64,
+    /// Reduce and allreduce: the first this many inputs to be ready (None: all).
+    pub first: Option<u32>,
     pub degree: Degree,
     pub placement: Placement,
     /// Record and print the hops of the last iteration of every size.
@@ -107,6 +109,9 @@ pub struct BenchRecord {
     pub throughput_gbit_s: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub arrival_interval_ms: Option<u64>,
+    /// Reduce and allreduce of the first this many inputs to be ready.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first: Option<u32>,
     pub placement: Placement,
     /// Reduce: the degree used (of the median run).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -163,11 +168,13 @@ impl BenchRecord {
 
     pub fn table_header(&self) -> String {
         let mut h = format!(
-            "# phalanx bench {:?} ({:?}) over {}, {} nodes{}\n# {:>10} {:>14} {:>14} {:>14} {:>14} {:>12}",
+            "# phalanx bench {:?} ({:?}) over {}, {} nodes{}{}\n# {:>10} {:>14} {:>14} {:>14} {:>14} {:>12}",
             self.collective,
             self.algo,
             self.transport,
             self.nodes,
+            self.first
+                .map_or(String::new(), |k| format!(", the first {k} inputs")),
             self.arrival_interval_ms
                 .map_or(String::new(), |x| format!(", arrival interval {x} ms")),
             "size (B)",
@@ -277,6 +284,7 @@ pub fn run_rank(
                 p99_s: percentile(&times, 99.0),
                 throughput_gbit_s: size as f64 * 8.0 / med / 1e9,
                 arrival_interval_ms: asynchronous.then_some(spec.arrival_interval_ms),
+                first: spec.first,
                 placement: spec.placement,
                 degree,
                 partitions,

@@ -170,6 +170,8 @@ impl<'a> Round<'a> {
         let spec = self.spec;
         let n = node.num_nodes();
         let interval = Duration::from_millis(spec.arrival_interval_ms);
+        // Reduce and allreduce of the first `num` inputs to be ready.
+        let num = spec.first.map_or(n, |k| k.clamp(1, n));
         let inputs: Vec<ObjectId> = (0..n).map(|k| self.name(it, "in", k)).collect();
         let target = self.name(it, "out", 0);
         let put_input = || -> Result<u64> {
@@ -184,7 +186,10 @@ impl<'a> Round<'a> {
             if spec.collective == Collective::Allreduce {
                 let v = node.allreduce_read(target, self.size)?;
                 done = now_ns();
-                check_sum(&v, n, self.size)?;
+                // Of a subset, only rank 0 knows which inputs were used: it checks.
+                if num == n {
+                    check_sum(&v, &(0..n).collect::<Vec<_>>(), self.size)?;
+                }
             }
             self.finish(released, Some(done))?;
             return Ok(None);
@@ -192,7 +197,8 @@ impl<'a> Round<'a> {
         // Rank 0's input is due at the start (0 intervals late): it puts it, then combines,
         // so the coordinator knows the object's size as it chooses the algorithm.
         let put_done = put_input()?;
-        let (done, (degree, partitions), result) = self.combine_at_root(&inputs, &target)?;
+        let (done, (degree, partitions), result, used) =
+            self.combine_at_root(&inputs, &target, num)?;
         let done = done.max(put_done);
         let total = self
             .finish(released, Some(done))?
@@ -200,8 +206,8 @@ impl<'a> Round<'a> {
         // Checked once every rank is done, outside the timing.
         match (spec.collective, result) {
             (Collective::Gather, _) => {}
-            (_, Some(v)) => check_sum(&v, n, self.size)?,
-            (_, None) => check_sum(&node.get_view(target.clone())?, n, self.size)?,
+            (_, Some(v)) => check_sum(&v, &used, self.size)?,
+            (_, None) => check_sum(&node.get_view(target.clone())?, &used, self.size)?,
         }
         for id in &inputs {
             node.delete(id.clone())?;
@@ -211,7 +217,7 @@ impl<'a> Round<'a> {
         } else if spec.collective != Collective::Gather && spec.algo == Algo::Phalanx {
             node.delete(target)?;
         }
-        let last_ready_at = (interval * (n - 1)).as_secs_f64();
+        let last_ready_at = (interval * (num - 1)).as_secs_f64();
         Ok(Some(Measure {
             total,
             after_last_ready: Some((total - last_ready_at).max(0.0)),
@@ -220,13 +226,15 @@ impl<'a> Round<'a> {
         }))
     }
 
-    /// Rank 0's part of a many-to-one collective: when it was done, the degree of the tree,
-    /// and the result when the collective hands it back.
+    /// Rank 0's part of a many-to-one collective (reduce and allreduce of the first `num`
+    /// inputs to be ready): when it was done, the degree of the tree, the result when the
+    /// collective hands it back, and the ranks whose inputs it combined.
     fn combine_at_root(
         &self,
         inputs: &[ObjectId],
         target: &ObjectId,
-    ) -> Result<(u64, TreeShape, Option<ObjectView>)> {
+        num: u32,
+    ) -> Result<(u64, TreeShape, Option<ObjectView>, Vec<u32>)> {
         let node = self.node;
         let spec = self.spec;
         let n = node.num_nodes();
@@ -239,7 +247,7 @@ impl<'a> Round<'a> {
                         bail!("gathered input {k} differs");
                     }
                 }
-                Ok((done, (None, None), None))
+                Ok((done, (None, None), None, Vec::new()))
             }
             (Collective::Gather | Collective::Reduce, Algo::Star) => {
                 // One input after another, combined at rank 0.
@@ -254,7 +262,8 @@ impl<'a> Round<'a> {
                         Some(_) => {}
                     }
                 }
-                Ok((now_ns(), (None, None), acc.map(ObjectView::Owned)))
+                let all = (0..n).collect();
+                Ok((now_ns(), (None, None), acc.map(ObjectView::Owned), all))
             }
             (Collective::Allreduce, Algo::Star) => {
                 bail!("allreduce has no star baseline; use --degree")
@@ -269,28 +278,36 @@ impl<'a> Round<'a> {
                     degree,
                     ..ReduceOptions::default()
                 };
+                let ranks = |used: &[ObjectId]| -> Vec<u32> {
+                    used.iter()
+                        .filter_map(|id| inputs.iter().position(|i| i == id))
+                        .map(|k| k as u32)
+                        .collect()
+                };
                 if spec.collective == Collective::Allreduce {
                     // Rank 0 reads the target while it is being reduced, like every rank.
                     // Its own copy, with no copy made, as every rank's `allreduce_read`.
-                    let (v, o) = node.allreduce_view(
+                    let (v, o) = node.allreduce_first(
                         target.clone(),
                         inputs,
+                        num as usize,
                         ReduceOp::Sum,
                         DType::F32,
                         &opts,
                     )?;
-                    Ok((now_ns(), (Some(o.degree), Some(o.partitions)), Some(v)))
+                    let shape = (Some(o.degree), Some(o.partitions));
+                    Ok((now_ns(), shape, Some(v), ranks(&o.used)))
                 } else {
                     // Done when the target is complete (on the root's node).
                     let o = node.reduce_with(
                         target.clone(),
                         inputs,
-                        n as usize,
+                        num as usize,
                         ReduceOp::Sum,
                         DType::F32,
                         &opts,
                     )?;
-                    Ok((now_ns(), (Some(o.degree), None), None))
+                    Ok((now_ns(), (Some(o.degree), None), None, ranks(&o.used)))
                 }
             }
         }
@@ -339,10 +356,11 @@ fn check_pattern(v: &[u8], size: u64) -> Result<()> {
     Ok(())
 }
 
-fn check_sum(v: &[u8], n: u32, size: u64) -> Result<()> {
+/// Whether `v` is the sum of the inputs of ranks `used`.
+fn check_sum(v: &[u8], used: &[u32], size: u64) -> Result<()> {
     let ok = v.len() as u64 == size
         && (0..size / 4).step_by(1021).all(|i| {
-            let want: u64 = (0..n as u64).map(|r| (i + r) % 7).sum();
+            let want: u64 = used.iter().map(|&r| (i + r as u64) % 7).sum();
             let got = f32::from_le_bytes(
                 v[i as usize * 4..i as usize * 4 + 4]
                     .try_into()
