@@ -217,9 +217,7 @@ impl Node {
     ) -> Result<(ObjectView, ReduceOutcome)> {
         let target = target.into();
         let min = self.inner.cfg.allreduce_partition_min;
-        let size = sources
-            .iter()
-            .find_map(|s| self.inner.store.lookup(s).map(|c| c.size()));
+        let size = self.input_size(sources);
         let dynamic_only = !opts.required.is_empty() || opts.claims.is_some();
         if let Some(s) = size.filter(|&s| self.halving_size(s)) {
             // Halving and doubling if every input is there, each on its own node; else one
@@ -259,10 +257,8 @@ impl Node {
             },
         };
         // Readers of an object this large wait for the plan: announce it (no partitions:
-        // one tree). Without the size here, announce "one tree" whenever partitioning or
-        // halving is on.
-        let unknown = min != u64::MAX || self.inner.cfg.allreduce_halving_max >= INLINE_LIMIT;
-        if size.map_or(unknown, |s| s >= min) {
+        // one tree).
+        if self.readers_wait_for_plan(size) {
             let plan = if parts.len() > 1 {
                 parts.clone()
             } else {
@@ -298,14 +294,8 @@ impl Node {
         if num >= sources.len() {
             return self.allreduce_view(target, sources, op, dtype, opts);
         }
-        // Readers of an object this size wait for the plan: one tree. Without the size here,
-        // announced whenever partitioning or halving is on (as `allreduce_view` does).
-        let size = sources
-            .iter()
-            .find_map(|s| self.inner.store.lookup(s).map(|c| c.size()));
-        let min = self.inner.cfg.allreduce_partition_min;
-        let unknown = min != u64::MAX || self.inner.cfg.allreduce_halving_max >= INLINE_LIMIT;
-        if size.map_or(unknown, |s| self.reads_plan(s)) {
+        // Readers of an object this size wait for the plan: one tree.
+        if self.readers_wait_for_plan(self.input_size(sources)) {
             self.put(plan_id(&target), &encode_plan(&[]))?;
         }
         self.allreduce_tree(target, sources, num, op, dtype, opts)
@@ -315,6 +305,22 @@ impl Node {
     /// can (and so its readers wait for its plan).
     fn halving_size(&self, size: u64) -> bool {
         size >= INLINE_LIMIT && size <= self.inner.cfg.allreduce_halving_max
+    }
+
+    /// The size of the inputs, from one held here.
+    fn input_size(&self, sources: &[ObjectId]) -> Option<u64> {
+        sources
+            .iter()
+            .find_map(|s| self.inner.store.lookup(s).map(|c| c.size()))
+    }
+
+    /// Whether readers of an allreduce of inputs of `size` bytes wait for its plan; without
+    /// the size here, whenever partitioning or halving is on.
+    fn readers_wait_for_plan(&self, size: Option<u64>) -> bool {
+        let cfg = &self.inner.cfg;
+        let unknown =
+            cfg.allreduce_partition_min != u64::MAX || cfg.allreduce_halving_max >= INLINE_LIMIT;
+        size.map_or(unknown, |s| self.reads_plan(s))
     }
 
     /// Whether readers of an allreduce of `size` bytes wait for its plan.

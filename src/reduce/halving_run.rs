@@ -242,7 +242,7 @@ impl Reducer {
                     self.send_end(&plan, true);
                 }
                 return match self.halving.rank_finished(&key, Ok(v)) {
-                    End::Commit(v) => self.commit_on_a_worker(key.0, key.1, v),
+                    End::Commit(v) => self.commit(key.0, key.1, v),
                     End::Over => self.halving.finish(&key, Outcome::Abandoned),
                     End::Wait => {}
                 };
@@ -284,25 +284,20 @@ impl Reducer {
             .halving
             .put_end(target.clone(), run, from, commit, plan)
         {
-            End::Commit(v) => self.commit_on_a_worker(target, run, v),
+            End::Commit(v) => self.commit(target, run, v),
             End::Over => self.halving.finish(&(target, run), Outcome::Abandoned),
             End::Wait => {}
         }
     }
 
     /// Stores and announces a committed result: here if the store has room at once (the
-    /// node's reader is then woken one thread hand-off sooner), else on a worker (an
-    /// allocation may wait for room; a transport thread must not).
-    fn commit_on_a_worker(&self, target: ObjectId, run: u64, v: Vec<u8>) {
-        match store_result_with(&self.store, &self.dir, &target, &v, true) {
-            Ok(_) => {
-                hop!(self.id, "halving rank done");
-                return self.halving.finish(&(target, run), Outcome::Committed);
-            }
-            Err(Error::AlreadyExists(_)) => {
-                return self.halving.finish(&(target, run), Outcome::Abandoned);
-            }
-            Err(_) => {}
+    /// node's reader is then woken one thread hand-off sooner), else on a worker, which
+    /// also reports any failure (an allocation may wait for room; a transport thread must
+    /// not).
+    fn commit(&self, target: ObjectId, run: u64, v: Vec<u8>) {
+        if store_result_with(&self.store, &self.dir, &target, &v, true).is_ok() {
+            hop!(self.id, "halving rank done");
+            return self.halving.finish(&(target, run), Outcome::Committed);
         }
         let (store, dir, halving, me) = (
             self.store.clone(),
