@@ -266,3 +266,36 @@ fn a_rank_killed_mid_run_leaves_the_survivors_correct() {
         }
     }
 }
+
+/// A coordinator that dies after the result is made but before it announces the plan: its
+/// readers get the result, not a timeout. Here no plan is ever put and the result is
+/// complete on one node: readers of a halving size and of a partitioned size both return
+/// its bytes within a few plan stalls (the op timeout is 60 s).
+#[test]
+fn readers_with_no_plan_read_a_result_that_is_complete() {
+    let c = LocalCluster::start(3, cfg(), tcp()).unwrap();
+    for (tag, size) in [("halving", SIZE), ("parts", 16u64 << 20)] {
+        let target = ObjectId::new(format!("noplan-{tag}/out"));
+        let bytes = input(7, size, DType::F32);
+        let started = std::time::Instant::now();
+        let readers: Vec<_> = (1..3)
+            .map(|k| {
+                let node = c.node(k).clone();
+                let target = target.clone();
+                std::thread::spawn(move || node.allreduce_read(target, size).map(|v| v.to_vec()))
+            })
+            .collect();
+        // The result appears after the readers began waiting for the plan.
+        std::thread::sleep(Duration::from_millis(200));
+        c.node(0).put(target.clone(), &bytes).unwrap();
+        for (k, r) in readers.into_iter().enumerate() {
+            let got = r
+                .join()
+                .unwrap()
+                .unwrap_or_else(|e| panic!("{tag}: reader {k}: {e}"));
+            assert!(got == bytes, "{tag}: reader {k} differs");
+        }
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(20), "{tag}: {took:?}");
+    }
+}

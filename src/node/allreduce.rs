@@ -71,6 +71,20 @@ const HINT_STALL: std::time::Duration = std::time::Duration::from_secs(2);
 /// How long a partition's root waits for its own task's output to appear.
 const HERE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// How long a reader of an allreduce waits for its plan before it asks whether the result is
+/// complete somewhere (and again every this long): see [`Node::wait_for_plan`].
+const PLAN_STALL: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// What a reader of an allreduce waits for ([`Node::wait_for_plan`]).
+enum PlanWait {
+    /// The plan's bytes.
+    Plan(ObjectView),
+    /// A halving-doubling run into the target committed here: this node's copy.
+    Committed(crate::store::CopyRef),
+    /// No plan, but the result is complete somewhere: read it.
+    Readable,
+}
+
 /// At most this many partitions (each fetched at once by every participant; a plan that
 /// names more is refused).
 pub const MAX_PARTITIONS: usize = 64;
@@ -418,14 +432,11 @@ impl Node {
         if !self.reads_plan(size) {
             return self.get_view(target);
         }
-        let plan = if self.halving_size(size) {
-            match self.plan_or_local_commit(&target)? {
-                Ok(plan) => plan,
-                // A run into the target committed here: this node's copy is the result.
-                Err(copy) => return Ok(ObjectView::Arena(copy)),
-            }
-        } else {
-            self.get_view(plan_id(&target))?
+        let plan = match self.wait_for_plan(&target, self.halving_size(size))? {
+            PlanWait::Plan(plan) => plan,
+            // A run into the target committed here: this node's copy is the result.
+            PlanWait::Committed(copy) => return Ok(ObjectView::Arena(copy)),
+            PlanWait::Readable => return self.get_view(target),
         };
         if let Some((run, coordinator, nodes)) = decode_halving(&plan)? {
             drop(plan);
@@ -464,40 +475,59 @@ impl Node {
             .filter(|c| c.status() == CopyStatus::Complete)
     }
 
-    /// A reader of an allreduce that may run by halving and doubling: the plan's bytes, or
-    /// (`Err`) this node's complete copy as soon as a run into `target` commits here. A rank
-    /// hears its run's outcome from the run itself (its coordinator's word, one hop after
-    /// the coordinator has the result), whichever of the two comes first.
-    fn plan_or_local_commit(
-        &self,
-        target: &ObjectId,
-    ) -> Result<std::result::Result<ObjectView, crate::store::CopyRef>> {
-        let watch = self.inner.reducer.watch_halving_commit(target);
+    /// What a reader of an allreduce hears first ([`PlanWait`]): the plan; with
+    /// `watch_commits` (a size that may run by halving and doubling), this node's complete
+    /// copy as soon as a run into `target` commits here (a rank hears its run's outcome from
+    /// the run itself, one hop after the coordinator has the result, before the plan comes
+    /// through the directory); or, when no plan has come for [`PLAN_STALL`], that `target`
+    /// is complete somewhere (asked then, and again every `PLAN_STALL`): a coordinator that
+    /// died after the result was made and before it announced the plan leaves its readers
+    /// the result itself, not a timeout.
+    fn wait_for_plan(&self, target: &ObjectId, watch_commits: bool) -> Result<PlanWait> {
+        let watch = watch_commits.then(|| self.inner.reducer.watch_halving_commit(target));
         let (tx, answers) = crossbeam_channel::bounded(1);
         let on_reply = Box::new(move |r: Result<crate::protocol::Reply>| {
             let _ = tx.try_send(r);
         });
         let plan = plan_id(target);
         if self.inner.dir.subscribe_then(&plan, on_reply).is_err() {
-            return self.get_view(plan).map(Ok);
+            return self.get_view(plan).map(PlanWait::Plan);
         }
-        let deadline = std::time::Instant::now() + self.inner.cfg.op_timeout;
-        let mut local = Some(&watch.rx);
+        let start = std::time::Instant::now();
+        let deadline = start + self.inner.cfg.op_timeout;
+        let mut check_at = start + PLAN_STALL;
+        let mut local = watch.as_ref().map(|w| &w.rx);
         loop {
             let mut sel = crossbeam_channel::Select::new();
             let on_answer = sel.recv(&answers);
             let on_local = local.map(|rx| sel.recv(rx));
-            let op = sel.select_deadline(deadline).map_err(|_| {
-                Error::Timeout(
-                    self.inner.cfg.op_timeout,
-                    format!("allreduce plan of {target}"),
-                )
-            })?;
+            let op = match sel.select_deadline(check_at.min(deadline)) {
+                Ok(op) => op,
+                Err(_) if std::time::Instant::now() >= deadline => {
+                    return Err(Error::Timeout(
+                        self.inner.cfg.op_timeout,
+                        format!("allreduce plan of {target}"),
+                    ))
+                }
+                Err(_) => {
+                    // The plan is late: is the result there already?
+                    let complete = matches!(
+                        self.locate(target.clone()),
+                        Ok(Some(info)) if info.locations.iter().any(|l| l.complete)
+                    );
+                    if complete {
+                        tracing::debug!(node = self.id(), %target, "no plan; reading the result");
+                        return Ok(PlanWait::Readable);
+                    }
+                    check_at = std::time::Instant::now() + PLAN_STALL;
+                    continue;
+                }
+            };
             if let (Some(i), Some(rx)) = (on_local, local) {
                 if op.index() == i {
                     let _ = op.recv(rx);
                     if let Some(copy) = self.local_complete(target) {
-                        return Ok(Err(copy));
+                        return Ok(PlanWait::Committed(copy));
                     }
                     // Dropped here meanwhile (deleted): the plan decides.
                     local = None;
@@ -507,11 +537,11 @@ impl Node {
             debug_assert_eq!(op.index(), on_answer);
             return match op.recv(&answers) {
                 Ok(Ok(crate::protocol::Reply::InfoInline(_, data))) => {
-                    Ok(Ok(ObjectView::Owned(data)))
+                    Ok(PlanWait::Plan(ObjectView::Owned(data)))
                 }
                 // Anything else (the plan deleted first, a shard that died, an odd answer):
                 // the plain way.
-                _ => self.get_view(plan).map(Ok),
+                _ => self.get_view(plan).map(PlanWait::Plan),
             };
         }
     }
