@@ -296,9 +296,7 @@ impl Node {
             };
             let (node, id) = (self.node.clone(), ObjectId::new(target));
             let what = format!("allreduce into {target}");
-            let v = blocking::run(py, timeout, &what, move || {
-                node.allreduce_read(id, size)
-            })?;
+            let v = blocking::run(py, timeout, &what, move || node.allreduce_read(id, size))?;
             return memoryview(py, target, v);
         }
         let opts = reduce::options(degree, None, None, None)?;
@@ -312,6 +310,58 @@ impl Node {
             node.allreduce_view(id, &srcs, op, dt, &opts)
         })?;
         memoryview(py, target, view)
+    }
+
+    /// Allreduce of the first `n` of `sources` to become ready (in arrival order, as `reduce`
+    /// with `n` places them), called by every participant (SPMD): the node `coordinator`
+    /// runs one reduce tree, every other one reads `target` while it is being reduced.
+    /// Returns `(result, used)`: the result's bytes on every caller, and on the coordinator
+    /// the names of the `n` inputs combined (`None` elsewhere: a reader knows only that `n`
+    /// were). `n` of at least `len(sources)` is a whole `allreduce`.
+    #[pyo3(signature = (target, sources, n, op="sum", dtype=None, coordinator=0, degree=None, timeout=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn allreduce_first<'py>(
+        &self,
+        py: Python<'py>,
+        target: &str,
+        sources: Vec<String>,
+        n: usize,
+        op: &str,
+        dtype: Option<&Bound<'_, PyAny>>,
+        coordinator: u32,
+        degree: Option<usize>,
+        timeout: Option<f64>,
+    ) -> PyResult<(Bound<'py, PyMemoryView>, Option<Vec<String>>)> {
+        let (op, dt) = (reduce::parse_op(op)?, dtype_or_f32(dtype)?);
+        if n == 0 || sources.is_empty() {
+            return Err(errors::InvalidArgument::new_err(format!(
+                "allreduce of the first {n} of {} inputs",
+                sources.len()
+            )));
+        }
+        if coordinator >= self.node.num_nodes() {
+            return Err(errors::InvalidArgument::new_err(format!(
+                "coordinator {coordinator} is not a node of this {}-node cluster",
+                self.node.num_nodes()
+            )));
+        }
+        if self.node.id() != coordinator {
+            let view =
+                self.allreduce(py, target, sources, "sum", None, coordinator, None, timeout)?;
+            return Ok((view, None));
+        }
+        let opts = reduce::options(degree, None, None, None)?;
+        let (node, id, srcs) = (
+            self.node.clone(),
+            ObjectId::new(target),
+            reduce::ids(&sources),
+        );
+        let what = format!("allreduce into {target}");
+        let (view, outcome) = blocking::run(py, timeout, &what, move || {
+            node.allreduce_first(id, &srcs, n, op, dt, &opts)
+        })?;
+        let used = outcome.used.iter().map(|s| s.as_str().to_owned()).collect();
+        Ok((memoryview(py, target, view)?, Some(used)))
     }
 
     /// The objects `names`, fetched concurrently (a gather at this node), as memoryviews in

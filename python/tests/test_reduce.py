@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -118,3 +119,37 @@ def test_allreduce_on_4_processes():
                        capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "rank 0: allreduce of 4 inputs verified" in p.stdout, p.stdout
+
+
+def test_allreduce_first_combines_the_first_n_on_every_node():
+    names = [f"arfirst/in{k}" for k in range(4)]
+    arrays = [np.full(1 << 16, k + 1, dtype=np.float32) for k in range(4)]
+    with phalanx.local_cluster(4, op_timeout=30.0) as c:
+        results, errors = [None] * 4, []
+
+        def rank(k):
+            try:
+                if k == 3:
+                    time.sleep(1.0)  # late: the first three are combined without it
+                c[k].put(names[k], arrays[k])
+                results[k] = c[k].allreduce_first("arfirst/out", names, 3, dtype=np.float32,
+                                                  timeout=20)
+            except Exception as e:  # reported below, with the rank
+                errors.append((k, e))
+
+        threads = [threading.Thread(target=rank, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        view, used = results[0]
+        assert used is not None and sorted(used) == names[:3]
+        want = sum(arrays[:3])
+        for k in range(4):
+            v, u = results[k]
+            assert np.array_equal(np.frombuffer(v, dtype=np.float32), want), k
+            if k != 0:
+                assert u is None
+        with pytest.raises(phalanx.InvalidArgument):
+            c[0].allreduce_first("arfirst/bad", names, 0)

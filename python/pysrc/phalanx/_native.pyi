@@ -114,6 +114,17 @@ class Node:
         degree: Optional[int] = None,
         timeout: _Timeout = None,
     ) -> memoryview: ...
+    def allreduce_first(
+        self,
+        target: str,
+        sources: List[str],
+        n: int,
+        op: str = "sum",
+        dtype: Optional[DTypeLike] = None,
+        coordinator: int = 0,
+        degree: Optional[int] = None,
+        timeout: _Timeout = None,
+    ) -> Tuple[memoryview, Optional[List[str]]]: ...
     def gather(self, names: List[str], timeout: _Timeout = None) -> List[memoryview]: ...
     def is_alive(self, peer: int) -> bool: ...
     def arena_range(self) -> Tuple[int, int]: ...
