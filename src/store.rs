@@ -10,7 +10,7 @@
 use crate::alloc::RangeAllocator;
 use crate::{Error, ObjectId, Result};
 use phalanx_transport::Arena;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -68,6 +68,40 @@ struct State {
     copies: HashMap<u64, CopyState>,
     next_key: u64,
     tick: u64,
+    /// Names whose copy was dropped here (deleted, evicted, failed) and not made again: a
+    /// source asked for one refuses at once instead of waiting for a copy that is not coming
+    /// ([`Store::recently_dropped`]).
+    dropped: Dropped,
+}
+
+/// Names of dropped copies remembered, the oldest forgotten first.
+const DROPPED_KEEP: usize = 1024;
+
+/// The last [`DROPPED_KEEP`] names dropped: a set, and the order they came in (an entry of the
+/// order whose number no longer matches the set's is stale).
+#[derive(Debug, Default)]
+struct Dropped {
+    set: HashMap<ObjectId, u64>,
+    order: VecDeque<(ObjectId, u64)>,
+    next: u64,
+}
+
+impl Dropped {
+    fn forget(&mut self, id: &ObjectId) {
+        self.set.remove(id);
+    }
+
+    fn note(&mut self, id: ObjectId) {
+        self.next += 1;
+        self.set.insert(id.clone(), self.next);
+        self.order.push_back((id, self.next));
+        while self.order.len() > DROPPED_KEEP {
+            let (old, n) = self.order.pop_front().expect("not empty");
+            if self.set.get(&old) == Some(&n) {
+                self.set.remove(&old);
+            }
+        }
+    }
 }
 
 /// A summary of one copy, for tests and introspection.
@@ -104,6 +138,7 @@ impl Store {
                 copies: HashMap::new(),
                 next_key: 1,
                 tick: 0,
+                dropped: Dropped::default(),
             }),
             changed: Condvar::new(),
         })
@@ -159,6 +194,7 @@ impl Store {
             let c = st.copies.remove(&k).expect("victim exists");
             st.by_id.remove(&c.id);
             st.alloc.free(c.offset, c.size);
+            st.dropped.note(c.id.clone());
             evicted.push(c.id);
         }
     }
@@ -218,6 +254,7 @@ impl Store {
         let id = c.id.clone();
         if st.by_id.get(&id) == Some(&key) {
             st.by_id.remove(&id);
+            st.dropped.note(id);
         }
         Self::detach(st, key);
     }
@@ -285,6 +322,7 @@ impl Store {
             },
         );
         st.by_id.insert(id.clone(), key);
+        st.dropped.forget(id);
         let r = self.new_ref(&mut st, key);
         self.changed.notify_all();
         Ok((r, evicted))
@@ -348,6 +386,7 @@ impl Store {
         let Some(k) = st.by_id.remove(id) else {
             return false;
         };
+        st.dropped.note(id.clone());
         let c = st.copies.get_mut(&k).expect("live copy");
         c.progress.notify_all();
         c.kick();
@@ -363,6 +402,13 @@ impl Store {
             let c = st.copies.remove(&k).expect("live copy");
             st.alloc.free(c.offset, c.size);
         }
+    }
+
+    /// Whether this node had a copy of `id` and dropped it (deleted, evicted or failed) and
+    /// has none now: among the last [`DROPPED_KEEP`] names dropped.
+    pub fn recently_dropped(&self, id: &ObjectId) -> bool {
+        let st = self.lock();
+        !st.by_id.contains_key(id) && st.dropped.set.contains_key(id)
     }
 
     pub fn free_bytes(&self) -> u64 {
@@ -707,6 +753,43 @@ mod tests {
         assert_eq!(r.as_slice().unwrap()[0], 9);
         drop(r);
         assert_eq!(s.free_bytes(), 2048);
+    }
+
+    #[test]
+    fn dropped_names_are_remembered_until_made_again_and_bounded() {
+        let s = store(4096);
+        let x: ObjectId = "x".into();
+        assert!(!s.recently_dropped(&x), "never here");
+        let (r, _) = s.create(&x, 1024, false).unwrap();
+        r.append(&[1; 1024]).unwrap();
+        assert!(!s.recently_dropped(&x), "here");
+        assert!(s.delete(&x));
+        assert!(s.recently_dropped(&x), "deleted");
+        let (again, _) = s.create(&x, 1024, false).unwrap();
+        assert!(!s.recently_dropped(&x), "made again");
+        again.fail();
+        assert!(s.recently_dropped(&x), "failed");
+        // Evicted to make room: remembered too.
+        drop((r, again));
+        let (e, _) = s.create(&"e".into(), 4096, false).unwrap();
+        e.append(&[2; 4096]).unwrap();
+        drop(e);
+        let (f, evicted) = s.create(&"f".into(), 4096, false).unwrap();
+        assert_eq!(evicted, vec![ObjectId::from("e")]);
+        assert!(s.recently_dropped(&"e".into()));
+        drop(f);
+        s.delete(&"f".into());
+        // Bounded: the oldest names are forgotten.
+        for k in 0..DROPPED_KEEP {
+            let id = ObjectId::new(format!("n{k}"));
+            let (c, _) = s.create(&id, 1, false).unwrap();
+            drop(c);
+            s.delete(&id);
+        }
+        assert!(!s.recently_dropped(&x), "forgotten");
+        assert!(s.recently_dropped(&ObjectId::new(format!("n{}", DROPPED_KEEP - 1))));
+        assert!(s.lock().dropped.set.len() <= DROPPED_KEEP);
+        assert!(s.lock().dropped.order.len() <= DROPPED_KEEP);
     }
 
     #[test]

@@ -374,3 +374,32 @@ fn the_first_n_of_m_allreduce_combines_what_it_used_on_every_node() {
     );
     assert!(err.is_err());
 }
+
+/// A participant that reads a partitioned allreduce long after the others were done (they
+/// dropped their partition copies once assembled) gets the result at once: the nodes its
+/// hints name refuse at once, and it fetches what is left where the directory says.
+#[test]
+fn a_late_reader_of_a_partitioned_allreduce_gets_the_result() {
+    let c = LocalCluster::start(4, cfg(), tcp()).unwrap();
+    let (size, dtype) = (16u64 << 20, DType::F32);
+    let (inputs, sources) = put_inputs(&c, "late", &[0, 1, 2, 3], size, dtype);
+    let target = ObjectId::new("late/out");
+    // Nodes 0..=2 take part at once; node 3 reads after everyone else is done.
+    let (all, parts) = run(&c, &target, &sources, size, ReduceOp::Sum, dtype, &[1, 2]);
+    assert!(parts > 1, "partitioned");
+    let want = reference(&inputs, ReduceOp::Sum, dtype);
+    for (k, got) in all.iter().enumerate() {
+        assert!(*got == want, "node {k} differs");
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let start = Instant::now();
+    let late = c
+        .node(3)
+        .allreduce_read(target.clone(), size)
+        .expect("late reader");
+    assert!(late.to_vec() == want, "the late reader's copy differs");
+    // Its hinted sources dropped their partition copies: they refuse at once (before, each
+    // waited a second for a copy that was not coming).
+    let took = start.elapsed();
+    assert!(took < Duration::from_millis(900), "{took:?}");
+}

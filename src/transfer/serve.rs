@@ -639,6 +639,11 @@ impl Transfers {
             if let Some(c) = fwd.as_deref().and_then(|f| f.copy.get()) {
                 break c.clone();
             }
+            // Dropped here (deleted, evicted, failed) and not made again: no copy is
+            // coming; the receiver asks elsewhere now rather than after the wait.
+            if self.store.recently_dropped(id) {
+                return Err(Error::NotFound(id.clone()));
+            }
             let slice = deadline
                 .saturating_duration_since(Instant::now())
                 .min(CANCEL_POLL);
