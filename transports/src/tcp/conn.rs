@@ -117,6 +117,19 @@ impl Writer {
     }
 }
 
+/// Waits until one of `sockets` can take bytes, or `timeout`.
+fn wait_writable(sockets: &[Arc<TcpStream>], timeout: Duration) {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let mut fds: Vec<PollFd<'_>> = sockets
+        .iter()
+        .map(|s| PollFd::new(s.as_fd(), PollFlags::POLLOUT))
+        .collect();
+    let ms = PollTimeout::try_from(timeout).unwrap_or(PollTimeout::MAX);
+    // An error (EINTR) is one more look a moment early.
+    let _ = poll(&mut fds, ms);
+}
+
 /// One `sendmsg` with `MSG_DONTWAIT`: the bytes the socket took (0 when it is full).
 fn send_dontwait(stream: &TcpStream, iov: &[IoSlice<'_>]) -> std::io::Result<usize> {
     use nix::sys::socket::{sendmsg, MsgFlags};
@@ -177,21 +190,30 @@ impl Inner {
     }
 
     /// Sends what non-blocking sends left queued, never blocking on a peer: each connection
-    /// with something queued is offered the bytes its socket takes now, and looked at again a
-    /// millisecond later while anything is left. A connection whose queue does not move for
+    /// with something queued is offered the bytes its socket takes now, and looked at again as
+    /// soon as its socket has room (`poll` for `POLLOUT`), or a millisecond later when its
+    /// writer was busy, while anything is left. A connection whose queue does not move for
     /// twice the heartbeat timeout is failed (its peer is not reading).
     pub(super) fn flush_loop(self: Arc<Self>, rx: Receiver<Arc<Conn>>) {
         // Connections with something queued, when bytes last went out to them, and how many
         // had gone out then.
         let mut waiting: Vec<(Arc<Conn>, std::time::Instant, u64)> = Vec::new();
+        // Of those, the ones whose socket was full at the last look: woken by its room.
+        let mut full: Vec<Arc<TcpStream>> = Vec::new();
         let stall = self.cfg.heartbeat_timeout * 2;
         while !self.links.is_closing() {
-            let wait = if waiting.is_empty() {
-                Duration::from_millis(200)
+            let first = if waiting.is_empty() {
+                rx.recv_timeout(Duration::from_millis(200)).ok()
+            } else if !full.is_empty() && full.len() == waiting.len() {
+                // Every queue waits for its socket: sleep until one has room (at most a
+                // millisecond, so new connections are not kept waiting).
+                wait_writable(&full, Duration::from_millis(1));
+                None
             } else {
-                Duration::from_millis(1)
+                rx.recv_timeout(Duration::from_millis(1)).ok()
             };
-            for c in rx.recv_timeout(wait).into_iter().chain(rx.try_iter()) {
+            full.clear();
+            for c in first.into_iter().chain(rx.try_iter()) {
                 if !waiting.iter().any(|(w, ..)| Arc::ptr_eq(w, &c)) {
                     waiting.push((c, std::time::Instant::now(), u64::MAX));
                 }
@@ -216,6 +238,7 @@ impl Inner {
                     Ok(true) => {
                         let (now_left, written) = (w.tail.len(), w.written);
                         drop(w);
+                        full.push(c.socket.clone());
                         if written != *out {
                             (*moved, *out) = (std::time::Instant::now(), written);
                         } else if moved.elapsed() > stall {
