@@ -77,6 +77,44 @@ impl Node {
             (None, None) => node.get_view(id),
         })
     }
+
+    /// An error unless `coordinator` is a node of the cluster.
+    fn check_coordinator(&self, coordinator: u32) -> PyResult<()> {
+        if coordinator >= self.node.num_nodes() {
+            return Err(errors::InvalidArgument::new_err(format!(
+                "coordinator {coordinator} is not a node of this {}-node cluster",
+                self.node.num_nodes()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The coordinator's side of an allreduce into `target`: `run` (with this node, the
+    /// target, the sources and the options of `degree`) on a pooled thread, interruptibly.
+    fn coordinate(
+        &self,
+        py: Python<'_>,
+        (target, sources): (&str, &[String]),
+        degree: Option<usize>,
+        timeout: Option<f64>,
+        run: impl FnOnce(
+                phalanx::Node,
+                ObjectId,
+                Vec<ObjectId>,
+                phalanx::ReduceOptions,
+            ) -> phalanx::Result<(ObjectView, phalanx::ReduceOutcome)>
+            + Send
+            + 'static,
+    ) -> PyResult<(ObjectView, phalanx::ReduceOutcome)> {
+        let opts = reduce::options(degree, None, None, None)?;
+        let (node, id, srcs) = (
+            self.node.clone(),
+            ObjectId::new(target),
+            reduce::ids(sources),
+        );
+        let what = format!("allreduce into {target}");
+        blocking::run(py, timeout, &what, move || run(node, id, srcs, opts))
+    }
 }
 
 #[pymethods]
@@ -279,12 +317,7 @@ impl Node {
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyMemoryView>> {
         let (op, dt) = (reduce::parse_op(op)?, dtype_or_f32(dtype)?);
-        if coordinator >= self.node.num_nodes() {
-            return Err(errors::InvalidArgument::new_err(format!(
-                "coordinator {coordinator} is not a node of this {}-node cluster",
-                self.node.num_nodes()
-            )));
-        }
+        self.check_coordinator(coordinator)?;
         if self.node.id() != coordinator {
             // The size, from an input held here: a partitioned allreduce (nodes configured
             // with `allreduce_partition_min`) is assembled here from its partitions.
@@ -299,16 +332,13 @@ impl Node {
             let v = blocking::run(py, timeout, &what, move || node.allreduce_read(id, size))?;
             return memoryview(py, target, v);
         }
-        let opts = reduce::options(degree, None, None, None)?;
-        let (node, id, srcs) = (
-            self.node.clone(),
-            ObjectId::new(target),
-            reduce::ids(&sources),
-        );
-        let what = format!("allreduce into {target}");
-        let (view, _) = blocking::run(py, timeout, &what, move || {
-            node.allreduce_view(id, &srcs, op, dt, &opts)
-        })?;
+        let (view, _) = self.coordinate(
+            py,
+            (target, &sources),
+            degree,
+            timeout,
+            move |node, id, srcs, opts| node.allreduce_view(id, &srcs, op, dt, &opts),
+        )?;
         memoryview(py, target, view)
     }
 
@@ -339,27 +369,19 @@ impl Node {
                 sources.len()
             )));
         }
-        if coordinator >= self.node.num_nodes() {
-            return Err(errors::InvalidArgument::new_err(format!(
-                "coordinator {coordinator} is not a node of this {}-node cluster",
-                self.node.num_nodes()
-            )));
-        }
+        self.check_coordinator(coordinator)?;
         if self.node.id() != coordinator {
             let view =
                 self.allreduce(py, target, sources, "sum", None, coordinator, None, timeout)?;
             return Ok((view, None));
         }
-        let opts = reduce::options(degree, None, None, None)?;
-        let (node, id, srcs) = (
-            self.node.clone(),
-            ObjectId::new(target),
-            reduce::ids(&sources),
-        );
-        let what = format!("allreduce into {target}");
-        let (view, outcome) = blocking::run(py, timeout, &what, move || {
-            node.allreduce_first(id, &srcs, n, op, dt, &opts)
-        })?;
+        let (view, outcome) = self.coordinate(
+            py,
+            (target, &sources),
+            degree,
+            timeout,
+            move |node, id, srcs, opts| node.allreduce_first(id, &srcs, n, op, dt, &opts),
+        )?;
         let used = outcome.used.iter().map(|s| s.as_str().to_owned()).collect();
         Ok((memoryview(py, target, view)?, Some(used)))
     }
