@@ -101,16 +101,30 @@ impl Node {
                 Some(Err(e)) => return Err(e),
             }
         }
-        std::thread::scope(|s| {
-            let hs: Vec<_> = ids
-                .iter()
-                .zip(&mut out)
-                .filter(|(_, o)| o.is_none())
-                .map(|(id, o)| s.spawn(move || self.get(id.clone()).map(|v| *o = Some(v))))
-                .collect();
-            hs.into_iter()
-                .try_for_each(|h| h.join().expect("gather thread"))
-        })?;
+        // Copies here (this node's own input) are read on this thread; the others (large
+        // objects) are fetched at once, a thread each when there are several.
+        for (id, o) in ids.iter().zip(&mut out).filter(|(_, o)| o.is_none()) {
+            if inner.store.lookup(id).is_some() {
+                *o = Some(self.get(id.clone())?);
+            }
+        }
+        let mut rest: Vec<(&ObjectId, &mut Option<Vec<u8>>)> = ids
+            .iter()
+            .zip(&mut out)
+            .filter(|(_, o)| o.is_none())
+            .collect();
+        if let [(id, o)] = rest.as_mut_slice() {
+            **o = Some(self.get((*id).clone())?);
+        } else {
+            std::thread::scope(|s| {
+                let hs: Vec<_> = rest
+                    .into_iter()
+                    .map(|(id, o)| s.spawn(move || self.get(id.clone()).map(|v| *o = Some(v))))
+                    .collect();
+                hs.into_iter()
+                    .try_for_each(|h| h.join().expect("gather thread"))
+            })?;
+        }
         Ok(out.into_iter().map(|o| o.expect("every object")).collect())
     }
 }
