@@ -101,10 +101,12 @@ impl Node {
                 Some(Err(e)) => return Err(e),
             }
         }
-        // Copies here (this node's own input) are read on this thread; the others (large
-        // objects) are fetched at once, a thread each when there are several.
+        // Complete copies here (this node's own input) are read on this thread; the others
+        // (large objects, or copies still filling) are fetched at once, a thread each when
+        // there are several.
         for (id, o) in ids.iter().zip(&mut out).filter(|(_, o)| o.is_none()) {
-            if inner.store.lookup(id).is_some() {
+            let here = inner.store.lookup(id);
+            if here.is_some_and(|c| c.status() == crate::store::CopyStatus::Complete) {
                 *o = Some(self.get(id.clone())?);
             }
         }
