@@ -238,7 +238,6 @@ impl Inner {
                     Ok(true) => {
                         let (now_left, written) = (w.tail.len(), w.written);
                         drop(w);
-                        full.push(c.socket.clone());
                         if written != *out {
                             (*moved, *out) = (std::time::Instant::now(), written);
                         } else if moved.elapsed() > stall {
@@ -248,6 +247,7 @@ impl Inner {
                             );
                             return false;
                         }
+                        full.push(c.socket.clone());
                         true
                     }
                     Err(e) => {
