@@ -145,6 +145,13 @@ pub struct ClusterConfig {
     /// Set 0 where nodes share cores (emulated hosts): a spinning waiter then takes the CPU
     /// the peer it waits for needs.
     pub spin_wait_us: Option<u64>,
+    /// TCP: how long a reader thread keeps polling its links after the last frame before it
+    /// sleeps, in microseconds (default 0: it sleeps at once). Polling, the links are all read
+    /// by `tcp_readers` epoll threads that yield the core between looks, as MPI ranks wait:
+    /// where threads queue for cores (emulated hosts) a message then costs no wake-up.
+    pub poll_spin_us: Option<u64>,
+    /// TCP: epoll reader threads (default: the cores, 1 to 4).
+    pub tcp_readers: Option<usize>,
     /// How long a blocking operation waits, in seconds (default 300).
     pub op_timeout_s: Option<u64>,
     /// Spin on the completion queue instead of sleeping (transport = "rdma"); the progress
@@ -217,6 +224,12 @@ impl ClusterConfig {
         if c.spin_wait_us.is_some_and(|us| us > 1_000_000) {
             return Err("spin_wait_us above one second makes no sense".into());
         }
+        if c.poll_spin_us.is_some_and(|us| us > 1_000_000) {
+            return Err("poll_spin_us above one second makes no sense".into());
+        }
+        if c.tcp_readers.is_some_and(|n| !(1..=64).contains(&n)) {
+            return Err("tcp_readers must be 1 to 64".into());
+        }
         Ok(c)
     }
 
@@ -257,6 +270,8 @@ impl ClusterConfig {
             socket_buffer: self.socket_buffer.unwrap_or(d.socket_buffer),
             ..d
         };
+        let spin = Duration::from_micros(self.poll_spin_us.unwrap_or(0));
+        let c = c.polling(spin, self.tcp_readers.unwrap_or(d.readers));
         if self.connect() == Connect::OnDemand {
             c.on_demand()
         } else {
@@ -352,6 +367,17 @@ mod tests {
         assert!(ClusterConfig::parse(&format!("op_timeout_s = 0\n{one}")).is_err());
         assert!(ClusterConfig::parse(&format!("heartbeat_ms = 0\n{one}")).is_err());
         assert!(ClusterConfig::parse(&format!("arena_size = 0\n{one}")).is_err());
+        // Polling readers: every link on the epoll threads, which spin before they sleep.
+        let t = ClusterConfig::parse(&format!("poll_spin_us = 800\ntcp_readers = 1\n{one}"))
+            .unwrap()
+            .tcp_config();
+        assert_eq!(t.poll_spin, Duration::from_micros(800));
+        assert_eq!((t.readers, t.dedicated_readers), (1, 0));
+        let t = ClusterConfig::parse(one).unwrap().tcp_config();
+        assert_eq!(t.poll_spin, Duration::ZERO);
+        assert_eq!(t.dedicated_readers, TcpConfig::default().dedicated_readers);
+        assert!(ClusterConfig::parse(&format!("poll_spin_us = 2000000\n{one}")).is_err());
+        assert!(ClusterConfig::parse(&format!("tcp_readers = 0\n{one}")).is_err());
         let part = |extra: &str| {
             ClusterConfig::parse(&format!("{extra}{one}"))
                 .unwrap()

@@ -130,12 +130,46 @@ pub(crate) fn schedule(rank: usize, m: usize, size: u64, dtype: DType) -> Vec<St
     steps
 }
 
-/// The ranks `rank` hands the plan on to, largest subtree first, in the binomial tree over
-/// `m` ranks rooted at `root` (the coordinator's rank): the plan reaches every rank in
-/// `ceil(log2 m)` hops, each rank sending at most that many, where a coordinator telling
-/// every rank itself sends `m - 1` one after another (and the last rank waits for all).
+/// Runs of at most this many ranks get the plan from the coordinator itself: one hop, where
+/// the binomial tree takes `ceil(log2 m)`, each a wake-up of the rank that hands it on. Its
+/// `m - 1` sends are small and go out back to back (a few microseconds each), so up to here
+/// the last rank has the plan sooner; beyond, the tree keeps any one sender's share at
+/// `log2 m`.
+pub(crate) const FLAT_PLAN: usize = 16;
+
+/// The rank whose block `rank` waits for first: its partner of step 0 (an extra rank and the
+/// main rank it hands its input to) or of the first halving step.
+fn first_partner(rank: usize, m: usize) -> usize {
+    let p = main_ranks(m);
+    match rank {
+        r if r >= p => r - p,
+        r if r < m - p => r + p,
+        r if p > 1 => r ^ (p >> 1),
+        r => r,
+    }
+}
+
+/// The ranks `rank` hands the plan on to, in the order they get it, over `m` ranks whose
+/// coordinator has rank `root`.
+///
+/// Up to [`FLAT_PLAN`] ranks the coordinator tells them all: first its own first partner,
+/// then the others two by two, each rank next to its first partner, so that the pairs that
+/// trade the first blocks start together. Beyond, a binomial tree, largest subtree first: the
+/// plan reaches every rank in `ceil(log2 m)` hops, each rank sending at most that many.
 pub(crate) fn plan_children(rank: usize, m: usize, root: usize) -> Vec<usize> {
     debug_assert!(rank < m && root < m);
+    if m <= FLAT_PLAN {
+        if rank != root {
+            return Vec::new();
+        }
+        let first = first_partner(root, m);
+        let mut order: Vec<usize> = (0..m).filter(|&q| q != root && q != first).collect();
+        order.sort_by_key(|&q| (q.min(first_partner(q, m)), q));
+        order.insert(0, first);
+        order.dedup();
+        order.retain(|&q| q != root);
+        return order;
+    }
     let i = (rank + m - root) % m;
     // Children of relative index i: i + 2^j for every 2^j below i's lowest set bit (every j
     // for the root) that stays inside the run.
@@ -157,6 +191,9 @@ pub(crate) fn plan_children(rank: usize, m: usize, root: usize) -> Vec<usize> {
 
 /// The rank that hands `rank` the plan in [`plan_children`]'s tree (`None` for the root).
 pub(crate) fn plan_parent(rank: usize, m: usize, root: usize) -> Option<usize> {
+    if m <= FLAT_PLAN {
+        return (rank != root).then_some(root);
+    }
     let i = (rank + m - root) % m;
     (i != 0).then(|| (i - (1 << i.trailing_zeros()) + root) % m)
 }
@@ -420,7 +457,7 @@ mod tests {
     }
 
     #[test]
-    fn the_plan_reaches_every_rank_once_within_log_hops() {
+    fn the_plan_reaches_every_rank_once_in_one_hop_or_log_hops() {
         for m in 2..=40 {
             for root in [0, 1, m / 2, m - 1] {
                 let mut got = vec![0usize; m];
@@ -428,7 +465,9 @@ mod tests {
                 let mut todo = vec![root];
                 while let Some(r) = todo.pop() {
                     let kids = plan_children(r, m, root);
-                    assert!(kids.len() <= m.next_power_of_two().trailing_zeros() as usize);
+                    if m > FLAT_PLAN {
+                        assert!(kids.len() <= m.next_power_of_two().trailing_zeros() as usize);
+                    }
                     for k in kids {
                         got[k] += 1;
                         depth[k] = depth[r] + 1;
@@ -440,13 +479,25 @@ mod tests {
                 for (r, &n) in got.iter().enumerate() {
                     assert_eq!(n, usize::from(r != root), "m {m} root {root} rank {r}");
                 }
-                let bound = m.next_power_of_two().trailing_zeros();
+                let bound = match m <= FLAT_PLAN {
+                    true => 1,
+                    false => m.next_power_of_two().trailing_zeros(),
+                };
                 assert!(depth.iter().all(|&d| d <= bound), "m {m}: {depth:?}");
             }
         }
-        // The root's first child is its partner of the first halving step (8 ranks).
-        assert_eq!(plan_children(0, 8, 0), vec![4, 2, 1]);
-        assert_eq!(plan_children(4, 8, 0), vec![6, 5]);
+        // Small runs: the coordinator tells every rank, its first partner first, then the
+        // pairs of the first step together.
+        assert_eq!(plan_children(0, 8, 0), vec![4, 1, 5, 2, 6, 3, 7]);
+        assert_eq!(plan_children(2, 8, 2), vec![6, 0, 4, 1, 5, 3, 7]);
+        assert!(plan_children(4, 8, 0).is_empty());
+        assert_eq!(plan_parent(6, 8, 3), Some(3));
+        // 6 ranks: 4 main, 2 extra (4 and 5 hand their inputs to 0 and 1; 2 and 3 trade
+        // with 0 and 1 first).
+        assert_eq!(plan_children(1, 6, 1), vec![5, 0, 2, 4, 3]);
+        // Large runs: a binomial tree, the root's first child its first-step partner.
+        assert_eq!(plan_children(0, 32, 0), vec![16, 8, 4, 2, 1]);
+        assert_eq!(plan_children(16, 32, 0), vec![24, 20, 18, 17]);
     }
 
     #[test]

@@ -2,10 +2,11 @@
 //! other ranks' tasks, blocks pushed between partners as messages, and the commit.
 //!
 //! A run has `m` ranks, one per node holding one of the inputs, the coordinator among them.
-//! The plan goes down a binomial tree rooted at the coordinator (each rank hands it on to
-//! the ranks below it before it starts: `ceil(log2 m)` hops, no node sending more than that
-//! many); every rank pushes its blocks to its partners and waits for theirs (`Mailbox`).
-//! Nothing is announced until the coordinator's own rank has the whole result (every block
+//! The coordinator sends the plan to every rank itself in a run of up to `FLAT_PLAN` ranks
+//! (one hop); a larger run's plan goes down a binomial tree rooted at the coordinator (each
+//! rank hands it on to the ranks below it before it starts: `ceil(log2 m)` hops, no node
+//! sending more than that many). Every rank pushes its blocks to its partners and waits for
+//! theirs (`Mailbox`). Nothing is announced until the coordinator's own rank has the whole result (every block
 //! was then reduced from every input): the run commits at that moment, and the thread that
 //! completed the coordinator's rank tells every rank (`HalvingEnd { commit: true }`). Each
 //! rank stores and announces its copy where that word (or its own result) lands, and its
@@ -611,13 +612,22 @@ mod tests {
         assert!(check_plan(&plan(&[0, 3], 0, max + 4), 3, 0, max).is_err());
         assert!(check_plan(&plan(&[0, 3], 0, 66), 3, 0, max).is_err());
         assert!(check_plan(&plan(&[1, 3], 0, 64), 3, 0, max).is_err());
-        // Handed on down the plan's tree: node 6 (rank 3) hears it from node 5 (rank 2), the
-        // coordinator's child, and from nobody else, the coordinator included.
+        // A small run: every rank hears it from the coordinator, and from nobody else.
         let four = plan(&[0, 3, 5, 6], 0, 64);
-        assert_eq!(check_plan(&four, 6, 5, max).unwrap(), 3);
-        assert!(check_plan(&four, 6, 0, max).is_err());
+        assert_eq!(check_plan(&four, 6, 0, max).unwrap(), 3);
+        assert!(check_plan(&four, 6, 5, max).is_err());
         assert!(check_plan(&four, 6, 3, max).is_err());
-        assert_eq!(plan_children_of(&four, 0).unwrap(), vec![5, 3]);
-        assert_eq!(plan_children_of(&four, 2).unwrap(), vec![6]);
+        assert_eq!(plan_children_of(&four, 0).unwrap(), vec![5, 3, 6]);
+        assert!(plan_children_of(&four, 2).unwrap().is_empty());
+        // A large one, handed on down the plan's tree: node 22 (rank 20) hears it from node
+        // 18 (rank 16), the coordinator's child, and from nobody else, the coordinator
+        // included.
+        let nodes: Vec<NodeId> = (2..26).collect();
+        let big = plan(&nodes, 2, 64);
+        assert_eq!(check_plan(&big, 22, 18, max).unwrap(), 20);
+        assert!(check_plan(&big, 22, 2, max).is_err());
+        assert!(check_plan(&big, 22, 6, max).is_err());
+        assert_eq!(plan_children_of(&big, 0).unwrap(), vec![18, 10, 6, 4, 3]);
+        assert_eq!(plan_children_of(&big, 16).unwrap(), vec![22, 20, 19]);
     }
 }

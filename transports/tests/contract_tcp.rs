@@ -100,3 +100,133 @@ mod shared_readers {
         );
     }
 }
+
+/// The suite with readers that poll (`TcpConfig::polling`): one epoll thread per node that
+/// keeps looking for frames for a while after each one. Every case must hold as with
+/// sleeping readers; and a polling reader must go to sleep once its links are quiet.
+mod polling_readers {
+    use super::*;
+    use phalanx_transport::{Event, Transport};
+    use std::time::Instant;
+
+    struct TcpPolling;
+
+    const SPIN: Duration = Duration::from_micros(500);
+
+    impl Harness for TcpPolling {
+        type T = TcpTransport;
+
+        fn heartbeat() -> Duration {
+            Tcp::heartbeat()
+        }
+
+        fn bind(id: NodeId, heartbeat: Duration) -> Result<TcpTransport, TransportError> {
+            bind_with(id, config(heartbeat).polling(SPIN, 1))
+        }
+
+        fn connect(
+            t: &TcpTransport,
+            peers: &[(NodeId, SocketAddr)],
+            dial_all: bool,
+        ) -> Result<(), TransportError> {
+            Tcp::connect(t, peers, dial_all)
+        }
+    }
+
+    phalanx_transport::transport_contract_tests!(TcpPolling);
+
+    #[test]
+    fn a_lone_write_is_delivered_without_traffic_behind_it() {
+        phalanx_transport::contract::a_lone_write_is_delivered_without_traffic_behind_it::<
+            TcpPolling,
+        >();
+    }
+
+    /// CPU time (clock ticks) of this process's threads named `name`.
+    fn ticks_of(name: &str) -> u64 {
+        let mut total = 0;
+        for task in std::fs::read_dir("/proc/self/task").expect("/proc/self/task") {
+            let dir = task.expect("task").path();
+            let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+            if comm.trim() != name {
+                continue;
+            }
+            let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
+            // Fields after the command's closing parenthesis: state is the 3rd field of the
+            // line, utime and stime the 14th and 15th.
+            let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+            let f: Vec<u64> = rest
+                .split_whitespace()
+                .skip(11)
+                .take(2)
+                .filter_map(|v| v.parse().ok())
+                .collect();
+            total += f.iter().sum::<u64>();
+        }
+        total
+    }
+
+    fn thread_named(name: &str) -> bool {
+        std::fs::read_dir("/proc/self/task")
+            .expect("/proc/self/task")
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .any(|c| c.trim() == name)
+    }
+
+    /// Node ids no other test of this binary uses: the reader threads are told apart by name.
+    const A: NodeId = 7301;
+    const B: NodeId = 7302;
+
+    /// A polling reader reads a burst of messages, each one answered, then sleeps: over half
+    /// a second of quiet its thread takes (nearly) no CPU, where one that never stopped
+    /// polling would take a core's worth (or whatever share of it it gets).
+    #[test]
+    fn a_polling_reader_sleeps_once_its_links_are_quiet() {
+        let cfg = config(Duration::from_secs(5)).polling(SPIN, 1);
+        let a = bind_with(A, cfg.clone()).expect("bind a");
+        let b = bind_with(B, cfg).expect("bind b");
+        let peers = vec![
+            (A, a.listen_addr().expect("address")),
+            (B, b.listen_addr().expect("address")),
+        ];
+        let (ea, eb) = (a.events(), b.events());
+        let (a2, p2) = (a.clone(), peers.clone());
+        let linking = std::thread::spawn(move || a2.connect(&p2, false));
+        b.connect(&peers, false).expect("connect b");
+        linking.join().expect("thread").expect("connect a");
+        let next_ctrl = |events: &crossbeam_channel::Receiver<Event>| loop {
+            match events.recv_timeout(Duration::from_secs(30)).expect("event") {
+                Event::Ctrl { msg, .. } => return msg,
+                Event::PeerUp { .. } => continue,
+                other => panic!("unexpected event {other:?}"),
+            }
+        };
+        for i in 0..200u32 {
+            a.send(B, &i.to_le_bytes()).expect("send to b");
+            assert_eq!(next_ctrl(&eb), i.to_le_bytes());
+            b.send(A, &(i + 1).to_le_bytes()).expect("send to a");
+            assert_eq!(next_ctrl(&ea), (i + 1).to_le_bytes());
+        }
+        // Past the spin, then measured over half a second of quiet.
+        std::thread::sleep(Duration::from_millis(100));
+        let names = [format!("phx-rx0-{A}"), format!("phx-rx0-{B}")];
+        for n in &names {
+            assert!(thread_named(n), "no reader thread {n}");
+        }
+        let before: u64 = names.iter().map(|n| ticks_of(n)).sum();
+        let t0 = Instant::now();
+        std::thread::sleep(Duration::from_millis(500));
+        let after: u64 = names.iter().map(|n| ticks_of(n)).sum();
+        let tick_hz = 100.0; // USER_HZ on Linux
+        let busy = (after - before) as f64 / tick_hz;
+        // A tenth of the time, for the two of them: a reader still polling takes it all
+        // (yielding, but to nobody on an idle core).
+        assert!(
+            busy < 0.1 * t0.elapsed().as_secs_f64(),
+            "the two quiet readers took {busy:.3} s of CPU in {:?}",
+            t0.elapsed()
+        );
+        a.shutdown();
+        b.shutdown();
+    }
+}

@@ -32,6 +32,12 @@ pub struct TcpConfig {
     /// them with epoll. With the dedicated ones, a node's reading threads whatever the number
     /// of its peers.
     pub readers: usize,
+    /// How long an epoll reader keeps looking for frames after its last one before it sleeps
+    /// (a non-blocking `epoll_wait`, the core yielded between looks), as an MPI rank polls
+    /// its sockets: a frame that comes meanwhile is read without a thread wake-up, which is
+    /// most of a small message's latency where threads wait for a core. Zero: it sleeps at
+    /// once. See [`TcpConfig::polling`].
+    pub poll_spin: Duration,
     /// Who may link (cluster secret, members) and the handshake's time bound; see
     /// [`crate::auth`].
     pub auth: AuthConfig,
@@ -51,6 +57,23 @@ impl TcpConfig {
                 self.idle_timeout
             },
             dedicated_readers: Self::ON_DEMAND_DEDICATED_READERS,
+            ..self
+        }
+    }
+
+    /// These settings with readers that poll for `spin` after each frame (see
+    /// [`TcpConfig::poll_spin`]) and `readers` of them (at least one). Every link is then read
+    /// by those readers: a thread of a link's own waits in a blocking `recv`, which cannot
+    /// poll.
+    pub fn polling(self, spin: Duration, readers: usize) -> TcpConfig {
+        TcpConfig {
+            poll_spin: spin,
+            dedicated_readers: if spin.is_zero() {
+                self.dedicated_readers
+            } else {
+                0
+            },
+            readers: readers.max(1),
             ..self
         }
     }
@@ -78,6 +101,7 @@ impl Default for TcpConfig {
             readers: std::thread::available_parallelism()
                 .map_or(2, |n| n.get())
                 .clamp(1, 4),
+            poll_spin: Duration::ZERO,
             auth: AuthConfig::default(),
         }
     }

@@ -6,6 +6,10 @@
 //! whatever the number of its peers, and a peer's frames are always read by one thread, in
 //! order.
 //!
+//! With [`TcpConfig::poll_spin`](super::TcpConfig) an epoll reader that has just read keeps
+//! looking (`epoll_wait` with no timeout, yielding the core between looks) for that long
+//! before it sleeps: a frame that follows soon is read without a wake-up.
+//!
 //! Epoll reads are non-blocking (`MSG_DONTWAIT` on each call: the socket itself stays blocking
 //! for its writers). A connection that has more to read from its socket after [`READ_BUDGET`]
 //! bytes waits for the next turn (epoll is level-triggered), so one busy peer does not starve
@@ -239,8 +243,15 @@ impl Inner {
         let mut events = vec![EpollEvent::empty(); 64];
         let mut last_scan = Instant::now();
         let period = (self.cfg.heartbeat_timeout / 4).min(TICK);
+        let spin = self.cfg.poll_spin;
+        // When a frame was last read here (`poll_spin` ago at the start: asleep at once).
+        let mut last_frame = Instant::now()
+            .checked_sub(spin)
+            .unwrap_or_else(Instant::now);
         while !self.links.is_closing() {
-            let n = match set.epoll.wait(&mut events, TICK.as_millis() as u16) {
+            let polling = !spin.is_zero() && last_frame.elapsed() < spin;
+            let wait = if polling { 0 } else { TICK.as_millis() as u16 };
+            let n = match set.epoll.wait(&mut events, wait) {
                 Ok(n) => n,
                 Err(Errno::EINTR) => 0,
                 Err(e) => {
@@ -249,6 +260,12 @@ impl Inner {
                     0
                 }
             };
+            if n > 0 {
+                last_frame = Instant::now();
+            } else if polling {
+                // Nothing yet: the core goes to whoever else wants it, and we look again.
+                std::thread::yield_now();
+            }
             for ev in &events[..n] {
                 let token = ev.data();
                 // Taken out while it is read: the handlers of its events run on this thread
