@@ -89,6 +89,9 @@ pub struct LinkCounts {
     /// Heartbeats sent (one per live link that sent nothing else for a quarter of the
     /// heartbeat timeout).
     pub heartbeats_sent: u64,
+    /// Sleeping reader threads woken because a frame went to one of their peers, to poll
+    /// for the answer (TCP with `poll_spin` only).
+    pub readers_woken: u64,
 }
 
 /// The peers something of the node above depends on (see [`Transport::set_idle_guard`]).

@@ -229,4 +229,56 @@ mod polling_readers {
         a.shutdown();
         b.shutdown();
     }
+
+    const C: NodeId = 7303;
+    const D: NodeId = 7304;
+
+    fn woken(t: &TcpTransport) -> u64 {
+        t.link_counts().expect("TCP counts its links").readers_woken
+    }
+
+    /// A frame sent to a peer while the reader of that peer's link sleeps wakes the reader
+    /// (once), so that the answer finds it polling; while it polls, sends wake nobody.
+    #[test]
+    fn a_send_wakes_the_sleeping_reader_of_its_peer_once() {
+        // A long spin: a test thread held up between two sends still finds the reader polling.
+        let spin = Duration::from_millis(300);
+        let cfg = config(Duration::from_secs(5)).polling(spin, 1);
+        let c = bind_with(C, cfg.clone()).expect("bind c");
+        let d = bind_with(D, cfg).expect("bind d");
+        let peers = vec![
+            (C, c.listen_addr().expect("address")),
+            (D, d.listen_addr().expect("address")),
+        ];
+        let ed = d.events();
+        let (c2, p2) = (c.clone(), peers.clone());
+        let linking = std::thread::spawn(move || c2.connect(&p2, false));
+        d.connect(&peers, false).expect("connect d");
+        linking.join().expect("thread").expect("connect c");
+        let delivered = |i: u8| loop {
+            match ed.recv_timeout(Duration::from_secs(30)).expect("event") {
+                Event::Ctrl { msg, .. } => return assert_eq!(msg, [i]),
+                Event::PeerUp { .. } => continue,
+                other => panic!("unexpected event {other:?}"),
+            }
+        };
+        for round in 0..3u8 {
+            // Quiet for longer than the spin: c's reader sleeps.
+            std::thread::sleep(spin * 2);
+            let before = woken(&c);
+            c.send(D, &[2 * round]).expect("send");
+            assert_eq!(
+                woken(&c),
+                before + 1,
+                "round {round}: the sleeping reader woken"
+            );
+            // Polling now (for the spin): the next send wakes nobody.
+            c.send(D, &[2 * round + 1]).expect("send");
+            assert_eq!(woken(&c), before + 1, "round {round}: woken twice");
+            delivered(2 * round);
+            delivered(2 * round + 1);
+        }
+        c.shutdown();
+        d.shutdown();
+    }
 }

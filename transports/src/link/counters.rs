@@ -29,6 +29,9 @@ pub struct Counters {
     pub links_idle_closed: AtomicU64,
     /// Heartbeats sent (not in [`crate::TransportStats`]; see [`crate::LinkCounts`]).
     pub heartbeats_sent: AtomicU64,
+    /// Sleeping readers woken to poll for an answer (not in [`crate::TransportStats`]; see
+    /// [`crate::LinkCounts`]).
+    pub readers_woken: AtomicU64,
 }
 
 impl Counters {

@@ -114,6 +114,7 @@ impl<C: Link> LinkTable<C> {
             peak: self.links_peak.load(Ordering::Relaxed).max(open),
             idle_closed: self.counters.links_idle_closed.load(Ordering::Relaxed),
             heartbeats_sent: self.counters.heartbeats_sent.load(Ordering::Relaxed),
+            readers_woken: self.counters.readers_woken.load(Ordering::Relaxed),
         }
     }
 

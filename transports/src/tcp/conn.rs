@@ -157,6 +157,16 @@ impl Inner {
         }
     }
 
+    /// A frame (not a heartbeat) goes to `conn`'s peer: with polling readers, the one that
+    /// reads that peer polls for the answer (`Readers::sent_to`).
+    fn sent(&self, conn: &Conn) {
+        let polling = !self.cfg.poll_spin.is_zero();
+        if polling && self.readers.get().is_some_and(|r| r.sent_to(conn.peer())) {
+            let woken = &self.links.counters.readers_woken;
+            woken.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     /// Writes one frame under the connection's writer lock, header and payload in one writev.
     pub(super) fn send_frame(
         &self,
@@ -185,6 +195,7 @@ impl Inner {
         conn.last_send.store(now, Ordering::Relaxed);
         if h.kind != FrameKind::Heartbeat {
             conn.last_used.store(now, Ordering::Relaxed);
+            self.sent(conn);
         }
         res.map_err(|e| self.send_failed(conn, format!("send failed: {e}")))
     }
@@ -291,6 +302,7 @@ impl Inner {
         }
         if h.kind != FrameKind::Heartbeat {
             conn.last_used.store(self.links.now_ns(), Ordering::Relaxed);
+            self.sent(conn);
         }
         let head = h.encode();
         let Ok(mut w) = conn.writer.try_lock() else {

@@ -8,7 +8,9 @@
 //!
 //! With [`TcpConfig::poll_spin`](super::TcpConfig) an epoll reader that has just read keeps
 //! looking (`epoll_wait` with no timeout, yielding the core between looks) for that long
-//! before it sleeps: a frame that follows soon is read without a wake-up.
+//! before it sleeps: a frame that follows soon is read without a wake-up. A frame sent to a
+//! peer while the thread that reads it sleeps wakes that thread (its set's eventfd), off the
+//! critical path: the answer then finds it polling.
 //!
 //! Epoll reads are non-blocking (`MSG_DONTWAIT` on each call: the socket itself stays blocking
 //! for its writers). A connection that has more to read from its socket after [`READ_BUDGET`]
@@ -23,15 +25,16 @@ use super::heartbeat::HB_WATCHING;
 use super::Inner;
 use crate::frame::{FrameHeader, FrameKind, FRAME_HEADER_LEN};
 use crate::grant::Admitted;
-use crate::{Event, Link, TransportError, PEER_LEFT};
+use crate::{Event, Link, NodeId, TransportError, PEER_LEFT};
 use nix::errno::Errno;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
+use nix::sys::eventfd::{EfdFlags, EventFd};
 use nix::sys::socket::{recv, MsgFlags};
 use std::collections::HashMap;
 use std::io::ErrorKind;
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::error;
@@ -55,12 +58,20 @@ pub(super) struct Readers {
     max_dedicated: usize,
 }
 
+/// The epoll token of a set's eventfd (connection tokens count up from 0).
+const WAKE: u64 = u64::MAX;
+
 /// The connections of one reader thread.
 pub(super) struct PollSet {
     epoll: Epoll,
     /// By token (the epoll event's data).
     conns: Mutex<HashMap<u64, Reading>>,
     next_token: AtomicU64,
+    /// Written when a frame goes to one of the set's peers while its thread sleeps (with
+    /// `poll_spin` only): the thread wakes and polls for the answer.
+    wake: EventFd,
+    /// The thread sleeps in `epoll_wait` (set with `poll_spin` only).
+    asleep: AtomicBool,
 }
 
 /// One connection as its reader thread sees it.
@@ -128,11 +139,18 @@ impl Readers {
     ) -> Result<Readers, TransportError> {
         let mut sets = Vec::new();
         for k in 0..n.max(1) {
+            let io = std::io::Error::from;
             let set = Arc::new(PollSet {
-                epoll: Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(std::io::Error::from)?,
+                epoll: Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(io)?,
                 conns: Mutex::new(HashMap::new()),
                 next_token: AtomicU64::new(0),
+                wake: EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+                    .map_err(io)?,
+                asleep: AtomicBool::new(false),
             });
+            set.epoll
+                .add(&set.wake, EpollEvent::new(EpollFlags::EPOLLIN, WAKE))
+                .map_err(io)?;
             let (me, s) = (inner.clone(), set.clone());
             let h = crate::threads::spawn(inner.id, &format!("rx{k}"), move || me.poll_loop(&s))?;
             inner.threads.lock().unwrap().push(h);
@@ -143,6 +161,14 @@ impl Readers {
             dedicated: Default::default(),
             max_dedicated: dedicated,
         })
+    }
+
+    /// A frame went to `peer`: if the thread that reads it sleeps, it is woken to poll for
+    /// the answer (with `poll_spin` only; a frame sent meanwhile does not wake it twice).
+    /// Returns whether it woke the thread.
+    pub(super) fn sent_to(&self, peer: NodeId) -> bool {
+        let set = &self.sets[peer as usize % self.sets.len()];
+        set.asleep.swap(false, Ordering::AcqRel) && set.wake.write(1).is_ok()
     }
 
     /// Starts reading `conn` from `stream` (its reader's handle of the socket).
@@ -251,6 +277,9 @@ impl Inner {
         while !self.links.is_closing() {
             let polling = !spin.is_zero() && last_frame.elapsed() < spin;
             let wait = if polling { 0 } else { TICK.as_millis() as u16 };
+            if !polling && !spin.is_zero() {
+                set.asleep.store(true, Ordering::Release);
+            }
             let n = match set.epoll.wait(&mut events, wait) {
                 Ok(n) => n,
                 Err(Errno::EINTR) => 0,
@@ -261,6 +290,8 @@ impl Inner {
                 }
             };
             if n > 0 {
+                // Awake (a wait that timed out leaves the flag: the thread goes back to sleep).
+                set.asleep.store(false, Ordering::Release);
                 last_frame = Instant::now();
             } else if polling {
                 // Nothing yet: the core goes to whoever else wants it, and we look again.
@@ -268,6 +299,10 @@ impl Inner {
             }
             for ev in &events[..n] {
                 let token = ev.data();
+                if token == WAKE {
+                    let _ = set.wake.read(); // the count back to zero: not readable again
+                    continue;
+                }
                 // Taken out while it is read: the handlers of its events run on this thread
                 // and may install connections (into this set) meanwhile.
                 let Some(mut r) = set.conns.lock().unwrap().remove(&token) else {
