@@ -1,7 +1,7 @@
 //! The coordinator of one reduce: an event loop over source subscriptions, task replies and
 //! peer deaths that fills the tree in arrival order, dispatches tasks and repairs the tree.
 
-use super::run::{Action, Run};
+use super::run::{Action, LinkModel, Run};
 use super::{Hooks, ReduceOptions, ReduceOutcome, Reducer, TreeSlot};
 use crate::directory::DirClient;
 use crate::hop::hop;
@@ -94,7 +94,11 @@ impl Reducer {
         let timeout = opts.timeout.unwrap_or(self.cfg.op_timeout);
         let deadline = Instant::now() + timeout;
         let down = self.members.watch_peer_down();
-        let link = (self.measure_latency(), self.transfers.bandwidth_estimate());
+        let link = LinkModel {
+            latency: self.measure_latency(),
+            bandwidth: self.transfers.bandwidth_estimate(),
+            piece: self.cfg.chunk_size,
+        };
         let mut run = Run::new(target.clone(), sources, num, (op, dtype), opts, link);
         run.scratch = (self.rpc.fresh_token(), Some(self.id));
         let (wake_tx, wake) = crossbeam_channel::bounded(1);
@@ -268,8 +272,8 @@ impl Reducer {
             used,
             tree: slots,
             recomputed,
-            latency_s: run.latency,
-            bandwidth_bps: run.bandwidth,
+            latency_s: run.link.latency,
+            bandwidth_bps: run.link.bandwidth,
             last_ready,
             done,
             partitions: 1,
@@ -685,7 +689,12 @@ mod tests {
             ..Default::default()
         };
         let kind = (ReduceOp::Sum, DType::F32);
-        let run = Run::new(ObjectId::new("t"), &sources, num, kind, &opts, (1e-4, 1e8));
+        let link = LinkModel {
+            latency: 1e-4,
+            bandwidth: 1e8,
+            piece: 1 << 20,
+        };
+        let run = Run::new(ObjectId::new("t"), &sources, num, kind, &opts, link);
         Live {
             id: 0,
             run,

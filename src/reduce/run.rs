@@ -36,6 +36,17 @@ pub(super) struct Repair {
     pub resubscribe: Vec<usize>,
 }
 
+/// What a reduce's degree is chosen from (see [`choose_degree`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct LinkModel {
+    /// One hop's latency, in seconds.
+    pub latency: f64,
+    /// A link's bandwidth, in bytes per second.
+    pub bandwidth: f64,
+    /// The bytes a source writes at once (`chunk_size`): what a node forwards as a piece.
+    pub piece: u64,
+}
+
 /// The coordinator's state of one reduce.
 pub(super) struct Run {
     pub(super) target: ObjectId,
@@ -45,8 +56,7 @@ pub(super) struct Run {
     pub(super) dtype: DType,
     pub(super) chunk: u64,
     pub(super) degree: Option<usize>,
-    pub(super) latency: f64,
-    pub(super) bandwidth: f64,
+    pub(super) link: LinkModel,
     pub(super) tree: Option<Tree>,
     /// Bytes reduced (a partition's with `range`).
     pub(super) size: u64,
@@ -86,14 +96,14 @@ pub(super) struct Run {
 }
 
 impl Run {
-    /// A reduce with nothing placed yet; `link` is the (latency s, bandwidth B/s) estimate.
+    /// A reduce with nothing placed yet; `link` models its links, for the tree's degree.
     pub(super) fn new(
         target: ObjectId,
         sources: &[ObjectId],
         num: usize,
         (op, dtype): (ReduceOp, DType),
         opts: &ReduceOptions,
-        (latency, bandwidth): (f64, f64),
+        link: LinkModel,
     ) -> Run {
         let required: Vec<bool> = sources.iter().map(|s| opts.required.contains(s)).collect();
         Run {
@@ -104,8 +114,7 @@ impl Run {
             dtype,
             chunk: opts.chunk,
             degree: opts.degree,
-            latency,
-            bandwidth,
+            link,
             tree: None,
             size: 0,
             full_size: 0,
@@ -215,7 +224,8 @@ impl Run {
                 }
             };
             let d = self.degree.unwrap_or_else(|| {
-                choose_degree(self.num, self.size, self.latency, self.bandwidth)
+                let l = &self.link;
+                choose_degree(self.num, self.size, l.piece, l.latency, l.bandwidth)
             });
             self.tree = Some(Tree::new(self.num, d));
             self.slots = vec![None; self.num];
@@ -516,6 +526,13 @@ impl Run {
 mod tests {
     use super::*;
 
+    /// A link for the tests' runs: 100 us, 1 GB/s, 1 MiB pieces.
+    const LINK: LinkModel = LinkModel {
+        latency: 1e-4,
+        bandwidth: 1e9,
+        piece: 1 << 20,
+    };
+
     #[test]
     fn required_sources_take_the_deepest_positions() {
         let sources = ["m", "g0", "g1", "g2"].map(ObjectId::new);
@@ -525,7 +542,7 @@ mod tests {
             ..Default::default()
         };
         let kind = (ReduceOp::Sum, DType::F32);
-        let mut run = Run::new(ObjectId::new("t"), &sources, 3, kind, &opts, (1e-4, 1e9));
+        let mut run = Run::new(ObjectId::new("t"), &sources, 3, kind, &opts, LINK);
         let info = complete_on;
         // Two gradients arrive first: they leave the leaf (position 2) to the model.
         assert!(run.arrived(1, &info(1)).unwrap());
@@ -568,7 +585,7 @@ mod tests {
         };
         // Five inputs on five nodes: a ring, root -> leaf -> ... -> the root's child.
         let sources: Vec<ObjectId> = (0..5).map(|i| ObjectId::new(format!("s{i}"))).collect();
-        let mut run = Run::new(ObjectId::new("p"), &sources, 5, kind, &part(0), (1e-4, 1e9));
+        let mut run = Run::new(ObjectId::new("p"), &sources, 5, kind, &part(0), LINK);
         for i in 0..4 {
             assert!(run.arrived(i, &complete_on(10 + i as NodeId)).unwrap());
             assert!(
@@ -593,14 +610,7 @@ mod tests {
         let holders: [NodeId; 6] = [21, 22, 21, 23, 22, 24];
         for rotate in 0..6 {
             for shift in 0..6 {
-                let mut run = Run::new(
-                    ObjectId::new("p"),
-                    &sources,
-                    6,
-                    kind,
-                    &part(rotate),
-                    (1e-4, 1e9),
-                );
+                let mut run = Run::new(ObjectId::new("p"), &sources, 6, kind, &part(rotate), LINK);
                 for k in 0..6 {
                     let i = (k + shift) % 6;
                     // Only the replica's node: a node holds two positions.
@@ -624,7 +634,7 @@ mod tests {
 
         // After a repair no hints: the directory chooses.
         let sources: Vec<ObjectId> = (0..3).map(|i| ObjectId::new(format!("d{i}"))).collect();
-        let mut run = Run::new(ObjectId::new("p"), &sources, 3, kind, &part(0), (1e-4, 1e9));
+        let mut run = Run::new(ObjectId::new("p"), &sources, 3, kind, &part(0), LINK);
         for i in 0..3 {
             assert!(run.arrived(i, &complete_on(30 + i as NodeId)).unwrap());
         }
@@ -635,7 +645,7 @@ mod tests {
             degree: Some(1),
             ..Default::default()
         };
-        let mut run = Run::new(ObjectId::new("t"), &sources, 3, kind, &opts, (1e-4, 1e9));
+        let mut run = Run::new(ObjectId::new("t"), &sources, 3, kind, &opts, LINK);
         for i in 0..3 {
             assert!(run.arrived(i, &complete_on(40 + i as NodeId)).unwrap());
         }
@@ -663,7 +673,7 @@ mod tests {
             ..Default::default()
         };
         let kind = (ReduceOp::Sum, DType::F32);
-        let mut run = Run::new(ObjectId::new("t"), &sources, 4, kind, &opts, (1e-4, 1e9));
+        let mut run = Run::new(ObjectId::new("t"), &sources, 4, kind, &opts, LINK);
         for i in 0..4 {
             assert!(run.arrived(i, &complete_on(i as NodeId)).unwrap());
         }
@@ -710,7 +720,7 @@ mod tests {
             ..Default::default()
         };
         let kind = (ReduceOp::Sum, DType::F32);
-        let mut run = Run::new(ObjectId::new("t"), &sources, 2, kind, &opts, (1e-4, 1e9));
+        let mut run = Run::new(ObjectId::new("t"), &sources, 2, kind, &opts, LINK);
         // Node 7 holds a placed source and a spare; node 8 a spare that arrived later.
         assert!(run.arrived(0, &complete_on(7)).unwrap());
         assert!(run.arrived(1, &complete_on(1)).unwrap());
