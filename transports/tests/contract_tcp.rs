@@ -59,46 +59,55 @@ mod own_readers {
     }
 }
 
+/// Defines harness `$harness`, TCP nodes made with the settings `$cfg` (a function of the
+/// heartbeat timeout), and runs the whole suite on it.
+macro_rules! suite_with {
+    ($harness:ident, $cfg:expr) => {
+        struct $harness;
+
+        impl Harness for $harness {
+            type T = TcpTransport;
+
+            fn heartbeat() -> Duration {
+                Tcp::heartbeat()
+            }
+
+            fn bind(id: NodeId, heartbeat: Duration) -> Result<TcpTransport, TransportError> {
+                let make: fn(Duration) -> TcpConfig = $cfg;
+                bind_with(id, make(heartbeat))
+            }
+
+            fn connect(
+                t: &TcpTransport,
+                peers: &[(NodeId, SocketAddr)],
+                dial_all: bool,
+            ) -> Result<(), TransportError> {
+                Tcp::connect(t, peers, dial_all)
+            }
+        }
+
+        phalanx_transport::transport_contract_tests!($harness);
+
+        #[test]
+        fn a_lone_write_is_delivered_without_traffic_behind_it() {
+            phalanx_transport::contract::a_lone_write_is_delivered_without_traffic_behind_it::<
+                $harness,
+            >();
+        }
+    };
+}
+
 /// The same suite with every link read by the shared epoll threads (no link has a thread of
 /// its own), two of them: the reading path of a node with more links than
 /// `TcpConfig::dedicated_readers`.
 mod shared_readers {
     use super::*;
 
-    struct TcpShared;
-
-    impl Harness for TcpShared {
-        type T = TcpTransport;
-
-        fn heartbeat() -> Duration {
-            Tcp::heartbeat()
-        }
-
-        fn bind(id: NodeId, heartbeat: Duration) -> Result<TcpTransport, TransportError> {
-            let cfg = TcpConfig {
-                dedicated_readers: 0,
-                readers: 2,
-                ..config(heartbeat)
-            };
-            bind_with(id, cfg)
-        }
-
-        fn connect(
-            t: &TcpTransport,
-            peers: &[(NodeId, SocketAddr)],
-            dial_all: bool,
-        ) -> Result<(), TransportError> {
-            Tcp::connect(t, peers, dial_all)
-        }
-    }
-
-    phalanx_transport::transport_contract_tests!(TcpShared);
-
-    #[test]
-    fn a_lone_write_is_delivered_without_traffic_behind_it() {
-        phalanx_transport::contract::a_lone_write_is_delivered_without_traffic_behind_it::<TcpShared>(
-        );
-    }
+    suite_with!(TcpShared, |heartbeat| TcpConfig {
+        dedicated_readers: 0,
+        readers: 2,
+        ..config(heartbeat)
+    });
 }
 
 /// The suite with readers that poll (`TcpConfig::polling`): one epoll thread per node that
@@ -109,38 +118,9 @@ mod polling_readers {
     use phalanx_transport::{Event, Transport};
     use std::time::Instant;
 
-    struct TcpPolling;
-
     const SPIN: Duration = Duration::from_micros(500);
 
-    impl Harness for TcpPolling {
-        type T = TcpTransport;
-
-        fn heartbeat() -> Duration {
-            Tcp::heartbeat()
-        }
-
-        fn bind(id: NodeId, heartbeat: Duration) -> Result<TcpTransport, TransportError> {
-            bind_with(id, config(heartbeat).polling(SPIN, 1))
-        }
-
-        fn connect(
-            t: &TcpTransport,
-            peers: &[(NodeId, SocketAddr)],
-            dial_all: bool,
-        ) -> Result<(), TransportError> {
-            Tcp::connect(t, peers, dial_all)
-        }
-    }
-
-    phalanx_transport::transport_contract_tests!(TcpPolling);
-
-    #[test]
-    fn a_lone_write_is_delivered_without_traffic_behind_it() {
-        phalanx_transport::contract::a_lone_write_is_delivered_without_traffic_behind_it::<
-            TcpPolling,
-        >();
-    }
+    suite_with!(TcpPolling, |heartbeat| config(heartbeat).polling(SPIN, 1));
 
     /// CPU time (clock ticks) of this process's threads named `name`.
     fn ticks_of(name: &str) -> u64 {
