@@ -210,6 +210,50 @@ mod polling_readers {
         b.shutdown();
     }
 
+    const E: NodeId = 7305;
+    const F: NodeId = 7306;
+
+    /// With `poll_spin` set, a link never gets a reader of its own (its blocking `recv` could
+    /// not poll), whatever `dedicated_readers` says: the node's one epoll reader reads it.
+    #[test]
+    fn polling_nodes_read_every_link_on_their_epoll_readers() {
+        let cfg = TcpConfig {
+            poll_spin: SPIN,
+            dedicated_readers: 8,
+            readers: 1,
+            ..config(Duration::from_secs(5))
+        };
+        let e = bind_with(E, cfg.clone()).expect("bind e");
+        let f = bind_with(F, cfg).expect("bind f");
+        let ef = f.events();
+        let peers = vec![
+            (E, e.listen_addr().expect("address")),
+            (F, f.listen_addr().expect("address")),
+        ];
+        let (e2, p2) = (e.clone(), peers.clone());
+        let linking = std::thread::spawn(move || e2.connect(&p2, false));
+        f.connect(&peers, false).expect("connect f");
+        linking.join().expect("thread").expect("connect e");
+        e.send(F, b"over the epoll reader").expect("send");
+        let got = loop {
+            match ef.recv_timeout(Duration::from_secs(30)).expect("event") {
+                Event::Ctrl { msg, .. } => break msg,
+                Event::PeerUp { .. } => continue,
+                other => panic!("unexpected event {other:?}"),
+            }
+        };
+        assert_eq!(got, b"over the epoll reader");
+        for node in [E, F] {
+            let rx = phalanx_transport::threads::roles(node)
+                .into_iter()
+                .find(|(role, _)| role == "rx")
+                .map(|(_, c)| c.live);
+            assert_eq!(rx, Some(1), "node {node}: reader threads");
+        }
+        e.shutdown();
+        f.shutdown();
+    }
+
     const C: NodeId = 7303;
     const D: NodeId = 7304;
 

@@ -36,7 +36,8 @@ pub struct TcpConfig {
     /// (a non-blocking `epoll_wait`, the core yielded between looks), as an MPI rank polls
     /// its sockets: a frame that comes meanwhile is read without a thread wake-up, which is
     /// most of a small message's latency where threads wait for a core. Zero: it sleeps at
-    /// once. See [`TcpConfig::polling`].
+    /// once. Non-zero, no link has a reader of its own (`dedicated_readers` is ignored). See
+    /// [`TcpConfig::polling`].
     pub poll_spin: Duration,
     /// Who may link (cluster secret, members) and the handshake's time bound; see
     /// [`crate::auth`].

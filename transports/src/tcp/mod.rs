@@ -89,8 +89,13 @@ impl TcpTransport {
             draining: Mutex::new(Vec::new()),
             threads: Mutex::new(Vec::new()),
         });
-        let readers =
-            reader::Readers::start(&inner, inner.cfg.readers, inner.cfg.dedicated_readers)?;
+        // A reader of a link's own waits in a blocking `recv`, which cannot poll: with
+        // `poll_spin`, the epoll readers read every link.
+        let dedicated = match inner.cfg.poll_spin.is_zero() {
+            true => inner.cfg.dedicated_readers,
+            false => 0,
+        };
+        let readers = reader::Readers::start(&inner, inner.cfg.readers, dedicated)?;
         let _ = inner.readers.set(readers);
         let acc = inner.clone();
         let t = crate::threads::spawn(id, "accept", move || {
