@@ -166,8 +166,7 @@ pub(crate) fn plan_children(rank: usize, m: usize, root: usize) -> Vec<usize> {
         let mut order: Vec<usize> = (0..m).filter(|&q| q != root && q != first).collect();
         order.sort_by_key(|&q| (q.min(first_partner(q, m)), q));
         order.insert(0, first);
-        order.dedup();
-        order.retain(|&q| q != root);
+        order.retain(|&q| q != root); // a run of one: its own partner
         return order;
     }
     let i = (rank + m - root) % m;

@@ -6,15 +6,16 @@
 //! (one hop); a larger run's plan goes down a binomial tree rooted at the coordinator (each
 //! rank hands it on to the ranks below it before it starts: `ceil(log2 m)` hops, no node
 //! sending more than that many). Every rank pushes its blocks to its partners and waits for
-//! theirs (`Mailbox`). Nothing is announced until the coordinator's own rank has the whole result (every block
-//! was then reduced from every input): the run commits at that moment, and the thread that
-//! completed the coordinator's rank tells every rank (`HalvingEnd { commit: true }`). Each
-//! rank stores and announces its copy where that word (or its own result) lands, and its
-//! node's reader, which watches for the commit, returns that copy. All ranks end with the
-//! same bytes, so any of them may serve readers. A rank whose partner dies, whose block does
-//! not come, or whose input is gone reports failure; the coordinator then abandons the run
-//! (`commit: false`) before anything was announced, and the caller reduces the inputs still
-//! there with a tree instead. The first of the two decisions stands (`Mailbox::decide`).
+//! theirs (`Mailbox`). Nothing is announced until the coordinator's own rank has the whole
+//! result (every block was then reduced from every input): the run commits at that moment,
+//! and the thread that completed the coordinator's rank tells every rank (`HalvingEnd {
+//! commit: true }`). Each rank stores and announces its copy where that word (or its own
+//! result) lands, and its node's reader, which watches for the commit, returns that copy. All
+//! ranks end with the same bytes, so any of them may serve readers. A rank whose partner
+//! dies, whose block does not come, or whose input is gone reports failure; the coordinator
+//! then abandons the run (`commit: false`) before anything was announced, and the caller
+//! reduces the inputs still there with a tree instead. The first of the two decisions stands
+//! (`Mailbox::decide`).
 
 use super::halving::{plan_children, plan_parent, RankState};
 use super::mailbox::{CommitWatch, End, Gave, Outcome, Parked, RunKey, RunView};
