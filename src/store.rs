@@ -407,8 +407,8 @@ impl Store {
     /// Whether this node had a copy of `id` and dropped it (deleted, evicted or failed) and
     /// has none now: among the last [`DROPPED_KEEP`] names dropped.
     pub fn recently_dropped(&self, id: &ObjectId) -> bool {
-        let st = self.lock();
-        !st.by_id.contains_key(id) && st.dropped.set.contains_key(id)
+        // A name made again is forgotten where it is made (`create_with`).
+        self.lock().dropped.set.contains_key(id)
     }
 
     pub fn free_bytes(&self) -> u64 {

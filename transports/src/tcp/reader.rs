@@ -163,11 +163,16 @@ impl Readers {
         })
     }
 
+    /// The epoll set that reads `peer`'s links (every link of a peer goes to the same one).
+    fn set_of(&self, peer: NodeId) -> &Arc<PollSet> {
+        &self.sets[peer as usize % self.sets.len()]
+    }
+
     /// A frame went to `peer`: if the thread that reads it sleeps, it is woken to poll for
     /// the answer (with `poll_spin` only; a frame sent meanwhile does not wake it twice).
     /// Returns whether it woke the thread.
     pub(super) fn sent_to(&self, peer: NodeId) -> bool {
-        let set = &self.sets[peer as usize % self.sets.len()];
+        let set = self.set_of(peer);
         set.asleep.swap(false, Ordering::AcqRel) && set.wake.write(1).is_ok()
     }
 
@@ -222,7 +227,7 @@ impl Readers {
                 }
             };
         }
-        let set = &self.sets[peer as usize % self.sets.len()];
+        let set = self.set_of(peer);
         let token = set.next_token.fetch_add(1, Ordering::Relaxed);
         set.conns.lock().unwrap().insert(token, r);
         // The socket stays open while its `Reading` (which owns this handle) lives; it leaves
