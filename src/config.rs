@@ -41,6 +41,14 @@ pub struct NodeConfig {
     /// halving and doubling (`crate::allreduce`); 0: never. Every participant must have the
     /// same value.
     pub allreduce_halving_max: u64,
+    /// Reduces of all their inputs, of objects from this many bytes up to
+    /// `reduce_halving_max`, with every input there as it starts and each on its own node
+    /// (the coordinator's among them, at least `crate::allreduce::HALVING_REDUCE_RANKS`), run
+    /// as a halving reduce: reduce-scatter, then a gather at the coordinator
+    /// (`crate::reduce::halving`). Default `crate::allreduce::HALVING_REDUCE_MIN` to
+    /// `HALVING_REDUCE_MAX`; a max of 0: never.
+    pub reduce_halving_min: u64,
+    pub reduce_halving_max: u64,
 }
 
 impl Default for NodeConfig {
@@ -56,6 +64,8 @@ impl Default for NodeConfig {
             bandwidth_override: None,
             allreduce_partition_min: crate::allreduce::PARTITION_MIN,
             allreduce_halving_max: crate::allreduce::HALVING_MAX,
+            reduce_halving_min: crate::allreduce::HALVING_REDUCE_MIN,
+            reduce_halving_max: crate::allreduce::HALVING_REDUCE_MAX,
         }
     }
 }
@@ -178,6 +188,11 @@ pub struct ClusterConfig {
     /// Allreduces of objects from 64 KiB up to this size (inputs all there, one per node)
     /// run by recursive halving and doubling (default 196608; 0: never).
     pub allreduce_halving_max: Option<u64>,
+    /// Reduces of all their inputs (there at the start, one per node, 4 nodes or more) of
+    /// objects from `reduce_halving_min` (default 65536) to `reduce_halving_max` bytes
+    /// (default 262144; 0: never) run as a halving reduce: a reduce-scatter, then a gather.
+    pub reduce_halving_min: Option<u64>,
+    pub reduce_halving_max: Option<u64>,
     /// `"mesh"` or `"on_demand"`; default: a mesh up to 32 nodes, on demand beyond.
     pub connect: Option<Connect>,
     pub nodes: Vec<NodeEntry>,
@@ -251,6 +266,10 @@ impl ClusterConfig {
                 .map_or(d.allreduce_halving_max, |m| {
                     m.min(crate::allreduce::HALVING_LIMIT)
                 }),
+            reduce_halving_min: self.reduce_halving_min.unwrap_or(d.reduce_halving_min),
+            reduce_halving_max: self.reduce_halving_max.map_or(d.reduce_halving_max, |m| {
+                m.min(crate::allreduce::HALVING_LIMIT)
+            }),
             ..d
         }
     }
@@ -403,6 +422,22 @@ mod tests {
             halving("allreduce_halving_max = 1099511627776\n"),
             crate::allreduce::HALVING_LIMIT,
             "bounded: its blocks travel as messages"
+        );
+        let reduce = |extra: &str| {
+            let c = ClusterConfig::parse(&format!("{extra}{one}"))
+                .unwrap()
+                .node_config();
+            (c.reduce_halving_min, c.reduce_halving_max)
+        };
+        let d = (
+            crate::allreduce::HALVING_REDUCE_MIN,
+            crate::allreduce::HALVING_REDUCE_MAX,
+        );
+        assert_eq!(reduce(""), d);
+        assert_eq!(reduce("reduce_halving_max = 0\n"), (d.0, 0));
+        assert_eq!(
+            reduce("reduce_halving_min = 4096\nreduce_halving_max = 1099511627776\n"),
+            (4096, crate::allreduce::HALVING_LIMIT)
         );
     }
 

@@ -2,7 +2,9 @@
 //! `allreduce_halving_max`, every input there and one per node) over real TCP on loopback:
 //! every op and dtype equals a serial reference on every node, for powers of two and not;
 //! inputs that do not fit the algorithm take the tree; a rank that dies mid-run leaves the
-//! survivors with the reduce of the inputs still there.
+//! survivors with the reduce of the inputs still there. The halving reduce (reduce-scatter,
+//! then a gather at the coordinator) of the same sizes: the reference at the coordinator
+//! alone, the tree where it cannot run, and the tree again after a rank dies mid-run.
 
 #[path = "common/log.rs"]
 mod log;
@@ -297,5 +299,155 @@ fn readers_with_no_plan_read_a_result_that_is_complete() {
         }
         let took = started.elapsed();
         assert!(took < Duration::from_secs(20), "{tag}: {took:?}");
+    }
+}
+
+/// Node 0 reduces all of `sources` into `target` (no reader: the result stays at node 0).
+fn reduce(
+    c: &LocalCluster,
+    target: &ObjectId,
+    sources: &[ObjectId],
+    num: usize,
+    op: ReduceOp,
+    dtype: DType,
+) -> phalanx::reduce::ReduceOutcome {
+    c.node(0)
+        .reduce(target.clone(), sources, num, op, dtype)
+        .expect("reduce")
+}
+
+/// A reduce of every input, one per node, four nodes or more: a halving run (no tree), its
+/// result at the coordinator (rank 0 of the run whatever the order of the sources) and at no
+/// other node, equal to the reference for every op and dtype; a get elsewhere reads it.
+#[test]
+fn a_reduce_of_every_input_runs_by_halving_and_ends_at_the_coordinator() {
+    let ops = [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max, ReduceOp::Prod];
+    let dtypes = [DType::F32, DType::F64, DType::I32, DType::I64, DType::U8];
+    for n in [4usize, 5, 6, 8] {
+        let c = LocalCluster::start(n as u32, cfg(), tcp()).unwrap();
+        for (i, (op, dtype)) in ops
+            .iter()
+            .flat_map(|o| dtypes.iter().map(move |d| (*o, *d)))
+            .enumerate()
+            .filter(|(i, _)| n == 5 || i % 4 == n % 4)
+        {
+            let tag = format!("hr{n}/{i}");
+            let inputs: Vec<Vec<u8>> = (0..n).map(|k| input(k + i, SIZE, dtype)).collect();
+            // Node 0's input is not the first source.
+            let order: Vec<usize> = (0..n).map(|k| (k + 2) % n).collect();
+            let sources: Vec<ObjectId> = order
+                .iter()
+                .map(|k| ObjectId::new(format!("{tag}/in{k}")))
+                .collect();
+            for (s, &k) in sources.iter().zip(&order) {
+                c.node(k).put(s.clone(), &inputs[k]).unwrap();
+            }
+            let target = ObjectId::new(format!("{tag}/out"));
+            let outcome = reduce(&c, &target, &sources, n, op, dtype);
+            assert!(outcome.tree.is_empty(), "{tag}: a tree ran");
+            assert_eq!(
+                outcome.partitions,
+                1 << (usize::BITS - 1 - n.leading_zeros())
+            );
+            assert_eq!(outcome.used.len(), n);
+            let want = reference(&inputs.iter().collect::<Vec<_>>(), op, dtype);
+            assert!(c.node(0).local_copy(target.as_str()).is_some(), "{tag}");
+            let here = c.node(0).get(target.clone()).unwrap();
+            assert!(here == want, "{tag} ({op:?} {dtype:?}) differs");
+            for k in 1..n {
+                assert!(
+                    c.node(k).local_copy(target.as_str()).is_none(),
+                    "{tag}: {k}"
+                );
+            }
+            let far = c.node(n - 1).get(target.clone()).unwrap();
+            assert!(far == want, "{tag}: read at node {}", n - 1);
+        }
+    }
+}
+
+/// Where the halving reduce cannot run, the tree does, with the same result: fewer than four
+/// inputs, the first `n` of `m`, two inputs on one node, an input put after the reduce began.
+#[test]
+fn reduces_the_halving_run_cannot_take_use_the_tree() {
+    let n = 5;
+    let c = LocalCluster::start(n as u32, cfg(), tcp()).unwrap();
+    let dtype = DType::I32;
+    let inputs: Vec<Vec<u8>> = (0..6).map(|k| input(k, SIZE, dtype)).collect();
+    let put = |tag: &str, holders: &[usize]| -> Vec<ObjectId> {
+        holders
+            .iter()
+            .enumerate()
+            .map(|(k, &h)| {
+                let id = ObjectId::new(format!("{tag}/in{k}"));
+                c.node(h).put(id.clone(), &inputs[k]).unwrap();
+                id
+            })
+            .collect()
+    };
+    let check = |tag: &str, sources: &[ObjectId], num: usize| {
+        let target = ObjectId::new(format!("{tag}/out"));
+        let outcome = reduce(&c, &target, sources, num, ReduceOp::Sum, dtype);
+        assert!(!outcome.tree.is_empty(), "{tag}: one tree");
+        let used: Vec<&Vec<u8>> = outcome
+            .used
+            .iter()
+            .map(|id| &inputs[sources.iter().position(|s| s == id).unwrap()])
+            .collect();
+        assert_eq!(used.len(), num, "{tag}");
+        let want = reference(&used, ReduceOp::Sum, dtype);
+        assert!(c.node(0).get(target).unwrap() == want, "{tag}");
+    };
+    check("three", &put("three", &[0, 1, 2]), 3);
+    check("first4of5", &put("first4of5", &[0, 1, 2, 3, 4]), 4);
+    check("shared", &put("shared", &[0, 1, 2, 3, 0]), 5);
+    let mut sources = put("late", &[0, 1, 2, 3]);
+    let late = ObjectId::new("late/in4");
+    sources.push(late.clone());
+    std::thread::scope(|s| {
+        let (node, bytes) = (c.node(4).clone(), &inputs[4]);
+        s.spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            node.put(late, bytes).unwrap();
+        });
+        check("late", &sources, 5);
+    });
+}
+
+/// A rank of a halving reduce dies mid-run (after sending none, half, or more than the first
+/// block): the run is abandoned and a tree reduces the inputs still there.
+#[test]
+fn a_reduce_rank_killed_mid_run_leaves_the_tree_correct() {
+    let n = 5;
+    let dtype = DType::I64;
+    for (seed, after) in [(1u64, 0u64), (2, SIZE / 4), (3, SIZE / 2 + 8)] {
+        let c = LocalCluster::start(n as u32, cfg(), tcp()).unwrap();
+        let tag = format!("rkill{seed}");
+        let inputs: Vec<Vec<u8>> = (0..n).map(|k| input(k, SIZE, dtype)).collect();
+        let sources: Vec<ObjectId> = (0..n)
+            .map(|k| ObjectId::new(format!("{tag}/in{k}")))
+            .collect();
+        for k in 0..n {
+            c.node(k).put(sources[k].clone(), &inputs[k]).unwrap();
+        }
+        let victim = 1 + seed as usize % (n - 1);
+        let target = ObjectId::new(format!("{tag}/out"));
+        c.node(victim).inject_fault(FaultPlan {
+            object: target.clone(),
+            after_bytes: after,
+            action: FaultAction::DropLinks,
+        });
+        let outcome = reduce(&c, &target, &sources, n, ReduceOp::Sum, dtype);
+        assert!(c.node(victim).fault_fired(), "seed {seed}: the fault fired");
+        assert!(!outcome.tree.is_empty(), "seed {seed}: the tree took over");
+        assert!(!outcome.used.contains(&sources[victim]), "seed {seed}");
+        assert_eq!(outcome.used.len(), n - 1, "seed {seed}");
+        let used: Vec<&Vec<u8>> = outcome
+            .used
+            .iter()
+            .map(|id| &inputs[sources.iter().position(|s| s == id).unwrap()])
+            .collect();
+        let want = reference(&used, ReduceOp::Sum, dtype);
+        assert!(c.node(0).get(target).unwrap() == want, "seed {seed}");
     }
 }

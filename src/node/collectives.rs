@@ -39,14 +39,15 @@ impl Node {
         opts: &ReduceOptions,
     ) -> Result<ReduceOutcome> {
         let kind = (op, dtype);
-        self.inner.reducer.reduce(
-            target.into(),
-            sources,
-            num_objects,
-            kind,
-            opts,
-            Hooks::default(),
-        )
+        let target = target.into();
+        // A halving reduce when it can run; else (or abandoned) a tree.
+        let num = match self.reduce_by_halving(&target, sources, num_objects, kind, opts)? {
+            Ok(outcome) => return Ok(outcome),
+            Err(alive) => alive.unwrap_or(num_objects),
+        };
+        self.inner
+            .reducer
+            .reduce(target, sources, num, kind, opts, Hooks::default())
     }
 
     /// Starts a reduce and returns at once: [`ReduceHandle::inputs`] tells which sources were

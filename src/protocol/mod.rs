@@ -185,6 +185,7 @@ mod tests {
                     size: 64,
                     op: crate::ops::ReduceOp::Max,
                     dtype: crate::ops::DType::I64,
+                    reduce: true,
                 },
             }),
             Msg::Store(StoreMsg::Evict {

@@ -18,8 +18,8 @@ pub enum ReduceMsg {
     /// `crate::reduce::Run::gather_hints`). Advice: a stale or forged one costs a fallback
     /// to the directory, never a wrong byte.
     Gather { part: ObjectId, from: GatherFrom },
-    /// Run your rank of a halving-doubling allreduce (`crate::reduce::halving`): sent by the
-    /// run's coordinator to every other rank.
+    /// Run your rank of a halving-doubling allreduce, or of a halving reduce
+    /// (`crate::reduce::halving`): sent by the run's coordinator to every other rank.
     HalvingTask { plan: HalvingPlan },
     /// Bytes of step `step` of run `run` of the halving-doubling allreduce into `target`,
     /// pushed by the sender's rank to its partner.
@@ -59,6 +59,10 @@ pub struct HalvingPlan {
     pub size: u64,
     pub op: ReduceOp,
     pub dtype: DType,
+    /// A reduce, not an allreduce: the result ends at the coordinator alone (a main rank of
+    /// the schedule), to which every other main rank sends its reduced block instead of the
+    /// allgather; nothing is committed at the other ranks.
+    pub reduce: bool,
 }
 
 impl HalvingPlan {

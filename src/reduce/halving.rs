@@ -13,6 +13,12 @@
 //!
 //! Each block is reduced once, at its owner, and copied from there: every rank ends with the
 //! same bytes, also for floating-point types.
+//!
+//! A reduce (the result at one main rank, the root: Rabenseifner's reduce) keeps the
+//! reduce-scatter and replaces the allgather by one step: every other main rank sends its
+//! block to the root, which copies them in place. The root receives `(p - 1) / p · S` in
+//! `p - 1` messages of one hop each, where a tree of degree `d` feeds it `d · S`; the extra
+//! ranks get nothing back.
 
 use crate::ops::{combine, DType, ReduceOp};
 use crate::{Error, Result};
@@ -50,9 +56,22 @@ pub(crate) struct Step {
     pub recv: Option<(Range<usize>, bool)>,
 }
 
-/// Rank `rank`'s steps, in order, for `m` ranks and an object of `size` bytes of `dtype`.
-pub(crate) fn schedule(rank: usize, m: usize, size: u64, dtype: DType) -> Vec<Step> {
+/// Whether a run of `m` ranks can end its reduce at rank `root` (a main rank).
+pub(crate) fn can_root(root: usize, m: usize) -> bool {
+    m >= 1 && root < main_ranks(m)
+}
+
+/// Rank `rank`'s steps, in order, for `m` ranks and an object of `size` bytes of `dtype`:
+/// an allreduce (`root` `None`), or a reduce whose result ends at main rank `root` alone.
+pub(crate) fn schedule(
+    rank: usize,
+    m: usize,
+    size: u64,
+    dtype: DType,
+    root: Option<usize>,
+) -> Vec<Step> {
     assert!(rank < m, "rank {rank} of {m}");
+    assert!(root.is_none_or(|r| can_root(r, m)), "root {root:?} of {m}");
     let p = main_ranks(m);
     let esz = dtype.size() as u64;
     let elems = size / esz;
@@ -69,6 +88,9 @@ pub(crate) fn schedule(rank: usize, m: usize, size: u64, dtype: DType) -> Vec<St
             send: Some(whole.clone()),
             recv: None,
         });
+        if root.is_some() {
+            return steps;
+        }
         steps.push(Step {
             id: 2 * log + 1,
             partner,
@@ -101,6 +123,29 @@ pub(crate) fn schedule(rank: usize, m: usize, size: u64, dtype: DType) -> Vec<St
             recv: Some((bytes_of(keep.clone(), p, elems, esz), true)),
         });
         (lo, hi) = (keep.start, keep.end);
+    }
+    if let Some(root) = root {
+        // Gather at the root: block q comes from main rank q.
+        let gather = 1 + log;
+        if rank == root {
+            for q in (0..p).filter(|&q| q != root) {
+                steps.push(Step {
+                    id: gather,
+                    partner: q,
+                    send: None,
+                    recv: Some((bytes_of(q..q + 1, p, elems, esz), false)),
+                });
+            }
+        } else {
+            debug_assert_eq!((lo, hi), (rank, rank + 1));
+            steps.push(Step {
+                id: gather,
+                partner: root,
+                send: Some(bytes_of(lo..hi, p, elems, esz)),
+                recv: None,
+            });
+        }
+        return steps;
     }
     // Allgather: doubling.
     for k in 0..log {
@@ -211,16 +256,28 @@ pub(crate) struct RankState {
 }
 
 impl RankState {
-    /// Rank `rank` of `m` over `input` (this rank's bytes).
-    pub fn new(rank: usize, m: usize, input: Vec<u8>, op: ReduceOp, dtype: DType) -> Result<Self> {
+    /// Rank `rank` of `m` over `input` (this rank's bytes); `root`: a reduce whose result
+    /// ends at that main rank alone ([`schedule`]).
+    pub fn new(
+        rank: usize,
+        m: usize,
+        input: Vec<u8>,
+        (op, dtype): (ReduceOp, DType),
+        root: Option<usize>,
+    ) -> Result<Self> {
         let size = input.len() as u64;
+        if rank >= m || root.is_some_and(|r| !can_root(r, m)) {
+            return Err(Error::InvalidArgument(format!(
+                "rank {rank} (root {root:?}) of a run of {m}"
+            )));
+        }
         if !size.is_multiple_of(dtype.size() as u64) {
             return Err(Error::InvalidArgument(format!(
                 "{size} bytes are not whole {dtype:?} elements"
             )));
         }
         Ok(RankState {
-            steps: schedule(rank, m, size, dtype),
+            steps: schedule(rank, m, size, dtype, root),
             next: 0,
             sent: false,
             v: input,
@@ -283,18 +340,19 @@ impl RankState {
     }
 }
 
-/// Runs rank `rank`'s part of an allreduce of `m` ranks over `input` (this rank's bytes) to
-/// its end on the calling thread, waiting for each block, and returns the result.
+/// Runs rank `rank`'s part of an allreduce (or, with `root`, a reduce) of `m` ranks over
+/// `input` (this rank's bytes) to its end on the calling thread, waiting for each block, and
+/// returns its vector (the result, at every rank of an allreduce and at a reduce's root).
 #[cfg(test)]
 pub(crate) fn run_rank(
     rank: usize,
     m: usize,
     input: Vec<u8>,
-    op: ReduceOp,
-    dtype: DType,
+    kind: (ReduceOp, DType),
+    root: Option<usize>,
     ex: &dyn Exchange,
 ) -> Result<Vec<u8>> {
-    let mut st = RankState::new(rank, m, input, op, dtype)?;
+    let mut st = RankState::new(rank, m, input, kind, root)?;
     st.advance(
         &mut |to, step, data| ex.send(to, step, data),
         &mut |from, step| ex.recv(from, step).map(Some),
@@ -341,7 +399,12 @@ mod tests {
         }
     }
 
-    fn all_ranks(inputs: Vec<Vec<u8>>, op: ReduceOp, dtype: DType) -> Vec<Vec<u8>> {
+    fn all_ranks(
+        inputs: Vec<Vec<u8>>,
+        op: ReduceOp,
+        dtype: DType,
+        root: Option<usize>,
+    ) -> Vec<Vec<u8>> {
         let m = inputs.len();
         let (txs, rxs): (Vec<_>, Vec<_>) = (0..m).map(|_| unbounded()).unzip();
         std::thread::scope(|s| {
@@ -356,7 +419,7 @@ mod tests {
                         from: rx,
                         early: Mutex::new(HashMap::new()),
                     };
-                    s.spawn(move || run_rank(r, m, input, op, dtype, &ex).unwrap())
+                    s.spawn(move || run_rank(r, m, input, (op, dtype), root, &ex).unwrap())
                 })
                 .collect();
             hs.into_iter().map(|h| h.join().unwrap()).collect()
@@ -394,10 +457,18 @@ mod tests {
                 for x in &inputs[1..] {
                     combine(op, dtype, &mut want, x);
                 }
-                let got = all_ranks(inputs, op, dtype);
+                let got = all_ranks(inputs.clone(), op, dtype, None);
                 let what = format!("{m} ranks, {op:?} {dtype:?}");
                 // Every rank has the same bytes, whatever the type.
                 assert!(got.iter().all(|g| g == &got[0]), "ranks differ: {what}");
+                // A reduce to any main rank ends there with the allreduce's very bytes.
+                for root in (0..main_ranks(m)).filter(|r| r % 3 == 0 || *r + 1 == m) {
+                    let at = all_ranks(inputs.clone(), op, dtype, Some(root));
+                    assert!(
+                        at[root] == got[0],
+                        "{what}: the reduce at rank {root} differs"
+                    );
+                }
                 // Integers, min and max exactly, float sums too (the inputs are multiples of
                 // 1/8); float products in another order round differently.
                 let float = matches!(dtype, DType::F32 | DType::F64);
@@ -432,7 +503,7 @@ mod tests {
         let size = 64 << 10;
         for (m, p) in [(8usize, 8usize), (6, 4), (5, 4), (2, 2)] {
             for r in 0..m {
-                let steps = schedule(r, m, size, DType::F32);
+                let steps = schedule(r, m, size, DType::F32, None);
                 let sent: usize = steps
                     .iter()
                     .filter_map(|s| s.send.clone())
@@ -453,6 +524,46 @@ mod tests {
                 assert!(steps.iter().all(|s| s.partner < m && s.partner != r));
             }
         }
+    }
+
+    #[test]
+    fn a_reduce_root_receives_the_object_once_in_p_minus_one_messages() {
+        let size = 64u64 << 10;
+        for (m, p) in [(8usize, 8usize), (6, 4), (5, 4), (2, 2)] {
+            let log = p.trailing_zeros() as usize;
+            for root in [0, p - 1] {
+                let all: Vec<Vec<Step>> = (0..m)
+                    .map(|r| schedule(r, m, size, DType::F32, Some(root)))
+                    .collect();
+                let bytes = |s: &Step| s.recv.as_ref().map_or(0, |(r, _)| r.len());
+                // The root's gather: one message from every other main rank, each block
+                // once, together the rest of the object.
+                let gather: Vec<&Step> = all[root]
+                    .iter()
+                    .filter(|s| s.id == 1 + log as u32)
+                    .collect();
+                assert_eq!(gather.len(), p - 1, "{m} ranks, root {root}");
+                let got: usize = gather.iter().map(|s| bytes(s)).sum();
+                let own = bytes_of(root..root + 1, p, size / 4, 4).len();
+                assert_eq!(got + own, size as usize);
+                for (r, steps) in all.iter().enumerate() {
+                    // Extra ranks hand their input on and are done; main ranks send their
+                    // block to the root last; nobody but the root gets the result.
+                    if r >= p {
+                        assert_eq!(steps.len(), 1);
+                    } else if r != root {
+                        let last = steps.last().unwrap();
+                        assert_eq!((last.partner, last.recv.clone()), (root, None));
+                        assert_eq!(
+                            last.send.as_ref().unwrap().len(),
+                            bytes_of(r..r + 1, p, size / 4, 4).len()
+                        );
+                    }
+                    assert!(steps.iter().all(|s| s.id <= 1 + log as u32));
+                }
+            }
+        }
+        assert!(can_root(3, 6) && !can_root(4, 6) && !can_root(0, 0));
     }
 
     #[test]
@@ -510,9 +621,18 @@ mod tests {
                 Ok(vec![0; 3])
             }
         }
-        let r = run_rank(0, 2, vec![0; 64], ReduceOp::Sum, DType::F32, &Short);
+        let kind = (ReduceOp::Sum, DType::F32);
+        let r = run_rank(0, 2, vec![0; 64], kind, None, &Short);
         assert!(matches!(r, Err(Error::InvalidArgument(_))), "{r:?}");
-        let odd = run_rank(0, 2, vec![0; 6], ReduceOp::Sum, DType::F32, &Short);
+        let odd = run_rank(0, 2, vec![0; 6], kind, None, &Short);
         assert!(matches!(odd, Err(Error::InvalidArgument(_))), "{odd:?}");
+        // A reduce rooted at an extra rank, or a rank outside the run: refused, no panic.
+        let extra = run_rank(0, 6, vec![0; 64], kind, Some(4), &Short);
+        assert!(matches!(extra, Err(Error::InvalidArgument(_))), "{extra:?}");
+        let outside = run_rank(7, 6, vec![0; 64], kind, Some(0), &Short);
+        assert!(
+            matches!(outside, Err(Error::InvalidArgument(_))),
+            "{outside:?}"
+        );
     }
 }

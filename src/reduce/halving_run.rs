@@ -16,8 +16,12 @@
 //! then abandons the run (`commit: false`) before anything was announced, and the caller
 //! reduces the inputs still there with a tree instead. The first of the two decisions stands
 //! (`Mailbox::decide`).
+//!
+//! A reduce (`HalvingPlan::reduce`) runs the same way up to the reduce-scatter; then every
+//! rank sends its block to the coordinator and is done, and only the coordinator stores the
+//! result: the run commits when the coordinator has it, with no word to the ranks.
 
-use super::halving::{plan_children, plan_parent, RankState};
+use super::halving::{can_root, plan_children, plan_parent, RankState};
 use super::mailbox::{CommitWatch, End, Gave, Outcome, Parked, RunKey, RunView};
 use super::Reducer;
 use crate::hop::hop;
@@ -64,6 +68,9 @@ fn check_plan(plan: &HalvingPlan, me: NodeId, from: NodeId, max_size: u64) -> Re
         return bad("this node is no rank of it");
     };
     let root = coordinator_rank(plan)?;
+    if plan.reduce && !can_root(root, m) {
+        return bad("a reduce's coordinator must be a main rank");
+    }
     match plan_parent(rank, m, root).map(|q| plan.ranks[q].0) {
         Some(parent) if parent == from => Ok(rank),
         _ => bad("not handed on by its parent in the plan's tree"),
@@ -95,7 +102,11 @@ impl Reducer {
     /// A plan from `from`: starts this node's rank where the plan landed if its input is
     /// complete here, else on a worker once it is.
     pub(super) fn start_halving(self: &Arc<Self>, from: NodeId, plan: HalvingPlan) {
-        let rank = match check_plan(&plan, self.id, from, self.cfg.allreduce_halving_max) {
+        let max = match plan.reduce {
+            true => self.cfg.reduce_halving_max,
+            false => self.cfg.allreduce_halving_max,
+        };
+        let rank = match check_plan(&plan, self.id, from, max) {
             Ok(r) => r,
             Err(e) => {
                 warn!(node = self.id, from, "{e}");
@@ -142,9 +153,13 @@ impl Reducer {
     /// complete), then every step it can.
     fn begin_rank(&self, plan: Arc<HalvingPlan>, rank: usize, wait: Duration) {
         hop!(self.id, "halving rank running", rank = rank as u64);
-        let state = self
-            .halving_input(&plan, rank, wait)
-            .and_then(|input| RankState::new(rank, plan.ranks.len(), input, plan.op, plan.dtype));
+        let root = match plan.reduce {
+            true => coordinator_rank(&plan).ok(),
+            false => None,
+        };
+        let state = self.halving_input(&plan, rank, wait).and_then(|input| {
+            RankState::new(rank, plan.ranks.len(), input, (plan.op, plan.dtype), root)
+        });
         match state {
             Ok(state) => self.drive(Parked {
                 plan,
@@ -236,9 +251,15 @@ impl Reducer {
                         p.taken
                     );
                 }
+                if plan.reduce && plan.coordinator != self.id {
+                    // A reduce's rank has sent its block to the coordinator: nothing is
+                    // stored here (the target is read from the coordinator's node).
+                    hop!(self.id, "halving rank done");
+                    return self.halving.finish(&key, Outcome::Abandoned);
+                }
                 let v = p.state.into_result().expect("done");
                 hop!(self.id, "halving rank has the result");
-                if plan.coordinator == self.id && self.halving.decide(&key, true) {
+                if plan.coordinator == self.id && self.halving.decide(&key, true) && !plan.reduce {
                     // The coordinator has every block reduced from every input: the run's
                     // result is final. The ranks commit now, while this node stores its own.
                     self.send_end(&plan, true);
@@ -597,6 +618,7 @@ mod tests {
             size,
             op: ReduceOp::Sum,
             dtype: DType::F32,
+            reduce: false,
         }
     }
 

@@ -520,8 +520,9 @@ mod tests {
             size: 8,
             op: ReduceOp::Sum,
             dtype: DType::I32,
+            reduce: false,
         };
-        let state = RankState::new(0, 2, vec![0; 8], ReduceOp::Sum, DType::I32).unwrap();
+        let state = RankState::new(0, 2, vec![0; 8], (ReduceOp::Sum, DType::I32), None).unwrap();
         Parked {
             plan: Arc::new(plan),
             state: Box::new(state),
