@@ -49,6 +49,11 @@ pub struct NodeConfig {
     /// `HALVING_REDUCE_MAX`; a max of 0: never.
     pub reduce_halving_min: u64,
     pub reduce_halving_max: u64,
+    /// How long the coordinator of a halving run (allreduce or reduce) waits for every input
+    /// to be there, beyond four round trips, before it reduces with a tree instead (default
+    /// `crate::allreduce::HALVING_GRACE`: inputs that come one by one are reduced sooner by
+    /// a tree, which places them as they come).
+    pub halving_grace: Duration,
 }
 
 impl Default for NodeConfig {
@@ -66,6 +71,7 @@ impl Default for NodeConfig {
             allreduce_halving_max: crate::allreduce::HALVING_MAX,
             reduce_halving_min: crate::allreduce::HALVING_REDUCE_MIN,
             reduce_halving_max: crate::allreduce::HALVING_REDUCE_MAX,
+            halving_grace: crate::allreduce::HALVING_GRACE,
         }
     }
 }
@@ -193,6 +199,9 @@ pub struct ClusterConfig {
     /// (default 262144; 0: never) run as a halving reduce: a reduce-scatter, then a gather.
     pub reduce_halving_min: Option<u64>,
     pub reduce_halving_max: Option<u64>,
+    /// Microseconds a halving run's coordinator waits for every input, beyond four round
+    /// trips, before it takes a tree (default 2000).
+    pub halving_grace_us: Option<u64>,
     /// `"mesh"` or `"on_demand"`; default: a mesh up to 32 nodes, on demand beyond.
     pub connect: Option<Connect>,
     pub nodes: Vec<NodeEntry>,
@@ -267,6 +276,9 @@ impl ClusterConfig {
                     m.min(crate::allreduce::HALVING_LIMIT)
                 }),
             reduce_halving_min: self.reduce_halving_min.unwrap_or(d.reduce_halving_min),
+            halving_grace: self.halving_grace_us.map_or(d.halving_grace, |us| {
+                Duration::from_micros(us.min(10_000_000))
+            }),
             reduce_halving_max: self.reduce_halving_max.map_or(d.reduce_halving_max, |m| {
                 m.min(crate::allreduce::HALVING_LIMIT)
             }),
@@ -434,6 +446,17 @@ mod tests {
             crate::allreduce::HALVING_REDUCE_MAX,
         );
         assert_eq!(reduce(""), d);
+        let grace = |extra: &str| {
+            ClusterConfig::parse(&format!("{extra}{one}"))
+                .unwrap()
+                .node_config()
+                .halving_grace
+        };
+        assert_eq!(grace(""), crate::allreduce::HALVING_GRACE);
+        assert_eq!(
+            grace("halving_grace_us = 500\n"),
+            Duration::from_micros(500)
+        );
         assert_eq!(reduce("reduce_halving_max = 0\n"), (d.0, 0));
         assert_eq!(
             reduce("reduce_halving_min = 4096\nreduce_halving_max = 1099511627776\n"),

@@ -23,6 +23,9 @@ fn cfg() -> NodeConfig {
     NodeConfig {
         arena_size: 64 << 20,
         op_timeout: Duration::from_secs(60),
+        // Inputs put before the run are there at once; a loaded test host may take longer
+        // than the default grace to say so.
+        halving_grace: Duration::from_millis(100),
         ..NodeConfig::default()
     }
 }
