@@ -323,7 +323,8 @@ fn a_medium_object_comes_with_its_location_from_the_node_that_holds_it() {
 fn back_to_back_reduces_to_one_target_keep_their_intermediates_apart() {
     use phalanx::{DType, ObjectId, ReduceOp};
     let c = LocalCluster::start(6, cfg(256 << 20), tcp()).unwrap();
-    let elems = 64 << 10; // 256 KiB of f32: pulled, not inline
+    // 320 KiB of f32: pulled, not inline, and above `reduce_halving_max` (a tree).
+    let elems = 80 << 10;
     let mut expect = vec![0f32; elems];
     let mut sources = Vec::new();
     for k in 0..6usize {
@@ -337,9 +338,11 @@ fn back_to_back_reduces_to_one_target_keep_their_intermediates_apart() {
     }
     for round in 0..8 {
         let coord = round % 2; // both nodes 0 and 1 coordinate
-        c.node(coord)
+        let outcome = c
+            .node(coord)
             .reduce("bb-out", &sources, 6, ReduceOp::Sum, DType::F32)
             .unwrap();
+        assert!(!outcome.tree.is_empty(), "a tree, with intermediates");
         let got = c.node(2 + round % 4).get("bb-out").unwrap();
         assert!(got == bytemuck::cast_slice(&expect), "round {round}");
         c.node(coord).delete("bb-out").unwrap();
@@ -354,7 +357,7 @@ fn back_to_back_reduces_to_one_target_keep_their_intermediates_apart() {
         }
     }
     let deadline = Instant::now() + Duration::from_secs(10);
-    while (0..6).any(|k| c.node(k).arena_free() != (256 << 20) - (256 << 10)) {
+    while (0..6).any(|k| c.node(k).arena_free() != (256 << 20) - (320 << 10)) {
         let free: Vec<u64> = (0..6).map(|k| c.node(k).arena_free()).collect();
         assert!(
             Instant::now() < deadline,

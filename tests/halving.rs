@@ -454,3 +454,38 @@ fn a_reduce_rank_killed_mid_run_leaves_the_tree_correct() {
         assert!(c.node(0).get(target).unwrap() == want, "seed {seed}");
     }
 }
+
+/// Halving reduces into one target, deleted between rounds, coordinated by one node and then
+/// another: each returns once the directory has its result, so a get anywhere right after it
+/// reads the new bytes (the delete's tombstone would answer "not found" to a reader that
+/// came before the announcement).
+#[test]
+fn back_to_back_halving_reduces_are_read_anywhere_as_they_return() {
+    let n = 6;
+    let c = LocalCluster::start(n as u32, cfg(), tcp()).unwrap();
+    let dtype = DType::F32;
+    for round in 0..12 {
+        let tag = format!("bbh{round}");
+        let inputs: Vec<Vec<u8>> = (0..n).map(|k| input(k + round, SIZE, dtype)).collect();
+        let sources: Vec<ObjectId> = (0..n)
+            .map(|k| ObjectId::new(format!("{tag}/in{k}")))
+            .collect();
+        for k in 0..n {
+            c.node(k).put(sources[k].clone(), &inputs[k]).unwrap();
+        }
+        let coord = round % 2;
+        let outcome = c
+            .node(coord)
+            .reduce("bbh-out", &sources, n, ReduceOp::Sum, dtype)
+            .unwrap();
+        assert!(outcome.tree.is_empty(), "round {round}: a tree ran");
+        let want = reference(&inputs.iter().collect::<Vec<_>>(), ReduceOp::Sum, dtype);
+        let reader = 2 + round % (n - 2);
+        let got = c
+            .node(reader)
+            .get("bbh-out")
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert!(got == want, "round {round}");
+        c.node(coord).delete("bbh-out").unwrap();
+    }
+}

@@ -67,6 +67,16 @@ impl DirClient {
         self.tolerate_shard_down(id, r)
     }
 
+    /// [`DirClient::publish`], returning once the shard has it: a reader anywhere then finds
+    /// the entry, also where a delete left a tombstone that would have it told "not found"
+    /// until the publish lands (this node's messages to the shard arrive in order, so the
+    /// answer to a query sent after it proves it landed). One round trip.
+    pub fn publish_confirmed(&self, id: &ObjectId, size: u64, complete: bool) -> Result<()> {
+        self.publish(id, size, complete)?;
+        let r = self.query_at(self.shard_of(id), id).map(|_| ());
+        self.tolerate_shard_down(id, r)
+    }
+
     /// [`DirClient::publish`] from a thread that must not block (a transport thread); it
     /// keeps its place before this node's later messages to the shard.
     pub fn publish_without_blocking(&self, id: &ObjectId, size: u64, complete: bool) {

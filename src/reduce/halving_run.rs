@@ -318,7 +318,7 @@ impl Reducer {
     /// also reports any failure (an allocation may wait for room; a transport thread must
     /// not).
     fn commit(&self, target: ObjectId, run: u64, v: Vec<u8>) {
-        if store_result_with(&self.store, &self.dir, &target, &v, true).is_ok() {
+        if store_result_with(&self.store, &self.dir, &target, &v, true, false).is_ok() {
             hop!(self.id, "halving rank done");
             return self.halving.finish(&(target, run), Outcome::Committed);
         }
@@ -487,7 +487,10 @@ impl Reducer {
         };
         // Announced first: the ranks are committing already.
         let announced = announce();
-        let stored = store_result(&self.store, &self.dir, &plan.target, &v);
+        // A reduce's caller may have the result read anywhere once it returns: the
+        // directory has it by then (an allreduce's readers read their own copies).
+        let stored =
+            store_result_with(&self.store, &self.dir, &plan.target, &v, false, plan.reduce);
         if t0.elapsed() > SLOW_RUN {
             debug!(
                 node = self.id,
@@ -557,17 +560,19 @@ fn store_result(
     target: &ObjectId,
     bytes: &[u8],
 ) -> Result<CopyRef> {
-    store_result_with(store, dir, target, bytes, false)
+    store_result_with(store, dir, target, bytes, false, false)
 }
 
 /// [`store_result`]; `now`: on a thread that must not block (no wait for room: an error
-/// instead; the announcement queued if the link is busy).
+/// instead; the announcement queued if the link is busy); `confirmed` (not `now`): returns
+/// once the directory has the announcement.
 fn store_result_with(
     store: &Arc<Store>,
     dir: &crate::directory::DirClient,
     target: &ObjectId,
     bytes: &[u8],
     now: bool,
+    confirmed: bool,
 ) -> Result<CopyRef> {
     let size = bytes.len() as u64;
     let made = match now {
@@ -595,6 +600,8 @@ fn store_result_with(
     };
     if now {
         dir.publish_without_blocking(target, size, true);
+    } else if confirmed {
+        dir.publish_confirmed(target, size, true)?;
     } else {
         dir.publish(target, size, true)?;
     }
