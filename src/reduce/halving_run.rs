@@ -659,5 +659,14 @@ mod tests {
         assert!(check_plan(&big, 22, 6, max).is_err());
         assert_eq!(plan_children_of(&big, 0).unwrap(), vec![18, 10, 6, 4, 3]);
         assert_eq!(plan_children_of(&big, 16).unwrap(), vec![22, 20, 19]);
+        // A reduce ends at its coordinator, which must be a main rank: of 6 ranks (4 main),
+        // a coordinator at rank 3 is taken, one at rank 4 (an extra rank) refused.
+        let mut six = plan(&[0, 3, 5, 6, 8, 9], 6, 64);
+        six.reduce = true;
+        assert_eq!(check_plan(&six, 9, 6, max).unwrap(), 5);
+        six.coordinator = 8;
+        assert!(check_plan(&six, 9, 8, max).is_err());
+        six.reduce = false;
+        assert_eq!(check_plan(&six, 9, 8, max).unwrap(), 5);
     }
 }
