@@ -438,7 +438,9 @@ impl Node {
             return Ok(Err(None));
         };
         // The coordinator is rank 0: a main rank, where the result ends.
-        let me = ranks.iter().position(|r| r.0 == self.id()).expect("a rank");
+        let Some(me) = ranks.iter().position(|r| r.0 == self.id()) else {
+            return Ok(Err(None));
+        };
         ranks.swap(0, me);
         let start = std::time::Instant::now();
         let plan = HalvingPlan {
