@@ -232,37 +232,19 @@ fn inputs_two_to_a_node_or_missing_take_the_tree() {
 #[test]
 fn a_rank_killed_mid_run_leaves_the_survivors_correct() {
     let n = 5;
-    let dtype = DType::I64;
     for (seed, after) in [(1u64, 0u64), (2, SIZE / 4), (3, SIZE / 2 + 8)] {
-        let c = LocalCluster::start(n as u32, cfg(), tcp()).unwrap();
-        let tag = format!("kill{seed}");
-        let inputs: Vec<Vec<u8>> = (0..n).map(|k| input(k, SIZE, dtype)).collect();
-        let sources: Vec<ObjectId> = (0..n)
-            .map(|k| ObjectId::new(format!("{tag}/in{k}")))
-            .collect();
-        for k in 0..n {
-            c.node(k).put(sources[k].clone(), &inputs[k]).unwrap();
-        }
-        let victim = 1 + seed as usize % (n - 1);
-        let target = ObjectId::new(format!("{tag}/out"));
-        c.node(victim).inject_fault(FaultPlan {
-            object: target.clone(),
-            after_bytes: after,
-            action: FaultAction::DropLinks,
-        });
-        let readers: Vec<usize> = (1..n).filter(|&k| k != victim).collect();
-        let (all, outcome) = run(&c, &target, &sources, ReduceOp::Sum, dtype, &readers);
-        assert!(c.node(victim).fault_fired(), "seed {seed}: the fault fired");
-        assert!(!outcome.tree.is_empty(), "seed {seed}: the tree took over");
-        // The inputs the tree used: every survivor's, not the victim's.
-        let used: Vec<&Vec<u8>> = outcome
-            .used
-            .iter()
-            .map(|id| &inputs[sources.iter().position(|s| s == id).unwrap()])
-            .collect();
-        assert_eq!(used.len(), n - 1, "seed {seed}");
-        assert!(!outcome.used.contains(&sources[victim]), "seed {seed}");
-        let want = reference(&used, ReduceOp::Sum, dtype);
+        let k = Killed::start(n, &format!("kill{seed}"), seed, after);
+        let readers: Vec<usize> = (1..n).filter(|&r| r != k.victim).collect();
+        let (all, outcome) = run(
+            &k.c,
+            &k.target,
+            &k.sources,
+            ReduceOp::Sum,
+            DType::I64,
+            &readers,
+        );
+        let want = k.survivors_reduce(&outcome, seed);
+        let victim = k.victim;
         for (i, got) in all.iter().enumerate() {
             assert!(
                 *got == want,
@@ -392,11 +374,7 @@ fn reduces_the_halving_run_cannot_take_use_the_tree() {
         let target = ObjectId::new(format!("{tag}/out"));
         let outcome = reduce(&c, &target, sources, num, ReduceOp::Sum, dtype);
         assert!(!outcome.tree.is_empty(), "{tag}: one tree");
-        let used: Vec<&Vec<u8>> = outcome
-            .used
-            .iter()
-            .map(|id| &inputs[sources.iter().position(|s| s == id).unwrap()])
-            .collect();
+        let used = used_inputs(&outcome, &inputs, sources);
         assert_eq!(used.len(), num, "{tag}");
         let want = reference(&used, ReduceOp::Sum, dtype);
         assert!(c.node(0).get(target).unwrap() == want, "{tag}");
@@ -422,11 +400,28 @@ fn reduces_the_halving_run_cannot_take_use_the_tree() {
 #[test]
 fn a_reduce_rank_killed_mid_run_leaves_the_tree_correct() {
     let n = 5;
-    let dtype = DType::I64;
     for (seed, after) in [(1u64, 0u64), (2, SIZE / 4), (3, SIZE / 2 + 8)] {
+        let k = Killed::start(n, &format!("rkill{seed}"), seed, after);
+        let outcome = reduce(&k.c, &k.target, &k.sources, n, ReduceOp::Sum, DType::I64);
+        let want = k.survivors_reduce(&outcome, seed);
+        assert!(k.c.node(0).get(k.target).unwrap() == want, "seed {seed}");
+    }
+}
+
+/// A run of `n` nodes, one I64 input each, whose node `victim` drops its links once it has
+/// sent `after` bytes of the run into `target`.
+struct Killed {
+    c: LocalCluster,
+    inputs: Vec<Vec<u8>>,
+    sources: Vec<ObjectId>,
+    victim: usize,
+    target: ObjectId,
+}
+
+impl Killed {
+    fn start(n: usize, tag: &str, seed: u64, after: u64) -> Killed {
         let c = LocalCluster::start(n as u32, cfg(), tcp()).unwrap();
-        let tag = format!("rkill{seed}");
-        let inputs: Vec<Vec<u8>> = (0..n).map(|k| input(k, SIZE, dtype)).collect();
+        let inputs: Vec<Vec<u8>> = (0..n).map(|k| input(k, SIZE, DType::I64)).collect();
         let sources: Vec<ObjectId> = (0..n)
             .map(|k| ObjectId::new(format!("{tag}/in{k}")))
             .collect();
@@ -440,19 +435,44 @@ fn a_reduce_rank_killed_mid_run_leaves_the_tree_correct() {
             after_bytes: after,
             action: FaultAction::DropLinks,
         });
-        let outcome = reduce(&c, &target, &sources, n, ReduceOp::Sum, dtype);
-        assert!(c.node(victim).fault_fired(), "seed {seed}: the fault fired");
-        assert!(!outcome.tree.is_empty(), "seed {seed}: the tree took over");
-        assert!(!outcome.used.contains(&sources[victim]), "seed {seed}");
-        assert_eq!(outcome.used.len(), n - 1, "seed {seed}");
-        let used: Vec<&Vec<u8>> = outcome
-            .used
-            .iter()
-            .map(|id| &inputs[sources.iter().position(|s| s == id).unwrap()])
-            .collect();
-        let want = reference(&used, ReduceOp::Sum, dtype);
-        assert!(c.node(0).get(target).unwrap() == want, "seed {seed}");
+        Killed {
+            c,
+            inputs,
+            sources,
+            victim,
+            target,
+        }
     }
+
+    /// Checks that the fault fired and a tree reduced every survivor's input, not the
+    /// victim's; the reference of those inputs.
+    fn survivors_reduce(&self, outcome: &phalanx::reduce::ReduceOutcome, seed: u64) -> Vec<u8> {
+        assert!(
+            self.c.node(self.victim).fault_fired(),
+            "seed {seed}: the fault fired"
+        );
+        assert!(!outcome.tree.is_empty(), "seed {seed}: the tree took over");
+        assert!(
+            !outcome.used.contains(&self.sources[self.victim]),
+            "seed {seed}"
+        );
+        assert_eq!(outcome.used.len(), self.sources.len() - 1, "seed {seed}");
+        let used = used_inputs(outcome, &self.inputs, &self.sources);
+        reference(&used, ReduceOp::Sum, DType::I64)
+    }
+}
+
+/// The inputs a reduce used, by its outcome.
+fn used_inputs<'a>(
+    outcome: &phalanx::reduce::ReduceOutcome,
+    inputs: &'a [Vec<u8>],
+    sources: &[ObjectId],
+) -> Vec<&'a Vec<u8>> {
+    outcome
+        .used
+        .iter()
+        .map(|id| &inputs[sources.iter().position(|s| s == id).unwrap()])
+        .collect()
 }
 
 /// Halving reduces into one target, deleted between rounds, coordinated by one node and then
