@@ -43,15 +43,15 @@ pub struct NodeConfig {
     pub allreduce_halving_max: u64,
     /// Reduces of all their inputs, of objects from this many bytes up to
     /// `reduce_halving_max`, with every input there as it starts and each on its own node
-    /// (the coordinator's among them, at least `crate::allreduce::HALVING_REDUCE_RANKS`), run
+    /// (the coordinator's among them, at least `crate::halving::HALVING_REDUCE_RANKS`), run
     /// as a halving reduce: reduce-scatter, then a gather at the coordinator
-    /// (`crate::reduce::halving`). Default `crate::allreduce::HALVING_REDUCE_MIN` to
+    /// (`crate::reduce::halving`). Default `crate::halving::HALVING_REDUCE_MIN` to
     /// `HALVING_REDUCE_MAX`; a max of 0: never.
     pub reduce_halving_min: u64,
     pub reduce_halving_max: u64,
     /// How long the coordinator of a halving run (allreduce or reduce) waits for every input
     /// to be there, beyond four round trips, before it reduces with a tree instead (default
-    /// `crate::allreduce::HALVING_GRACE`: inputs that come one by one are reduced sooner by
+    /// `crate::halving::HALVING_GRACE`: inputs that come one by one are reduced sooner by
     /// a tree, which places them as they come).
     pub halving_grace: Duration,
 }
@@ -69,9 +69,9 @@ impl Default for NodeConfig {
             bandwidth_override: None,
             allreduce_partition_min: crate::allreduce::PARTITION_MIN,
             allreduce_halving_max: crate::allreduce::HALVING_MAX,
-            reduce_halving_min: crate::allreduce::HALVING_REDUCE_MIN,
-            reduce_halving_max: crate::allreduce::HALVING_REDUCE_MAX,
-            halving_grace: crate::allreduce::HALVING_GRACE,
+            reduce_halving_min: crate::halving::HALVING_REDUCE_MIN,
+            reduce_halving_max: crate::halving::HALVING_REDUCE_MAX,
+            halving_grace: crate::halving::HALVING_GRACE,
         }
     }
 }
@@ -442,8 +442,8 @@ mod tests {
             (c.reduce_halving_min, c.reduce_halving_max)
         };
         let d = (
-            crate::allreduce::HALVING_REDUCE_MIN,
-            crate::allreduce::HALVING_REDUCE_MAX,
+            crate::halving::HALVING_REDUCE_MIN,
+            crate::halving::HALVING_REDUCE_MAX,
         );
         assert_eq!(reduce(""), d);
         let grace = |extra: &str| {
@@ -452,7 +452,7 @@ mod tests {
                 .node_config()
                 .halving_grace
         };
-        assert_eq!(grace(""), crate::allreduce::HALVING_GRACE);
+        assert_eq!(grace(""), crate::halving::HALVING_GRACE);
         assert_eq!(
             grace("halving_grace_us = 500\n"),
             Duration::from_micros(500)

@@ -26,6 +26,7 @@
 //! know the size ([`Node::allreduce_read`]) wait for it only then, so a small allreduce costs
 //! no extra lookup.
 
+use super::halving::halving_outcome;
 use super::Node;
 use crate::config::INLINE_LIMIT;
 use crate::ops::{DType, ReduceOp};
@@ -49,17 +50,6 @@ pub const PARTITION_MIN: u64 = 8 << 20;
 /// milliseconds.
 pub const HALVING_MAX: u64 = 192 << 10;
 
-/// The default `NodeConfig::reduce_halving_min` and `reduce_halving_max`: a reduce of all
-/// its inputs runs as a halving reduce (reduce-scatter, then a gather at the coordinator) in
-/// this range. Chosen by measurement on 8 emulated hosts at 1 Gbit/s (README, "Halving
-/// reduce").
-pub const HALVING_REDUCE_MIN: u64 = 64 << 10;
-pub const HALVING_REDUCE_MAX: u64 = 256 << 10;
-
-/// A halving reduce needs this many ranks: with fewer, the root receives as much as from a
-/// tree, one hop later.
-pub const HALVING_REDUCE_RANKS: usize = 4;
-
 /// The largest `NodeConfig::allreduce_halving_max` accepted: the algorithm's blocks travel as
 /// messages, the largest as large as the object.
 pub const HALVING_LIMIT: u64 = 8 << 20;
@@ -74,16 +64,6 @@ const HINT_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// How long the coordinator waits for every input to be there before it settles for one tree.
 const PRESENT_GRACE: std::time::Duration = std::time::Duration::from_millis(20);
-
-/// The default `NodeConfig::halving_grace`: how long the coordinator of a halving run
-/// (allreduce or reduce) waits for every input to be there, beyond four round trips (the
-/// answers' own time), before it settles for one tree. A halving run starts once the last input is
-/// there; a tree places the inputs as they come and has reduced the early ones by then. Inputs
-/// made at once (barrier skew, a put each) are all there well within it; inputs that come 2
-/// ms apart are not, and there the tree finished sooner after the last (8 emulated hosts, 64
-/// KiB: 1.3 ms against 2.2-2.7 for an allreduce, 0.75 against 1.1-1.3 for a reduce; README,
-/// "Halving reduce").
-pub const HALVING_GRACE: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// A partition fetched along its chain that makes no progress for this long is fetched
 /// through the directory instead (a stale hint: a repair moved the partition).
@@ -135,23 +115,6 @@ pub fn plan_id(target: &ObjectId) -> ObjectId {
 /// The object that holds partition `p` (of `of`) of `target`.
 pub fn part_id(target: &ObjectId, p: usize, of: usize) -> ObjectId {
     ObjectId::new(format!("{}#part{p}of{of}", target.as_str()))
-}
-
-/// The outcome of a committed halving run begun at `start`: every input used.
-fn halving_outcome(plan: &HalvingPlan, start: std::time::Instant) -> ReduceOutcome {
-    let p = plan.ranks.len();
-    ReduceOutcome {
-        target: plan.target.clone(),
-        degree: 2,
-        used: plan.ranks.iter().map(|r| r.1.clone()).collect(),
-        tree: Vec::new(),
-        recomputed: Vec::new(),
-        latency_s: 0.0,
-        bandwidth_bps: 0.0,
-        last_ready: start,
-        done: std::time::Instant::now(),
-        partitions: 1 << (usize::BITS - 1 - p.leading_zeros()),
-    }
 }
 
 /// The plan of a halving-doubling run, for readers: its number, coordinator and rank nodes.
@@ -361,7 +324,7 @@ impl Node {
     }
 
     /// The size of the inputs, from one held here.
-    fn input_size(&self, sources: &[ObjectId]) -> Option<u64> {
+    pub(super) fn input_size(&self, sources: &[ObjectId]) -> Option<u64> {
         sources
             .iter()
             .find_map(|s| self.inner.store.lookup(s).map(|c| c.size()))
@@ -403,113 +366,9 @@ impl Node {
         if let Some(view) = copy {
             return Ok((view, halving_outcome(&plan, start)));
         }
-        let members = &self.inner.members;
-        let alive = plan.ranks.iter().filter(|r| !members.is_down(r.0)).count();
+        let alive = self.halving_survivors(&plan);
         let (op, dtype) = (plan.op, plan.dtype);
-        self.allreduce_tree(plan.target, sources, alive.max(1), op, dtype, opts)
-    }
-
-    /// A reduce of all of `sources` by a halving run coordinated here, if it can run as one
-    /// (`NodeConfig::reduce_halving_min` to `_max` bytes, every input there within
-    /// `NodeConfig::halving_grace`, each on its own node, this one among them, at least [`HALVING_REDUCE_RANKS`]
-    /// of them): the result stored here under `target`. `None`: a tree is to reduce them,
-    /// over the inputs whose nodes are alive (`Some(n)`: that many) when a run was abandoned
-    /// (a rank failed, died or stalled; nothing was announced).
-    pub(super) fn reduce_by_halving(
-        &self,
-        target: &ObjectId,
-        sources: &[ObjectId],
-        num: usize,
-        (op, dtype): (ReduceOp, DType),
-        opts: &ReduceOptions,
-    ) -> Result<std::result::Result<ReduceOutcome, Option<usize>>> {
-        let cfg = &self.inner.cfg;
-        let fits = |s: u64| s >= cfg.reduce_halving_min && s <= cfg.reduce_halving_max;
-        let plain = num != sources.len()
-            || sources.len() < HALVING_REDUCE_RANKS
-            || !opts.required.is_empty()
-            || opts.claims.is_some()
-            || opts.range.is_some();
-        let size = match self.input_size(sources) {
-            Some(s) if !plain && fits(s) && s.is_multiple_of(dtype.size() as u64) => s,
-            _ => return Ok(Err(None)),
-        };
-        let Some(mut ranks) = self.halving_ranks(sources, self.halving_grace()) else {
-            return Ok(Err(None));
-        };
-        // The coordinator is rank 0: a main rank, where the result ends.
-        let Some(me) = ranks.iter().position(|r| r.0 == self.id()) else {
-            return Ok(Err(None));
-        };
-        ranks.swap(0, me);
-        let start = std::time::Instant::now();
-        let plan = HalvingPlan {
-            target: target.clone(),
-            run: self.inner.rpc.fresh_token(),
-            coordinator: self.id(),
-            ranks,
-            size,
-            op,
-            dtype,
-            reduce: true,
-        };
-        match self.inner.reducer.coordinate_halving(&plan, &|| Ok(()))? {
-            HalvingRan::Here(_) => Ok(Ok(halving_outcome(&plan, start))),
-            // Not stored here (no room): nothing was announced, a tree does it again.
-            HalvingRan::Elsewhere | HalvingRan::Abandoned => {
-                let members = &self.inner.members;
-                let alive = plan.ranks.iter().filter(|r| !members.is_down(r.0)).count();
-                Ok(Err(Some(alive.max(1))))
-            }
-        }
-    }
-
-    /// How long a halving run's coordinator waits for its inputs: the configured grace and
-    /// four round trips (a subscription's answer takes one; more on a loaded host).
-    fn halving_grace(&self) -> std::time::Duration {
-        let rtt = self.inner.rpc.rtt_estimate().unwrap_or_default();
-        self.inner.cfg.halving_grace + 4 * rtt.min(std::time::Duration::from_millis(50))
-    }
-
-    /// The node of each input, if every input is there (partial or complete) within `grace`
-    /// and each is on its own node, this one among them: the ranks of a halving-doubling
-    /// run, in the order of `sources`.
-    fn halving_ranks(
-        &self,
-        sources: &[ObjectId],
-        grace: std::time::Duration,
-    ) -> Option<Vec<(NodeId, ObjectId)>> {
-        let me = self.id();
-        let deadline = std::time::Instant::now() + grace;
-        // Asked all at once; each answered as soon as its object has a location.
-        let mut asks = Vec::with_capacity(sources.len());
-        for s in sources {
-            match self.inner.store.lookup(s) {
-                Some(_) => asks.push(None),
-                None => asks.push(Some(self.subscribe(s.clone()).ok()?)),
-            }
-        }
-        let mut ranks: Vec<(NodeId, ObjectId)> = Vec::with_capacity(sources.len());
-        for (s, ask) in sources.iter().zip(asks) {
-            let node = match ask {
-                None => me,
-                Some(rx) => {
-                    let wait = deadline.saturating_duration_since(std::time::Instant::now());
-                    let info = rx.recv_timeout(wait).ok()?.ok()??;
-                    // The copy the input was put in: complete, or filling but from no source.
-                    info.locations
-                        .iter()
-                        .filter(|l| l.complete || l.depends_on.is_none())
-                        .min_by_key(|l| !l.complete)?
-                        .node
-                }
-            };
-            if ranks.iter().any(|r| r.0 == node) {
-                return None;
-            }
-            ranks.push((node, s.clone()));
-        }
-        ranks.iter().any(|r| r.0 == me).then_some(ranks)
+        self.allreduce_tree(plan.target, sources, alive, op, dtype, opts)
     }
 
     /// A participant's side of an allreduce coordinated elsewhere: waits for `target` (of

@@ -7,6 +7,7 @@ pub mod allreduce;
 mod collectives;
 mod dispatch;
 mod gossip;
+pub mod halving;
 mod start;
 
 use crate::config::{NodeConfig, INLINE_LIMIT};
