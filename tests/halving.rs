@@ -24,7 +24,7 @@ fn cfg() -> NodeConfig {
         arena_size: 64 << 20,
         op_timeout: Duration::from_secs(60),
         // Inputs put before the run are there at once; a loaded test host may take longer
-        // than the default grace to say so.
+        // than the default grace to say so. (The late inputs below come 500 ms after.)
         halving_grace: Duration::from_millis(100),
         ..NodeConfig::default()
     }
@@ -212,7 +212,7 @@ fn inputs_two_to_a_node_or_missing_take_the_tree() {
     let (all, outcome) = std::thread::scope(|s| {
         let (node, bytes) = (c.node(2).clone(), &inputs[2]);
         s.spawn(move || {
-            std::thread::sleep(Duration::from_millis(200));
+            std::thread::sleep(Duration::from_millis(500));
             node.put(late, bytes).unwrap();
         });
         run(&c, &target, &sources, ReduceOp::Sum, dtype, &[1, 2])
@@ -388,7 +388,7 @@ fn reduces_the_halving_run_cannot_take_use_the_tree() {
     std::thread::scope(|s| {
         let (node, bytes) = (c.node(4).clone(), &inputs[4]);
         s.spawn(move || {
-            std::thread::sleep(Duration::from_millis(200));
+            std::thread::sleep(Duration::from_millis(500));
             node.put(late, bytes).unwrap();
         });
         check("late", &sources, 5);
