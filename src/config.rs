@@ -409,12 +409,12 @@ mod tests {
         assert_eq!(t.dedicated_readers, TcpConfig::default().dedicated_readers);
         assert!(ClusterConfig::parse(&format!("poll_spin_us = 2000000\n{one}")).is_err());
         assert!(ClusterConfig::parse(&format!("tcp_readers = 0\n{one}")).is_err());
-        let part = |extra: &str| {
+        let node = |extra: &str| {
             ClusterConfig::parse(&format!("{extra}{one}"))
                 .unwrap()
                 .node_config()
-                .allreduce_partition_min
         };
+        let part = |extra: &str| node(extra).allreduce_partition_min;
         assert_eq!(
             part(""),
             8 << 20,
@@ -422,12 +422,7 @@ mod tests {
         );
         assert_eq!(part("allreduce_partition_min = 0\n"), u64::MAX);
         assert_eq!(part("allreduce_partition_min = 8388608\n"), 8 << 20);
-        let halving = |extra: &str| {
-            ClusterConfig::parse(&format!("{extra}{one}"))
-                .unwrap()
-                .node_config()
-                .allreduce_halving_max
-        };
+        let halving = |extra: &str| node(extra).allreduce_halving_max;
         assert_eq!(halving(""), crate::allreduce::HALVING_MAX);
         assert_eq!(halving("allreduce_halving_max = 0\n"), 0);
         assert_eq!(
@@ -436,9 +431,7 @@ mod tests {
             "bounded: its blocks travel as messages"
         );
         let reduce = |extra: &str| {
-            let c = ClusterConfig::parse(&format!("{extra}{one}"))
-                .unwrap()
-                .node_config();
+            let c = node(extra);
             (c.reduce_halving_min, c.reduce_halving_max)
         };
         let d = (
@@ -446,12 +439,7 @@ mod tests {
             crate::halving::HALVING_REDUCE_MAX,
         );
         assert_eq!(reduce(""), d);
-        let grace = |extra: &str| {
-            ClusterConfig::parse(&format!("{extra}{one}"))
-                .unwrap()
-                .node_config()
-                .halving_grace
-        };
+        let grace = |extra: &str| node(extra).halving_grace;
         assert_eq!(grace(""), crate::halving::HALVING_GRACE);
         assert_eq!(
             grace("halving_grace_us = 500\n"),

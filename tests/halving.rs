@@ -99,17 +99,20 @@ fn run(
     })
 }
 
-#[test]
-fn every_op_and_dtype_equals_the_reference_on_every_node() {
+/// Every op with every dtype, numbered.
+fn kinds() -> impl Iterator<Item = (usize, (ReduceOp, DType))> {
     let ops = [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max, ReduceOp::Prod];
     let dtypes = [DType::F32, DType::F64, DType::I32, DType::I64, DType::U8];
+    ops.into_iter()
+        .flat_map(move |o| dtypes.into_iter().map(move |d| (o, d)))
+        .enumerate()
+}
+
+#[test]
+fn every_op_and_dtype_equals_the_reference_on_every_node() {
     for n in [2usize, 3, 4, 5] {
         let c = LocalCluster::start(n as u32, cfg(), tcp()).unwrap();
-        for (i, (op, dtype)) in ops
-            .iter()
-            .flat_map(|o| dtypes.iter().map(move |d| (*o, *d)))
-            .enumerate()
-        {
+        for (i, (op, dtype)) in kinds() {
             let tag = format!("hd{n}/{i}");
             let inputs: Vec<Vec<u8>> = (0..n).map(|k| input(k, SIZE, dtype)).collect();
             let sources: Vec<ObjectId> = (0..n)
@@ -306,16 +309,9 @@ fn reduce(
 /// other node, equal to the reference for every op and dtype; a get elsewhere reads it.
 #[test]
 fn a_reduce_of_every_input_runs_by_halving_and_ends_at_the_coordinator() {
-    let ops = [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max, ReduceOp::Prod];
-    let dtypes = [DType::F32, DType::F64, DType::I32, DType::I64, DType::U8];
     for n in [4usize, 5, 6, 8] {
         let c = LocalCluster::start(n as u32, cfg(), tcp()).unwrap();
-        for (i, (op, dtype)) in ops
-            .iter()
-            .flat_map(|o| dtypes.iter().map(move |d| (*o, *d)))
-            .enumerate()
-            .filter(|(i, _)| n == 5 || i % 4 == n % 4)
-        {
+        for (i, (op, dtype)) in kinds().filter(|(i, _)| n == 5 || i % 4 == n % 4) {
             let tag = format!("hr{n}/{i}");
             let inputs: Vec<Vec<u8>> = (0..n).map(|k| input(k + i, SIZE, dtype)).collect();
             // Node 0's input is not the first source.

@@ -239,7 +239,7 @@ impl Node {
             // tree. Readers of an object this size wait for the plan either way.
             let ranks = match dynamic_only || opts.range.is_some() || sources.len() < 2 {
                 true => None,
-                false => self.halving_ranks(sources, self.halving_grace()),
+                false => self.halving_ranks(sources),
             };
             let Some(ranks) = ranks else {
                 tracing::debug!(node = self.id(), %target, "allreduce by one tree");

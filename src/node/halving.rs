@@ -78,7 +78,7 @@ impl Node {
             Some(s) if !plain && fits(s) && s.is_multiple_of(dtype.size() as u64) => s,
             _ => return Ok(Err(None)),
         };
-        let Some(mut ranks) = self.halving_ranks(sources, self.halving_grace()) else {
+        let Some(mut ranks) = self.halving_ranks(sources) else {
             return Ok(Err(None));
         };
         // The coordinator is rank 0: a main rank, where the result ends.
@@ -129,21 +129,17 @@ impl Node {
 
     /// How long a halving run's coordinator waits for its inputs: the configured grace and
     /// four round trips (a subscription's answer takes one; more on a loaded host).
-    pub(super) fn halving_grace(&self) -> std::time::Duration {
+    fn halving_grace(&self) -> std::time::Duration {
         let rtt = self.inner.rpc.rtt_estimate().unwrap_or_default();
         self.inner.cfg.halving_grace + 4 * rtt.min(std::time::Duration::from_millis(50))
     }
 
-    /// The node of each input, if every input is there (partial or complete) within `grace`
-    /// and each is on its own node, this one among them: the ranks of a halving-doubling
-    /// run, in the order of `sources`.
-    pub(super) fn halving_ranks(
-        &self,
-        sources: &[ObjectId],
-        grace: std::time::Duration,
-    ) -> Option<Vec<(NodeId, ObjectId)>> {
+    /// The node of each input, if every input is there (partial or complete) within the
+    /// grace ([`Node::halving_grace`]) and each is on its own node, this one among them: the
+    /// ranks of a halving run, in the order of `sources`.
+    pub(super) fn halving_ranks(&self, sources: &[ObjectId]) -> Option<Vec<(NodeId, ObjectId)>> {
         let me = self.id();
-        let deadline = std::time::Instant::now() + grace;
+        let deadline = std::time::Instant::now() + self.halving_grace();
         // Asked all at once; each answered as soon as its object has a location.
         let mut asks = Vec::with_capacity(sources.len());
         for s in sources {

@@ -318,7 +318,7 @@ impl Reducer {
     /// also reports any failure (an allocation may wait for room; a transport thread must
     /// not).
     fn commit(&self, target: ObjectId, run: u64, v: Vec<u8>) {
-        if store_result_with(&self.store, &self.dir, &target, &v, true, false).is_ok() {
+        if store_result(&self.store, &self.dir, &target, &v, Announce::Queued).is_ok() {
             hop!(self.id, "halving rank done");
             return self.halving.finish(&(target, run), Outcome::Committed);
         }
@@ -330,7 +330,7 @@ impl Reducer {
         );
         let key = (target.clone(), run);
         let job = move || {
-            let outcome = match store_result(&store, &dir, &target, &v) {
+            let outcome = match store_result(&store, &dir, &target, &v, Announce::Sent) {
                 Ok(_) => Outcome::Committed,
                 Err(e) => {
                     warn!(node = me, "allreduce result {target} not stored: {e}");
@@ -489,8 +489,11 @@ impl Reducer {
         let announced = announce();
         // A reduce's caller may have the result read anywhere once it returns: the
         // directory has it by then (an allreduce's readers read their own copies).
-        let stored =
-            store_result_with(&self.store, &self.dir, &plan.target, &v, false, plan.reduce);
+        let how = match plan.reduce {
+            true => Announce::Confirmed,
+            false => Announce::Sent,
+        };
+        let stored = store_result(&self.store, &self.dir, &plan.target, &v, how);
         if t0.elapsed() > SLOW_RUN {
             debug!(
                 node = self.id,
@@ -552,29 +555,29 @@ fn key_of(plan: &HalvingPlan) -> RunKey {
     (plan.target.clone(), plan.run)
 }
 
+/// How [`store_result`] announces a result to the directory.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Announce {
+    /// On a thread that must not block: no wait for room (an error instead), the
+    /// announcement queued if the link is busy.
+    Queued,
+    /// Sent, waiting for room and for the link.
+    Sent,
+    /// Sent, and returns once the directory has it.
+    Confirmed,
+}
+
 /// Stores a result under the target's name (pinned, as a reduce's output) and announces it
-/// complete.
+/// complete, as `how` says.
 fn store_result(
     store: &Arc<Store>,
     dir: &crate::directory::DirClient,
     target: &ObjectId,
     bytes: &[u8],
-) -> Result<CopyRef> {
-    store_result_with(store, dir, target, bytes, false, false)
-}
-
-/// [`store_result`]; `now`: on a thread that must not block (no wait for room: an error
-/// instead; the announcement queued if the link is busy); `confirmed` (not `now`): returns
-/// once the directory has the announcement.
-fn store_result_with(
-    store: &Arc<Store>,
-    dir: &crate::directory::DirClient,
-    target: &ObjectId,
-    bytes: &[u8],
-    now: bool,
-    confirmed: bool,
+    how: Announce,
 ) -> Result<CopyRef> {
     let size = bytes.len() as u64;
+    let now = how == Announce::Queued;
     let made = match now {
         true => store.create_output_now(target, size),
         false => store.create_output(target, size),
@@ -598,12 +601,10 @@ fn store_result_with(
         },
         Err(e) => return Err(e),
     };
-    if now {
-        dir.publish_without_blocking(target, size, true);
-    } else if confirmed {
-        dir.publish_confirmed(target, size, true)?;
-    } else {
-        dir.publish(target, size, true)?;
+    match how {
+        Announce::Queued => dir.publish_without_blocking(target, size, true),
+        Announce::Sent => dir.publish(target, size, true)?,
+        Announce::Confirmed => dir.publish_confirmed(target, size, true)?,
     }
     Ok(copy)
 }

@@ -8,7 +8,8 @@ use phalanx_transport::{
 use std::net::SocketAddr;
 use std::time::Duration;
 
-struct Tcp;
+/// The heartbeat timeout of the suite's nodes.
+const HEARTBEAT: Duration = Duration::from_millis(300);
 
 /// The suite's settings: every node knows the secret (the authenticated setup path).
 fn config(heartbeat: Duration) -> TcpConfig {
@@ -26,39 +27,6 @@ fn bind_with(id: NodeId, cfg: TcpConfig) -> Result<TcpTransport, TransportError>
     TcpTransport::bind(id, "127.0.0.1:0".parse().expect("address"), cfg)
 }
 
-impl Harness for Tcp {
-    type T = TcpTransport;
-
-    fn heartbeat() -> Duration {
-        Duration::from_millis(300)
-    }
-
-    fn bind(id: NodeId, heartbeat: Duration) -> Result<TcpTransport, TransportError> {
-        bind_with(id, config(heartbeat))
-    }
-
-    fn connect(
-        t: &TcpTransport,
-        peers: &[(NodeId, SocketAddr)],
-        dial_all: bool,
-    ) -> Result<(), TransportError> {
-        t.connect(peers, dial_all)
-    }
-}
-
-/// Links read by threads of their own (the default for up to
-/// `TcpConfig::dedicated_readers` links).
-mod own_readers {
-    use super::*;
-
-    phalanx_transport::transport_contract_tests!(Tcp);
-
-    #[test]
-    fn a_lone_write_is_delivered_without_traffic_behind_it() {
-        phalanx_transport::contract::a_lone_write_is_delivered_without_traffic_behind_it::<Tcp>();
-    }
-}
-
 /// Defines harness `$harness`, TCP nodes made with the settings `$cfg` (a function of the
 /// heartbeat timeout), and runs the whole suite on it.
 macro_rules! suite_with {
@@ -69,7 +37,7 @@ macro_rules! suite_with {
             type T = TcpTransport;
 
             fn heartbeat() -> Duration {
-                Tcp::heartbeat()
+                HEARTBEAT
             }
 
             fn bind(id: NodeId, heartbeat: Duration) -> Result<TcpTransport, TransportError> {
@@ -82,7 +50,7 @@ macro_rules! suite_with {
                 peers: &[(NodeId, SocketAddr)],
                 dial_all: bool,
             ) -> Result<(), TransportError> {
-                Tcp::connect(t, peers, dial_all)
+                t.connect(peers, dial_all)
             }
         }
 
@@ -95,6 +63,14 @@ macro_rules! suite_with {
             >();
         }
     };
+}
+
+/// Links read by threads of their own (the default for up to
+/// `TcpConfig::dedicated_readers` links).
+mod own_readers {
+    use super::*;
+
+    suite_with!(Tcp, config);
 }
 
 /// The same suite with every link read by the shared epoll threads (no link has a thread of
