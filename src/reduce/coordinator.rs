@@ -101,6 +101,12 @@ impl Reducer {
         };
         let mut run = Run::new(target.clone(), sources, num, (op, dtype), opts, link);
         run.scratch = (self.rpc.fresh_token(), Some(self.id));
+        // Nodes already down: their deaths came before `down` was watched, and the directory
+        // may still list their copies (its shard learns of a death in its own time). Never
+        // placed, or the task pulling from one would wait for another copy that never comes.
+        let members = &self.members;
+        run.dead
+            .extend((0..members.nodes()).filter(|&n| n != self.id && members.is_down(n)));
         let (wake_tx, wake) = crossbeam_channel::bounded(1);
         let landing = Arc::new(Landing {
             id: self.id,
