@@ -101,12 +101,8 @@ impl Reducer {
         };
         let mut run = Run::new(target.clone(), sources, num, (op, dtype), opts, link);
         run.scratch = (self.rpc.fresh_token(), Some(self.id));
-        // Nodes already down: their deaths came before `down` was watched, and the directory
-        // may still list their copies (its shard learns of a death in its own time). Never
-        // placed, or the task pulling from one would wait for another copy that never comes.
-        let members = &self.members;
-        run.dead
-            .extend((0..members.nodes()).filter(|&n| n != self.id && members.is_down(n)));
+        // Copies on nodes down when they are answered are not placed (see `Run::members`).
+        run.members = Some(self.members.clone());
         let (wake_tx, wake) = crossbeam_channel::bounded(1);
         let landing = Arc::new(Landing {
             id: self.id,
@@ -771,6 +767,21 @@ mod tests {
         let due = l.due_later(Instant::now() + Duration::from_millis(60));
         assert_eq!(due, vec![1]);
         assert!(l.later.is_empty());
+    }
+
+    /// A node that died before the reduce watched for deaths (not in `dead`): its copy is not
+    /// placed while it is down, and is once it rejoins.
+    #[test]
+    fn copies_on_nodes_down_before_the_reduce_wait_for_a_rejoin() {
+        let mut l = live(3, 3, 0);
+        let members = Arc::new(crate::membership::Membership::new(0, 8, [4]));
+        l.run.members = Some(members.clone());
+        l.arrive(1, &on(4), None).unwrap();
+        assert_eq!(l.run.placed(), 0);
+        assert_eq!(l.later.len(), 1);
+        members.mark_up(4);
+        l.arrive(1, &on(4), None).unwrap();
+        assert_eq!(l.run.placed(), 1);
     }
 
     #[test]

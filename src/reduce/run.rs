@@ -4,6 +4,7 @@
 //! [`Action`]s for the coordinator to carry out.
 
 use super::{choose_degree, ReduceOptions, SourceClaims, Tree};
+use crate::membership::Membership;
 use crate::ops::{combine, combine_into, DType, ReduceOp};
 use crate::protocol::{GatherFrom, ObjectInfo, ReduceTask, Reply};
 use crate::{Error, ObjectId, Result};
@@ -80,6 +81,11 @@ pub(super) struct Run {
     /// Ready sources not placed (yet), in arrival order.
     pub(super) spares: VecDeque<(usize, NodeId)>,
     pub(super) dead: HashSet<NodeId>,
+    /// Who is down now. A node that died before the reduce watched for deaths is not in
+    /// `dead`, and the directory may still list its copies (a shard learns of a death in its
+    /// own time): placed, the task pulling from it would wait for a copy that never comes. A
+    /// node that rejoins is up again here, and a copy it puts anew can be placed.
+    pub(super) members: Option<Arc<Membership>>,
     pub(super) placed_at: Vec<Option<Instant>>,
     /// Per source: always used.
     pub(super) required: Vec<bool>,
@@ -128,6 +134,7 @@ impl Run {
             dispatches: Vec::new(),
             spares: VecDeque::new(),
             dead: HashSet::new(),
+            members: None,
             placed_at: Vec::new(),
             num_required: required.iter().filter(|r| **r).count(),
             required,
@@ -248,6 +255,7 @@ impl Run {
             .locations
             .iter()
             .filter(|l| !self.dead.contains(&l.node))
+            .filter(|l| !self.members.as_ref().is_some_and(|m| m.is_down(l.node)))
             .min_by_key(|l| (placed(l.node), !l.complete))
             .map(|l| l.node)
         else {
