@@ -168,6 +168,9 @@ pub struct ClusterConfig {
     pub poll_spin_us: Option<u64>,
     /// TCP: epoll reader threads (default: the cores, 1 to 4).
     pub tcp_readers: Option<usize>,
+    /// TCP: the links' congestion control (`TCP_CONGESTION`: "reno", "cubic", ... as the
+    /// kernel allows); default: the system's. See `TcpConfig::congestion`.
+    pub tcp_congestion: Option<String>,
     /// How long a blocking operation waits, in seconds (default 300).
     pub op_timeout_s: Option<u64>,
     /// Spin on the completion queue instead of sleeping (transport = "rdma"); the progress
@@ -254,6 +257,15 @@ impl ClusterConfig {
         if c.tcp_readers.is_some_and(|n| !(1..=64).contains(&n)) {
             return Err("tcp_readers must be 1 to 64".into());
         }
+        // The kernel's names: at most 15 bytes (TCP_CA_NAME_MAX, with its NUL).
+        let cc_name = |n: &str| {
+            (1..16).contains(&n.len())
+                && n.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        };
+        if c.tcp_congestion.as_deref().is_some_and(|n| !cc_name(n)) {
+            return Err("tcp_congestion must be a congestion control's name (1 to 15 letters, digits, _ or -)".into());
+        }
         Ok(c)
     }
 
@@ -299,6 +311,7 @@ impl ClusterConfig {
             // Its processes start one by one: a peer may not listen yet.
             startup_grace: connect_timeout,
             socket_buffer: self.socket_buffer.unwrap_or(d.socket_buffer),
+            congestion: self.tcp_congestion.clone(),
             ..d
         };
         let spin = Duration::from_micros(self.poll_spin_us.unwrap_or(0));
@@ -409,6 +422,20 @@ mod tests {
         assert_eq!(t.dedicated_readers, TcpConfig::default().dedicated_readers);
         assert!(ClusterConfig::parse(&format!("poll_spin_us = 2000000\n{one}")).is_err());
         assert!(ClusterConfig::parse(&format!("tcp_readers = 0\n{one}")).is_err());
+        // The links' congestion control: the system's unless named; a name the kernel could
+        // not know is refused.
+        assert_eq!(
+            ClusterConfig::parse(one).unwrap().tcp_config().congestion,
+            None
+        );
+        let t = ClusterConfig::parse(&format!("tcp_congestion = \"reno\"\n{one}"))
+            .unwrap()
+            .tcp_config();
+        assert_eq!(t.congestion.as_deref(), Some("reno"));
+        for bad in ["", "a very long congestion name", "re no", "reno\\0"] {
+            let text = format!("tcp_congestion = {bad:?}\n{one}");
+            assert!(ClusterConfig::parse(&text).is_err(), "{bad:?}");
+        }
         let node = |extra: &str| {
             ClusterConfig::parse(&format!("{extra}{one}"))
                 .unwrap()

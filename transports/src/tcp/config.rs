@@ -23,6 +23,13 @@ pub struct TcpConfig {
     pub idle_timeout: Duration,
     /// SO_SNDBUF / SO_RCVBUF in bytes; 0 keeps the kernel's autotuning.
     pub socket_buffer: usize,
+    /// The congestion control of every link (`TCP_CONGESTION`, e.g. "reno" or "cubic");
+    /// `None` keeps the system's (`net.ipv4.tcp_congestion_control`). One the kernel does not
+    /// allow this process is reported at the link's setup, which goes on with the system's.
+    /// Where the system's is BBR, bursts of a few hundred KiB on an otherwise quiet link (the
+    /// blocks of a halving allreduce) now and then wait 20-60 ms for BBR's pacing (README,
+    /// "Congestion control").
+    pub congestion: Option<String>,
     /// Largest data frame; larger writes are split so control messages can interleave.
     pub max_frame: usize,
     /// Links read by a thread of their own (a blocking `recv`: one system call per wake-up,
@@ -97,6 +104,7 @@ impl Default for TcpConfig {
             startup_grace: Duration::ZERO,
             idle_timeout: Duration::ZERO,
             socket_buffer: 0,
+            congestion: None,
             max_frame: 1 << 20,
             dedicated_readers: 8,
             readers: std::thread::available_parallelism()

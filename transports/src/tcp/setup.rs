@@ -7,14 +7,27 @@ use super::Inner;
 use crate::{Event, LinkState, NodeId, TransportError};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsFd;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
-use tracing::info;
+use tracing::{info, warn};
 
 impl Inner {
     fn tune(&self, s: &TcpStream) -> std::io::Result<()> {
         s.set_nodelay(true)?;
+        if let Some(cc) = &self.cfg.congestion {
+            if let Err(e) = set_congestion(s, cc) {
+                // Not fatal: the link works with the system's congestion control. Said once
+                // per process, not once per link.
+                static SAID: AtomicBool = AtomicBool::new(false);
+                if !SAID.swap(true, Ordering::Relaxed) {
+                    warn!(
+                        node = self.id,
+                        "congestion control {cc:?} not set ({e}): the system's is used"
+                    );
+                }
+            }
+        }
         if self.cfg.socket_buffer > 0 {
             use nix::sys::socket::{setsockopt, sockopt};
             let n = self.cfg.socket_buffer;
@@ -82,5 +95,37 @@ impl Inner {
             .get()
             .expect("readers start with the transport")
             .add(self, conn, reader)
+    }
+}
+
+/// Sets `s`'s congestion control (`TCP_CONGESTION`) to `name`.
+fn set_congestion(s: &TcpStream, name: &str) -> nix::Result<()> {
+    use nix::sys::socket::{setsockopt, sockopt};
+    setsockopt(
+        &s.as_fd(),
+        sockopt::TcpCongestion,
+        &std::ffi::OsString::from(name),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::set_congestion;
+    use nix::sys::socket::{getsockopt, sockopt};
+    use std::net::{TcpListener, TcpStream};
+    use std::os::fd::AsFd;
+
+    /// "reno" is built into every Linux kernel and always allowed: the socket then uses it;
+    /// a name the kernel does not know is an error (the link keeps the system's).
+    #[test]
+    fn a_link_takes_the_congestion_control_it_is_given() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let s = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        set_congestion(&s, "reno").unwrap();
+        let now = getsockopt(&s.as_fd(), sockopt::TcpCongestion).unwrap();
+        assert_eq!(now.to_str().unwrap().trim_end_matches('\0'), "reno");
+        assert!(set_congestion(&s, "no-such-cc").is_err());
+        let still = getsockopt(&s.as_fd(), sockopt::TcpCongestion).unwrap();
+        assert_eq!(still, now);
     }
 }
