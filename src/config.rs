@@ -33,7 +33,7 @@ pub struct NodeConfig {
     pub bandwidth_override: Option<f64>,
     /// Allreduces of objects this large or larger, with every input used and there when the
     /// allreduce starts, are reduced partition by partition (`crate::allreduce`); default
-    /// 8 MiB (`crate::allreduce::PARTITION_MIN`), `u64::MAX`: never. Every participant must
+    /// 4 MiB (`crate::allreduce::PARTITION_MIN`), `u64::MAX`: never. Every participant must
     /// have the same value.
     pub allreduce_partition_min: u64,
     /// Allreduces of objects from `INLINE_LIMIT` bytes up to this size, with every input there
@@ -444,8 +444,8 @@ mod tests {
         let part = |extra: &str| node(extra).allreduce_partition_min;
         assert_eq!(
             part(""),
-            8 << 20,
-            "partitioned allreduce from 8 MiB by default"
+            4 << 20,
+            "partitioned allreduce from 4 MiB by default"
         );
         assert_eq!(part("allreduce_partition_min = 0\n"), u64::MAX);
         assert_eq!(part("allreduce_partition_min = 8388608\n"), 8 << 20);

@@ -13,13 +13,12 @@
 //!   `target`: (n-1)/n S in and out per node in each phase, a ring's 2(n-1)/n S/B, with each
 //!   partition still placed in arrival order and repaired like any reduce.
 //!
-//! The choice is by measurement: on the 8 emulated hosts of this machine (8 processes sharing
-//! 2 cores, so the hosts' CPUs and not the 1 Gbit/s links limit large transfers) the tree
-//! was faster at 16 and 64 MiB (both algorithms move the same 14 S bytes in all; the
-//! partitioned one balances them over the links, which pays only when the links are the
-//! bottleneck, and copies each result once more to assemble it), so the default threshold is
-//! never; `allreduce_partition_min` (config) turns it on, 8 MiB ([`PARTITION_MIN`]) being a
-//! sensible value where links limit.
+//! The choice is by measurement on the 8 emulated hosts of this machine (8 processes sharing
+//! 2 cores): from [`PARTITION_MIN`] (4 MiB) the partitioned algorithm, whose allgather is a
+//! ring along the partitions' chains, is as fast as the tree or faster (4 MiB 76-78 ms
+//! against 76-91, 6 MiB 110-113 against 115-132, with a 99th percentile 10-25 % lower); below
+//! it the partitions are small, their trees binary, and the tree is ahead (2 MiB 54-66 ms
+//! against 40-43). `allreduce_partition_min` (config) moves the threshold.
 //!
 //! The coordinator announces its choice in a small object `{target}#plan` (the partitions'
 //! bounds) when the object is large enough for the partitioned algorithm; participants that
@@ -39,9 +38,8 @@ use crate::view::ObjectView;
 use crate::{Error, ObjectId, Result};
 use phalanx_transport::NodeId;
 
-/// A good `NodeConfig::allreduce_partition_min` where the links, not the hosts' CPUs, are the
-/// bottleneck (the default is never: see the module).
-pub const PARTITION_MIN: u64 = 8 << 20;
+/// The default `NodeConfig::allreduce_partition_min` (see the module for the measurement).
+pub const PARTITION_MIN: u64 = 4 << 20;
 
 /// The default `NodeConfig::allreduce_halving_max`: halving and doubling up to this size.
 /// Chosen by measurement on 8 emulated hosts at 1 Gbit/s (README, "Halving and doubling"):

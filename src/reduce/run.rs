@@ -390,9 +390,10 @@ impl Run {
         out
     }
 
-    /// Where each node of a partition's chain fetches the partition from in the allgather of
-    /// a partitioned allreduce, once: when the chain is first fully placed, before any
-    /// repair, and only for a partition (`range`) reduced by a chain. The partition travels
+    /// Where each node of a partition's tree fetches the partition from in the allgather of
+    /// a partitioned allreduce, once: when the tree is first fully placed, before any
+    /// repair, and only for a partition (`range`). A tree that is no chain (degree 2 or more:
+    /// small partitions) has every node fetch from the root's node. A chain's partition travels
     /// the chain's links once more, root -> leaf -> ... -> the root's child (with the
     /// partitions' chains rotated, a ring). In that order a node takes the place of its
     /// first position, and fetches from the node of the place before it; the root produces
@@ -405,11 +406,24 @@ impl Run {
         };
         let repaired = !self.dead.is_empty() || self.gen.iter().any(|&g| g > 0);
         let placed = self.slots.iter().all(Option::is_some);
-        if self.hinted || self.range.is_none() || tree.degree != 1 || repaired || !placed {
+        if self.hinted || self.range.is_none() || repaired || !placed {
             return Vec::new();
         }
         self.hinted = true;
         let n = self.slots.len();
+        if tree.degree != 1 {
+            // Not a chain (a small partition, or a degree asked for): every node fetches it
+            // from the root's node, as the directory would send it; told so at once, so no
+            // node waits for a hint that a chain alone would give.
+            let root = self.slots[0].expect("placed").1;
+            let mut hints = vec![(root, GatherFrom::Here)];
+            for (_, node) in self.slots.iter().flatten() {
+                if !hints.iter().any(|(m, _)| m == node) {
+                    hints.push((*node, GatherFrom::Node(root)));
+                }
+            }
+            return hints;
+        }
         // The allgather's order of positions: the root, then the leaf up to the root's child.
         let order: Vec<usize> = std::iter::once(0).chain((1..n).rev()).collect();
         let node_at = |k: usize| self.slots[order[k]].expect("placed").1;
@@ -580,6 +594,33 @@ mod tests {
             }
         }
         None
+    }
+
+    #[test]
+    fn a_tree_that_is_no_chain_hints_its_root_to_every_node() {
+        let kind = (ReduceOp::Sum, DType::F32);
+        let opts = ReduceOptions {
+            degree: Some(2),
+            range: Some((0, 32)),
+            ..Default::default()
+        };
+        let sources: Vec<ObjectId> = (0..5).map(|i| ObjectId::new(format!("s{i}"))).collect();
+        let mut run = Run::new(ObjectId::new("p"), &sources, 5, kind, &opts, LINK);
+        for i in 0..5 {
+            assert!(
+                run.gather_hints().is_empty(),
+                "not before the tree is placed"
+            );
+            assert!(run.arrived(i, &complete_on(10 + i as NodeId)).unwrap());
+        }
+        let hints = run.gather_hints();
+        let root = run.slots[0].unwrap().1;
+        assert_eq!(hints.len(), 5, "{hints:?}");
+        assert!(hints.contains(&(root, GatherFrom::Here)));
+        for n in (10..15).filter(|&n| n != root) {
+            assert!(hints.contains(&(n, GatherFrom::Node(root))), "{hints:?}");
+        }
+        assert!(run.gather_hints().is_empty(), "made once");
     }
 
     #[test]
