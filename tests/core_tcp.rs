@@ -366,3 +366,38 @@ fn back_to_back_reduces_to_one_target_keep_their_intermediates_apart() {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// A small object (inline in the directory) read by seven nodes at once: the shard sends
+/// its bytes with the answer to the first readers only (`INLINE_FANOUT` bytes in all), and
+/// the others pull from copies, each new one a source, instead of all from the shard's one
+/// uplink. Every reader gets the same bytes, and the readers that pulled hold copies.
+#[test]
+fn a_small_object_read_by_many_is_sent_inline_to_a_few_and_pulled_by_the_rest() {
+    use phalanx::directory::INLINE_FANOUT;
+    const N: usize = 8;
+    let c = LocalCluster::start(N as u32, cfg(64 << 20), tcp()).unwrap();
+    for (round, size) in [(0usize, 32usize << 10), (1, 24 << 10), (2, 1 << 10)] {
+        let id = format!("small-fanout-{round}");
+        let data = pattern(size, round as u64);
+        let got: Vec<Vec<u8>> = std::thread::scope(|s| {
+            let readers: Vec<_> = (1..N)
+                .map(|k| {
+                    let (n, id) = (c.node(k).clone(), id.clone());
+                    s.spawn(move || n.get(id.as_str()).unwrap())
+                })
+                .collect();
+            std::thread::sleep(Duration::from_millis(50));
+            c.node(0).put(id.as_str(), &data).unwrap();
+            readers.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (k, g) in got.iter().enumerate() {
+            assert!(*g == data, "{size} bytes: reader {} differs", k + 1);
+        }
+        // Inline answers leave no copy behind; a pull does.
+        let inline = (INLINE_FANOUT as usize / size).max(1).min(N - 1);
+        let copies = (1..N)
+            .filter(|&k| c.node(k).local_copy(id.as_str()).is_some())
+            .count();
+        assert_eq!(copies, N - 1 - inline, "{size} bytes: readers that pulled");
+    }
+}

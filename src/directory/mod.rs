@@ -5,4 +5,4 @@ mod client;
 mod shard;
 
 pub(crate) use client::{DirClient, Resume};
-pub use shard::{Assignment, Out, Shard, NO_REPLY};
+pub use shard::{Assignment, Out, Shard, INLINE_FANOUT, NO_REPLY};
