@@ -394,7 +394,7 @@ fn a_small_object_read_by_many_is_sent_inline_to_a_few_and_pulled_by_the_rest() 
             assert!(*g == data, "{size} bytes: reader {} differs", k + 1);
         }
         // Inline answers leave no copy behind; a pull does.
-        let inline = (INLINE_FANOUT as usize / size).max(1).min(N - 1);
+        let inline = (INLINE_FANOUT as usize / size).clamp(1, N - 1);
         let copies = (1..N)
             .filter(|&k| c.node(k).local_copy(id.as_str()).is_some())
             .count();
