@@ -101,8 +101,13 @@ impl Reducer {
         };
         let mut run = Run::new(target.clone(), sources, num, (op, dtype), opts, link);
         run.scratch = (self.rpc.fresh_token(), Some(self.id));
-        // Copies on nodes down when they are answered are not placed (see `Run::members`).
-        run.members = Some(self.members.clone());
+        // Copies on nodes down before `down` was watched are not placed while they stay down
+        // (see `Run::members`).
+        let members = &self.members;
+        run.down_at_start = (0..members.nodes())
+            .filter(|&n| n != self.id && members.is_down(n))
+            .collect();
+        run.members = Some(members.clone());
         let (wake_tx, wake) = crossbeam_channel::bounded(1);
         let landing = Arc::new(Landing {
             id: self.id,
@@ -776,6 +781,7 @@ mod tests {
         let mut l = live(3, 3, 0);
         let members = Arc::new(crate::membership::Membership::new(0, 8, [4]));
         l.run.members = Some(members.clone());
+        l.run.down_at_start.insert(4);
         l.arrive(1, &on(4), None).unwrap();
         assert_eq!(l.run.placed(), 0);
         assert_eq!(l.later.len(), 1);

@@ -81,11 +81,14 @@ pub(super) struct Run {
     /// Ready sources not placed (yet), in arrival order.
     pub(super) spares: VecDeque<(usize, NodeId)>,
     pub(super) dead: HashSet<NodeId>,
-    /// Who is down now. A node that died before the reduce watched for deaths is not in
-    /// `dead`, and the directory may still list its copies (a shard learns of a death in its
-    /// own time): placed, the task pulling from it would wait for a copy that never comes. A
-    /// node that rejoins is up again here, and a copy it puts anew can be placed.
+    /// Who is down now, and the nodes that were down when the reduce began to watch for
+    /// deaths. Those are not in `dead` (their deaths came before), and the directory may still
+    /// list their copies (a shard learns of a death in its own time): placed, the task
+    /// pulling from one would wait for a copy that never comes. So a copy on such a node is
+    /// not placed while it is down; once it rejoins, a copy it puts anew can be. A node that
+    /// dies during the reduce is repaired around (`dead`), as before.
     pub(super) members: Option<Arc<Membership>>,
+    pub(super) down_at_start: HashSet<NodeId>,
     pub(super) placed_at: Vec<Option<Instant>>,
     /// Per source: always used.
     pub(super) required: Vec<bool>,
@@ -135,6 +138,7 @@ impl Run {
             spares: VecDeque::new(),
             dead: HashSet::new(),
             members: None,
+            down_at_start: HashSet::new(),
             placed_at: Vec::new(),
             num_required: required.iter().filter(|r| **r).count(),
             required,
@@ -255,7 +259,10 @@ impl Run {
             .locations
             .iter()
             .filter(|l| !self.dead.contains(&l.node))
-            .filter(|l| !self.members.as_ref().is_some_and(|m| m.is_down(l.node)))
+            .filter(|l| {
+                let gone = |m: &Arc<Membership>| m.is_down(l.node);
+                !(self.down_at_start.contains(&l.node) && self.members.as_ref().is_some_and(gone))
+            })
             .min_by_key(|l| (placed(l.node), !l.complete))
             .map(|l| l.node)
         else {
