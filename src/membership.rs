@@ -108,6 +108,11 @@ impl Membership {
         self.down.lock().unwrap().contains(&peer)
     }
 
+    /// The peers believed down now, in one look.
+    pub fn down_now(&self) -> HashSet<NodeId> {
+        self.down.lock().unwrap().clone()
+    }
+
     /// Recomputes the ring after `down` changed.
     fn update_ring(&self, down: &HashSet<NodeId>) {
         let mut ring = self.ring.lock().unwrap();

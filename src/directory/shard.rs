@@ -106,6 +106,16 @@ fn reply(out: &mut Out, to: NodeId, rid: Rid, reply: Reply) {
 }
 
 impl Entry {
+    /// An entry of an object of `size` bytes with no copy listed yet.
+    fn new(size: u64) -> Entry {
+        Entry {
+            size,
+            inline: None,
+            locs: BTreeMap::new(),
+            inline_sent: 0,
+        }
+    }
+
     /// What a subscriber is told once the object has a location: the entry, with the bytes
     /// of a small object (they travel with the news).
     fn ready(&self) -> Reply {
@@ -202,12 +212,10 @@ impl Shard {
                 complete,
             } => {
                 self.forget_tombstone(&id);
-                let e = self.entries.entry(id.clone()).or_insert(Entry {
-                    size,
-                    inline: None,
-                    locs: BTreeMap::new(),
-                    inline_sent: 0,
-                });
+                let e = self
+                    .entries
+                    .entry(id.clone())
+                    .or_insert_with(|| Entry::new(size));
                 let l = e.locs.entry(node).or_insert(Loc {
                     complete,
                     serving: None,
@@ -287,12 +295,10 @@ impl Shard {
                 let size = data.len() as u64;
                 // Other copies of the same object stay listed (their holders must still be
                 // found by a delete); an entry of another size is another object.
-                let e = self.entries.entry(id.clone()).or_insert(Entry {
-                    size,
-                    inline: None,
-                    locs: BTreeMap::new(),
-                    inline_sent: 0,
-                });
+                let e = self
+                    .entries
+                    .entry(id.clone())
+                    .or_insert_with(|| Entry::new(size));
                 if e.size != size {
                     e.size = size;
                     e.locs.clear();

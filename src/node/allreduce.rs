@@ -46,8 +46,8 @@ pub const PARTITION_MIN: u64 = 4 << 20;
 /// against one tree, the same at 64 KiB, 34 % faster at 128 KiB, 23 % at 192 KiB, 20-35 % at
 /// 256 KiB (the tree at its best, a chain, 5.6-6.0 ms; halving 4.4-4.7); at 384 KiB the two
 /// are level and from 512 KiB the tree is ahead. At 256 KiB one run in 30 to 100 stalls
-/// 20-60 ms where the hosts' TCP is BBR (its pacing timer; with `tcp_congestion = "reno"`
-/// none did): the median, not the 99th percentile, is what this size gains.
+/// 20-60 ms where the hosts' TCP is BBR (likely its pacing timer; with `tcp_congestion =
+/// "reno"` none did): the median, not the 99th percentile, is what this size gains.
 pub const HALVING_MAX: u64 = 256 << 10;
 
 /// The largest `NodeConfig::allreduce_halving_max` accepted: the algorithm's blocks travel as

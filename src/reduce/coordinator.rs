@@ -103,11 +103,8 @@ impl Reducer {
         run.scratch = (self.rpc.fresh_token(), Some(self.id));
         // Copies on nodes down before `down` was watched are not placed while they stay down
         // (see `Run::members`).
-        let members = &self.members;
-        run.down_at_start = (0..members.nodes())
-            .filter(|&n| n != self.id && members.is_down(n))
-            .collect();
-        run.members = Some(members.clone());
+        run.down_at_start = self.members.down_now();
+        run.members = Some(self.members.clone());
         let (wake_tx, wake) = crossbeam_channel::bounded(1);
         let landing = Arc::new(Landing {
             id: self.id,

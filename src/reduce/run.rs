@@ -258,11 +258,7 @@ impl Run {
         let Some(node) = info
             .locations
             .iter()
-            .filter(|l| !self.dead.contains(&l.node))
-            .filter(|l| {
-                let gone = |m: &Arc<Membership>| m.is_down(l.node);
-                !(self.down_at_start.contains(&l.node) && self.members.as_ref().is_some_and(gone))
-            })
+            .filter(|l| !self.gone(l.node))
             .min_by_key(|l| (placed(l.node), !l.complete))
             .map(|l| l.node)
         else {
@@ -271,6 +267,14 @@ impl Run {
         self.spares.push_back((i, node));
         self.fill_from_spares();
         Ok(true)
+    }
+
+    /// Whether copies on `node` cannot be placed: it died during the reduce, or was down
+    /// when the reduce began and still is (see `Run::members`).
+    fn gone(&self, node: NodeId) -> bool {
+        self.dead.contains(&node)
+            || (self.down_at_start.contains(&node)
+                && self.members.as_ref().is_some_and(|m| m.is_down(node)))
     }
 
     /// Empty positions take spares in generalised in-order. The first in-order positions
