@@ -348,9 +348,12 @@ impl Rpc {
     ) -> Result<Reply> {
         let start = Instant::now();
         let mut sent_rid = NO_RID;
+        let mut sent_kind = None;
         let rx = self.call_async(to, |rid| {
             sent_rid = rid;
-            make(rid)
+            let msg = make(rid);
+            sent_kind = Some(msg.kind());
+            msg
         })?;
         // Replies to directory lookups take tens of microseconds: spin briefly before parking,
         // which saves the wake-up latency of a sleeping thread.
@@ -379,10 +382,12 @@ impl Rpc {
                 if let Some(m) = cancel(sent_rid) {
                     let _ = self.send(to, m);
                 }
-                Err(Error::Timeout(
-                    start.elapsed(),
-                    format!("a reply from node {to}"),
-                ))
+                let what = match sent_kind {
+                    Some(kind) => format!("a reply from node {to} to {kind}"),
+                    None => format!("a reply from node {to}"),
+                };
+                tracing::warn!(node = self.id, rid = sent_rid, "no {what}");
+                Err(Error::Timeout(start.elapsed(), what))
             }
         }
     }

@@ -73,6 +73,39 @@ fn reference(inputs: &[Vec<u8>], op: ReduceOp, dtype: DType) -> Vec<u8> {
     acc
 }
 
+/// Where `got` differs from `want` (f32 elements), per partition of `bounds`: the first
+/// differing element and how many differ, and which inputs the difference matches at the
+/// first (an input missing or counted twice), so a rare failure says what went wrong.
+fn differences(got: &[u8], want: &[u8], bounds: &[(u64, u64)], inputs: &[Vec<u8>]) -> String {
+    if got.len() != want.len() {
+        return format!("{} bytes, expected {}", got.len(), want.len());
+    }
+    let f = |b: &[u8], i: usize| f32::from_le_bytes(b[i * 4..i * 4 + 4].try_into().unwrap());
+    let mut out = Vec::new();
+    for (p, &(lo, hi)) in bounds.iter().enumerate() {
+        let (lo, hi) = (lo as usize / 4, hi as usize / 4);
+        let bad: Vec<usize> = (lo..hi).filter(|&i| f(got, i) != f(want, i)).collect();
+        if let Some(&i) = bad.first() {
+            let d = f(got, i) - f(want, i);
+            let like: Vec<usize> = (0..inputs.len())
+                .filter(|&k| f(&inputs[k], i) == d.abs())
+                .collect();
+            let diffs: Vec<f32> = (i..(i + 8).min(hi))
+                .map(|j| f(got, j) - f(want, j))
+                .collect();
+            out.push(format!(
+                "partition {p}: {} of {} elements differ, first at {i}: got {} want {} \
+                 (difference {d}, the value of inputs {like:?}; the next differences {diffs:?})",
+                bad.len(),
+                hi - lo,
+                f(got, i),
+                f(want, i)
+            ));
+        }
+    }
+    out.join("; ")
+}
+
 /// Node 0 coordinates, every other node reads; each node holds input k. Returns every node's
 /// result, node 0's first.
 fn run(
@@ -278,10 +311,12 @@ fn a_partition_root_killed_mid_allreduce_leaves_the_survivors_correct() {
         let killed_at = killer.join().unwrap();
         assert_eq!(parts, n, "seed {seed}: partitioned");
         let want = reference(&inputs, ReduceOp::Sum, dtype);
+        let bounds = partitions(size, n, dtype, PARTITION_MIN);
         for (i, got) in all.iter().enumerate() {
             assert!(
                 *got == want,
-                "seed {seed}: survivor {i} (victim {victim}) has a wrong result"
+                "seed {seed}: survivor {i} (victim {victim}) has a wrong result: {}",
+                differences(got, &want, &bounds, &inputs)
             );
         }
         println!(

@@ -374,6 +374,8 @@ impl Shard {
                 self.serve_waiters(&id, out);
             }
             DirMsg::Withdraw { id, node } => {
+                // Its claims that wait for their source to publish are void with its copy.
+                self.drop_pending_claims_of(&id, node);
                 if let Some(e) = self.entries.get_mut(&id) {
                     e.locs.remove(&node);
                     for l in e.locs.values_mut() {
@@ -560,6 +562,20 @@ impl Shard {
         }
     }
 
+    /// `receiver`'s claims on `id` that wait for their source to publish are void: its copy
+    /// is gone, or the directory gave it a source. Applied later, a stale claim would say
+    /// the copy fills from that source while it fills from another, and the cycle check of
+    /// `Entry::pick` would miss a real cycle (two partial copies each waiting on the other:
+    /// seen after a partition's reset in `tests/allreduce.rs`).
+    fn drop_pending_claims_of(&mut self, id: &ObjectId, receiver: NodeId) {
+        if let Some(c) = self.pending_claims.get_mut(id) {
+            c.retain(|x| x.1 != receiver || x.3);
+            if c.is_empty() {
+                self.pending_claims.remove(id);
+            }
+        }
+    }
+
     /// A pull ended before its source published: a failed one's claim is void; a complete
     /// one's receiver is listed when the source publishes (else a delete would miss it).
     fn end_pending_claim(&mut self, id: &ObjectId, claim: (NodeId, NodeId, u64), ok: bool) {
@@ -610,8 +626,21 @@ impl Shard {
             return None;
         }
         let Some(source) = e.pick(w.node, &w.exclude) else {
+            tracing::debug!(
+                id = id.as_str(),
+                requester = w.node,
+                exclude = ?w.exclude,
+                locations = ?e.locs.iter().map(|(n, l)| (*n, l.complete, l.serving, l.depends_on)).collect::<Vec<_>>(),
+                "locate waits: no free source"
+            );
             return Some(w);
         };
+        tracing::debug!(
+            id = id.as_str(),
+            source,
+            receiver = w.node,
+            "source assigned"
+        );
         let source_complete = {
             let s = e.locs.get_mut(&source).expect("picked");
             s.serving = Some(w.node);
@@ -627,6 +656,7 @@ impl Shard {
         r.depends_on = Some(source);
         r.complete = false;
         let size = e.size;
+        self.drop_pending_claims_of(id, w.node);
         if self.log.len() == LOG_LIMIT {
             self.log.pop_front();
         }
@@ -1239,6 +1269,40 @@ mod tests {
             "no inline object on behalf of node 2"
         );
         assert!(s.assignments().is_empty(), "no claim on behalf of node 2");
+    }
+
+    /// A claim on a source not listed yet waits for it to publish; if the claimant's copy
+    /// is withdrawn, or the directory gives it a source meanwhile, the claim is void when the
+    /// source publishes: applied, it said the copy filled from the claimed source, so a
+    /// partial copy that really fills from the requester was handed to it (each of two
+    /// partial copies then waits on the other until the op timeout).
+    #[test]
+    fn a_stale_pending_claim_never_hides_a_cycle() {
+        let mut s = Shard::new();
+        // 3 claims 4 before 4 is listed (its pull will fail); 0 holds a partial copy.
+        claim(&mut s, 4, 3, 11);
+        publish(&mut s, 0, false);
+        // 3 asks the directory instead and fills from 0.
+        assert_eq!(located(&locate(&mut s, 3, vec![4]), 3), src(0));
+        // 4 publishes: 3's old claim must not count.
+        publish(&mut s, 4, false);
+        assert_eq!(loc(&s, 3).unwrap().depends_on, Some(0));
+        // 0 asks for a source (excluding 4, say its pull from 4 failed): 3 depends on 0 and
+        // must not be given, so 0 waits.
+        let out = locate_epoch(&mut s, 0, true, vec![4], Some(0));
+        assert!(out.is_empty(), "no cycle 0 <- 3 <- 0: {out:?}");
+        // Withdrawn copies void their waiting claims too.
+        let mut t = Shard::new();
+        claim(&mut t, 4, 3, 12);
+        let mut out = Vec::new();
+        let w = DirMsg::Withdraw {
+            id: "x".into(),
+            node: 3,
+        };
+        t.handle(3, w, &mut out);
+        publish(&mut t, 4, true);
+        assert!(loc(&t, 3).is_none(), "the void claim lists no copy on 3");
+        assert_eq!(loc(&t, 4).unwrap().serving, None, "and 4 serves nobody");
     }
 
     fn reset(s: &mut Shard) -> Out {

@@ -165,7 +165,10 @@ mod tests {
                 stream: 3,
                 ok: true,
             }),
-            Msg::Reduce(ReduceMsg::Cancel { out: "o".into() }),
+            Msg::Reduce(ReduceMsg::Cancel {
+                out: "o".into(),
+                attempt: 9,
+            }),
             Msg::Reduce(ReduceMsg::Gather {
                 part: "p".into(),
                 from: GatherFrom::Node(3),

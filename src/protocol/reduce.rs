@@ -11,8 +11,10 @@ pub enum ReduceMsg {
     /// Compute one position of a reduce tree: `out = own ⊕ children...`, streamed; the reply
     /// (`Ack` or `Error`) comes when it is done.
     Task { rid: Rid, task: ReduceTask },
-    /// Stop the reduce task producing `out` (its result is discarded, no reply).
-    Cancel { out: ObjectId },
+    /// Stop the reduce task producing `out` that was dispatched as `attempt` (its result is
+    /// discarded, no reply). A later dispatch under the same output name (the root's, after
+    /// a repair) has another attempt and is not stopped by it.
+    Cancel { out: ObjectId, attempt: u64 },
     /// Where this node fetches partition `part` of a partitioned allreduce from for its copy
     /// of the result (sent by the partition's coordinator once its chain is placed; see
     /// `crate::reduce::Run::gather_hints`). Advice: a stale or forged one costs a fallback
@@ -93,6 +95,8 @@ pub enum GatherFrom {
 pub struct ReduceTask {
     /// The object this position produces (the reduce target at the root).
     pub out: ObjectId,
+    /// This dispatch of the position (a token fresh for each one): what a `Cancel` names.
+    pub attempt: u64,
     /// The input held by this node.
     pub own: ObjectId,
     /// Where this position's bytes start in `own` (a partition of it; 0: all of it).

@@ -298,7 +298,9 @@ impl Reducer {
     fn apply(&self, actions: Vec<Action>) {
         for a in actions {
             let _ = match a {
-                Action::Cancel { node, out } => self.rpc.send(node, ReduceMsg::Cancel { out }),
+                Action::Cancel { node, out, attempt } => {
+                    self.rpc.send(node, ReduceMsg::Cancel { out, attempt })
+                }
                 Action::Reset(out) => self.dir.reset(&out),
                 Action::Delete(out) => self.dir.delete(&out),
             };
@@ -438,8 +440,10 @@ impl Landing {
                 return Ok(None);
             }
             let mut jobs = Vec::new();
-            for (p, task) in g.run.dispatchable() {
+            for (p, mut task) in g.run.dispatchable() {
                 let node = g.run.slots[p].expect("placed").1;
+                task.attempt = self.rpc.fresh_token();
+                g.run.attempts[p] = task.attempt;
                 let (tx, rx) = crossbeam_channel::bounded(1);
                 g.run.tasks[p] = Some(rx);
                 g.run.dispatches[p] += 1;
@@ -457,7 +461,18 @@ impl Landing {
         let mut outcome = Ok(None);
         let mut sent_any = false;
         for (p, node, task, tx, (nth, gen)) in jobs.by_ref() {
-            let out = task.out.clone();
+            let (out, attempt) = (task.out.clone(), task.attempt);
+            tracing::debug!(
+                node = self.id,
+                position = p,
+                to = node,
+                gen,
+                out = out.as_str(),
+                own = task.own.as_str(),
+                children = ?task.children,
+                children_at = ?task.children_at,
+                "reduce task dispatched"
+            );
             // Held until the outcome is known: a request that fails drops its callback, and
             // the coordinator must not take the closed channel for a shutdown meanwhile.
             let keep = tx.clone();
@@ -484,7 +499,7 @@ impl Landing {
                         g.ended || g.run.gen.get(p) != Some(&gen)
                     };
                     if stale {
-                        let cancel = ReduceMsg::Cancel { out };
+                        let cancel = ReduceMsg::Cancel { out, attempt };
                         self.rpc.send_without_blocking(node, cancel.into());
                     }
                 }

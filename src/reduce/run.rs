@@ -17,8 +17,12 @@ use std::time::Instant;
 /// An effect of a decision on the run, carried out by the coordinator in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Action {
-    /// Stop the task producing `out` on `node`.
-    Cancel { node: NodeId, out: ObjectId },
+    /// Stop the task producing `out` on `node`, dispatched as `attempt`.
+    Cancel {
+        node: NodeId,
+        out: ObjectId,
+        attempt: u64,
+    },
     /// Drop every copy of the target, which is computed again: its readers wait.
     Reset(ObjectId),
     /// Drop an intermediate output, which is computed again under a new name.
@@ -78,6 +82,8 @@ pub(super) struct Run {
     pub(super) tasks: Vec<Option<Receiver<Result<Reply>>>>,
     pub(super) done: Vec<bool>,
     pub(super) dispatches: Vec<u32>,
+    /// The attempt token of each position's last dispatch (what its `Cancel` names).
+    pub(super) attempts: Vec<u64>,
     /// Ready sources not placed (yet), in arrival order.
     pub(super) spares: VecDeque<(usize, NodeId)>,
     pub(super) dead: HashSet<NodeId>,
@@ -135,6 +141,7 @@ impl Run {
             tasks: Vec::new(),
             done: Vec::new(),
             dispatches: Vec::new(),
+            attempts: Vec::new(),
             spares: VecDeque::new(),
             dead: HashSet::new(),
             members: None,
@@ -244,6 +251,7 @@ impl Run {
             self.tasks = (0..self.num).map(|_| None).collect();
             self.done = vec![false; self.num];
             self.dispatches = vec![0; self.num];
+            self.attempts = vec![0; self.num];
             self.placed_at = vec![None; self.num];
             self.task_errors = vec![0; self.num];
         } else if info.size != self.full_size {
@@ -251,6 +259,13 @@ impl Run {
                 "reduce input {} has {} bytes, others {}",
                 self.sources[i], info.size, self.full_size
             )));
+        }
+        // An input takes part once: another answer for one placed or waiting as a spare (a
+        // subscription made again around a shard's failure while the first one was still
+        // answered) changes nothing. Placed twice, it would be counted twice.
+        let known = |s: &(usize, NodeId)| s.0 == i;
+        if self.slots.iter().flatten().any(known) || self.spares.iter().any(known) {
+            return Ok(true);
         }
         // Spread positions over nodes: a complete copy on a node not in the tree yet, else
         // any live copy.
@@ -301,6 +316,14 @@ impl Run {
                     .is_none_or(|c| c.try_claim(&self.sources[i], &self.target))
             });
             if let Some(s) = pick.and_then(|ix| self.spares.remove(ix)) {
+                tracing::debug!(
+                    target_id = self.target.as_str(),
+                    position = p,
+                    input = s.0,
+                    on = s.1,
+                    gen = self.gen[p],
+                    "reduce input placed"
+                );
                 self.slots[p] = Some(s);
                 self.placed_at[p] = Some(Instant::now());
             }
@@ -373,13 +396,16 @@ impl Run {
             let needs_task = self.has_task(&tree, p);
             let ready = self.slots[p].is_some()
                 && tree.children[p].iter().all(|&c| self.slots[c].is_some());
-            if !needs_task || !ready || self.tasks[p].is_some() || self.done[p] {
+            // Never to a node known dead (a repair moves or finishes such positions).
+            let on_dead = self.slots[p].is_some_and(|s| self.dead.contains(&s.1));
+            if !needs_task || !ready || on_dead || self.tasks[p].is_some() || self.done[p] {
                 continue;
             }
             out.push((
                 p,
                 ReduceTask {
                     out: self.out_of(&tree, p),
+                    attempt: 0, // set as it is dispatched
                     own: self.sources[self.slots[p].expect("placed").0].clone(),
                     own_offset: self.range.map_or(0, |r| r.0),
                     children: tree.children[p]
@@ -482,6 +508,11 @@ impl Run {
                 let pd = self.slots[parent].is_some_and(|s| self.dead.contains(&s.1));
                 if self.done[parent] && !pd {
                     affected.retain(|&a| a != p);
+                    // Its output is in its parent's: it is done, even if its own reply died
+                    // with its node (else it would be dispatched to the dead node again and
+                    // again, each send failing).
+                    self.done[p] = true;
+                    self.tasks[p] = None;
                 }
             }
         }
@@ -528,6 +559,7 @@ impl Run {
             actions.push(Action::Cancel {
                 node: n,
                 out: out.clone(),
+                attempt: self.attempts[a],
             });
         }
         actions.push(if a == 0 {
@@ -589,9 +621,14 @@ mod tests {
         assert_eq!(run.slots[2], Some((0, 4)));
         assert_eq!(run.used_in_arrival_order()[2], ObjectId::new("m"));
         assert_eq!(run.spares.len(), 1, "the third gradient stays a spare");
+        // Known already (a spare): another answer changes nothing.
+        assert!(run.arrived(3, &info(6)).unwrap());
+        assert_eq!(run.spares.len(), 1);
         // Every copy on dead nodes: asked again later.
+        let mut run = Run::new(ObjectId::new("t"), &sources, 3, kind, &opts, LINK);
         run.dead.insert(5);
         assert!(!run.arrived(3, &info(5)).unwrap());
+        assert!(run.spares.is_empty());
     }
 
     /// Follows a node's hint to the producer; None if the hints lead round in a circle.
@@ -770,6 +807,98 @@ mod tests {
         assert!(run.arrived(4, &complete_on(9)).unwrap());
         assert_eq!(run.slots[leaf], Some((4, 9)));
         assert!(run.repair(leaf_node).is_none(), "a death is repaired once");
+    }
+
+    /// A source answered twice (subscribed again around a shard's failure while the first
+    /// subscription was still answered) takes one position: placed twice it was counted
+    /// twice, and another input was left out (seen in `tests/allreduce.rs`'s partition-root
+    /// kill). Freed by a repair, its next answer places it again.
+    #[test]
+    fn an_input_answered_twice_is_placed_once() {
+        let sources: Vec<ObjectId> = (0..3).map(|i| ObjectId::new(format!("s{i}"))).collect();
+        let opts = ReduceOptions {
+            degree: Some(1),
+            ..Default::default()
+        };
+        let kind = (ReduceOp::Sum, DType::F32);
+        let mut run = Run::new(ObjectId::new("t"), &sources, 3, kind, &opts, LINK);
+        assert!(run.arrived(0, &complete_on(10)).unwrap());
+        assert!(run.arrived(1, &complete_on(11)).unwrap());
+        // Input 1 again, from another copy: nothing changes.
+        assert!(run.arrived(1, &complete_on(12)).unwrap());
+        assert_eq!(run.placed(), 2);
+        assert!(run.spares.is_empty());
+        assert!(run.arrived(2, &complete_on(12)).unwrap());
+        let used = |run: &Run| {
+            let mut v: Vec<usize> = run.slots.iter().flatten().map(|s| s.0).collect();
+            v.sort();
+            v
+        };
+        assert_eq!(used(&run), vec![0, 1, 2]);
+        // Input 1's node dies: its position is freed and the input asked for again.
+        let r = run.repair(11).expect("a repair");
+        assert_eq!(r.resubscribe, vec![1]);
+        assert!(run.arrived(1, &complete_on(13)).unwrap());
+        assert_eq!(used(&run), vec![0, 1, 2]);
+        assert!(run.slots.iter().flatten().any(|&s| s == (1, 13)));
+    }
+
+    /// A position whose node died after its parent had finished (its output consumed), with
+    /// its own reply lost with the node: done, never dispatched to the dead node again (it
+    /// was, in a loop, each send failing at once).
+    #[test]
+    fn a_dead_position_whose_parent_finished_is_done() {
+        let sources: Vec<ObjectId> = (0..2).map(|i| ObjectId::new(format!("s{i}"))).collect();
+        let opts = ReduceOptions {
+            degree: Some(1),
+            range: Some((0, 32)),
+            ..Default::default()
+        };
+        let kind = (ReduceOp::Sum, DType::F32);
+        let mut run = Run::new(ObjectId::new("t"), &sources, 2, kind, &opts, LINK);
+        assert!(run.arrived(0, &complete_on(1)).unwrap());
+        assert!(run.arrived(1, &complete_on(2)).unwrap());
+        let tree = run.tree.clone().unwrap();
+        assert!(
+            run.has_task(&tree, 1),
+            "a partition's leaf computes its slice"
+        );
+        let leaf_node = run.slots[1].unwrap().1;
+        let (_keep, rx) = crossbeam_channel::bounded(1);
+        run.tasks[1] = Some(rx);
+        run.dispatches = vec![1, 1];
+        run.done[0] = true;
+        let r = run.repair(leaf_node).expect("a repair");
+        assert_eq!(r.failed, vec![1]);
+        assert!(r.affected.is_empty() && r.actions.is_empty() && r.resubscribe.is_empty());
+        assert!(run.dispatchable().is_empty());
+        assert!(run.finished());
+    }
+
+    /// A repair's cancel names the attempt that was dispatched, so it cannot stop a later
+    /// dispatch of the same position under the same name (the root's output is the target
+    /// in every generation).
+    #[test]
+    fn a_repair_cancels_the_attempt_it_discards() {
+        let sources: Vec<ObjectId> = (0..2).map(|i| ObjectId::new(format!("s{i}"))).collect();
+        let opts = ReduceOptions {
+            degree: Some(1),
+            ..Default::default()
+        };
+        let kind = (ReduceOp::Sum, DType::F32);
+        let mut run = Run::new(ObjectId::new("t"), &sources, 2, kind, &opts, LINK);
+        assert!(run.arrived(0, &complete_on(1)).unwrap());
+        assert!(run.arrived(1, &complete_on(2)).unwrap());
+        let root_node = run.slots[0].unwrap().1;
+        let leaf_node = run.slots[1].unwrap().1;
+        run.dispatches[0] = 1;
+        run.attempts[0] = 77;
+        let r = run.repair(leaf_node).expect("a repair");
+        assert!(r.actions.contains(&Action::Cancel {
+            node: root_node,
+            out: ObjectId::new("t"),
+            attempt: 77,
+        }));
     }
 
     #[test]

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 /// The reduce tasks running on this node: cancel flags by output object.
 #[derive(Default)]
 pub(super) struct Tasks {
-    cancels: Mutex<HashMap<ObjectId, Arc<AtomicBool>>>,
+    cancels: Mutex<HashMap<(ObjectId, u64), Arc<AtomicBool>>>,
 }
 
 enum Input {
@@ -96,7 +96,7 @@ impl Reducer {
             .cancels
             .lock()
             .unwrap()
-            .insert(task.out.clone(), cancel.clone());
+            .insert((task.out.clone(), task.attempt), cancel.clone());
         let me = self.clone();
         let spawned = self.workers.spawn(move || {
             hop!(me.id, "task running");
@@ -104,9 +104,16 @@ impl Reducer {
                 Ok(()) => Reply::Ack,
                 Err(e) => Reply::Error(e.to_string()),
             };
+            tracing::debug!(
+                node = me.id,
+                out = task.out.as_str(),
+                ?reply,
+                "reduce task ended"
+            );
+            let key = (task.out.clone(), task.attempt);
             let mut c = me.tasks.cancels.lock().unwrap();
-            if c.get(&task.out).is_some_and(|f| Arc::ptr_eq(f, &cancel)) {
-                c.remove(&task.out);
+            if c.get(&key).is_some_and(|f| Arc::ptr_eq(f, &cancel)) {
+                c.remove(&key);
             }
             drop(c);
             if !cancel.load(Ordering::Acquire) {
@@ -120,9 +127,11 @@ impl Reducer {
         }
     }
 
-    /// Stops the task producing `out`, if it runs here.
-    pub(super) fn cancel_task(&self, out: &ObjectId) {
-        if let Some(f) = self.tasks.cancels.lock().unwrap().get(out) {
+    /// Stops the task producing `out` dispatched as `attempt`, if it runs here (a later
+    /// dispatch under the same name is another attempt and runs on).
+    pub(super) fn cancel_task(&self, out: &ObjectId, attempt: u64) {
+        let key = (out.clone(), attempt);
+        if let Some(f) = self.tasks.cancels.lock().unwrap().get(&key) {
             f.store(true, Ordering::Release);
         }
     }
