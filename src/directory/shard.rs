@@ -621,7 +621,12 @@ impl Shard {
                 return None;
             }
         }
-        if !w.resume && e.locs.contains_key(&w.node) {
+        // A copy listed here is the requester's to read; a complete one even for a resumed
+        // pull (a stale pull on a node that has since produced the object, a reduce's root):
+        // made its source's receiver, the complete copy would be listed as a partial one
+        // filling from another node, and readers could wait on each other in a circle.
+        let listed = e.locs.get(&w.node);
+        if listed.is_some_and(|l| !w.resume || l.complete) {
             reply(out, w.node, w.rid, Reply::Located(Located::Local));
             return None;
         }
@@ -1303,6 +1308,24 @@ mod tests {
         publish(&mut t, 4, true);
         assert!(loc(&t, 3).is_none(), "the void claim lists no copy on 3");
         assert_eq!(loc(&t, 4).unwrap().serving, None, "and 4 serves nobody");
+    }
+
+    /// A node listed with a complete copy that asks to resume a pull (a stale pull on a node
+    /// that has since produced the object) is told to read its own copy: it is never made
+    /// a receiver, which listed the complete copy as partial and filling from another node.
+    #[test]
+    fn a_complete_copy_is_never_made_a_receiver() {
+        let mut s = Shard::new();
+        publish(&mut s, 2, false);
+        publish(&mut s, 4, true);
+        let out = locate_epoch(&mut s, 4, true, vec![], Some(0));
+        assert_eq!(located(&out, 4), Located::Local);
+        let l = loc(&s, 4).unwrap();
+        assert!(l.complete && l.depends_on.is_none());
+        assert_eq!(loc(&s, 2).unwrap().serving, None);
+        // A partial copy that resumes still gets a source.
+        let out = locate_epoch(&mut s, 2, true, vec![], Some(0));
+        assert_eq!(located(&out, 2), src(4));
     }
 
     fn reset(s: &mut Shard) -> Out {
