@@ -224,7 +224,7 @@ impl Reducer {
     pub fn handle(self: &Arc<Self>, from: NodeId, msg: ReduceMsg) {
         match msg {
             ReduceMsg::Task { rid, task } => self.start_task(from, rid, task),
-            ReduceMsg::Cancel { out, attempt } => self.cancel_task(&out, attempt),
+            ReduceMsg::Cancel { out, attempt } => self.cancel_task(from, &out, attempt),
             ReduceMsg::Gather { part, from } => self.gather.record(&part, from),
             ReduceMsg::HalvingTask { plan } => self.start_halving(from, plan),
             ReduceMsg::HalvingBlock {

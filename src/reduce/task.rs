@@ -16,10 +16,47 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// The reduce tasks running on this node: cancel flags by output object.
+/// The reduce tasks running on this node: by output object and attempt, the coordinator that
+/// dispatched each and its cancel flag.
 #[derive(Default)]
 pub(super) struct Tasks {
-    cancels: Mutex<HashMap<(ObjectId, u64), Arc<AtomicBool>>>,
+    cancels: Mutex<HashMap<TaskKey, (NodeId, Arc<AtomicBool>)>>,
+}
+
+/// A task's output and attempt.
+type TaskKey = (ObjectId, u64);
+
+impl Tasks {
+    /// A task dispatched by `coordinator` starts: its cancel flag.
+    fn register(&self, out: &ObjectId, attempt: u64, coordinator: NodeId) -> Arc<AtomicBool> {
+        let flag = Arc::new(AtomicBool::new(false));
+        let key = (out.clone(), attempt);
+        let entry = (coordinator, flag.clone());
+        self.cancels.lock().unwrap().insert(key, entry);
+        flag
+    }
+
+    /// The task holding `flag` is over: its entry goes (if no later dispatch replaced it).
+    fn finish(&self, out: &ObjectId, attempt: u64, flag: &Arc<AtomicBool>) {
+        let key = (out.clone(), attempt);
+        let mut c = self.cancels.lock().unwrap();
+        if c.get(&key).is_some_and(|(_, f)| Arc::ptr_eq(f, flag)) {
+            c.remove(&key);
+        }
+    }
+
+    /// `from` stops attempt `attempt` of the task producing `out`: only the coordinator that
+    /// dispatched it may (another member's forged `Cancel` stops nothing). Whether it did.
+    fn cancel(&self, from: NodeId, out: &ObjectId, attempt: u64) -> bool {
+        let key = (out.clone(), attempt);
+        match self.cancels.lock().unwrap().get(&key) {
+            Some((coordinator, f)) if *coordinator == from => {
+                f.store(true, Ordering::Release);
+                true
+            }
+            _ => false,
+        }
+    }
 }
 
 enum Input {
@@ -91,12 +128,8 @@ impl Reducer {
     pub(super) fn start_task(self: &Arc<Self>, from: NodeId, rid: Rid, task: ReduceTask) {
         // Registered before the thread starts, so a Cancel that follows on the same link
         // always finds it.
-        let cancel = Arc::new(AtomicBool::new(false));
-        self.tasks
-            .cancels
-            .lock()
-            .unwrap()
-            .insert((task.out.clone(), task.attempt), cancel.clone());
+        let cancel = self.tasks.register(&task.out, task.attempt, from);
+        let (out, attempt, flag) = (task.out.clone(), task.attempt, cancel.clone());
         let me = self.clone();
         let spawned = self.workers.spawn(move || {
             hop!(me.id, "task running");
@@ -110,29 +143,31 @@ impl Reducer {
                 ?reply,
                 "reduce task ended"
             );
-            let key = (task.out.clone(), task.attempt);
-            let mut c = me.tasks.cancels.lock().unwrap();
-            if c.get(&key).is_some_and(|f| Arc::ptr_eq(f, &cancel)) {
-                c.remove(&key);
-            }
-            drop(c);
+            me.tasks.finish(&task.out, task.attempt, &cancel);
             if !cancel.load(Ordering::Acquire) {
                 let _ = me.rpc.send(from, Msg::Reply { rid, reply });
             }
         });
         if let Err(e) = spawned {
+            self.tasks.finish(&out, attempt, &flag);
             let reply = Reply::Error(format!("spawn: {e}"));
             self.rpc
                 .send_from_transport_thread(from, Msg::Reply { rid, reply });
         }
     }
 
-    /// Stops the task producing `out` dispatched as `attempt`, if it runs here (a later
-    /// dispatch under the same name is another attempt and runs on).
-    pub(super) fn cancel_task(&self, out: &ObjectId, attempt: u64) {
-        let key = (out.clone(), attempt);
-        if let Some(f) = self.tasks.cancels.lock().unwrap().get(&key) {
-            f.store(true, Ordering::Release);
+    /// `from` stops the task producing `out` dispatched as `attempt`, if it runs here and
+    /// `from` dispatched it (a later dispatch under the same name is another attempt and runs
+    /// on).
+    pub(super) fn cancel_task(&self, from: NodeId, out: &ObjectId, attempt: u64) {
+        if !self.tasks.cancel(from, out, attempt) {
+            tracing::debug!(
+                node = self.id,
+                from,
+                out = out.as_str(),
+                attempt,
+                "cancel of no task here"
+            );
         }
     }
 
@@ -440,5 +475,32 @@ impl OnLanded for Combiner {
         if self.step(false).is_err() {
             self.out.kick();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A cancel stops only the attempt it names, and only when it comes from the coordinator
+    /// that dispatched it; a finished task's entry goes, a later dispatch's stays.
+    #[test]
+    fn only_the_dispatching_coordinator_cancels_and_only_its_attempt() {
+        let t = Tasks::default();
+        let out = ObjectId::new("t");
+        let first = t.register(&out, 1, 7);
+        let second = t.register(&out, 2, 7);
+        assert!(
+            !t.cancel(3, &out, 2),
+            "another member's cancel stops nothing"
+        );
+        assert!(!second.load(Ordering::Acquire));
+        assert!(t.cancel(7, &out, 1));
+        assert!(first.load(Ordering::Acquire));
+        assert!(!second.load(Ordering::Acquire), "the later attempt runs on");
+        t.finish(&out, 1, &first);
+        assert!(!t.cancel(7, &out, 1), "a finished task is gone");
+        assert!(t.cancel(7, &out, 2));
+        assert!(second.load(Ordering::Acquire));
     }
 }
