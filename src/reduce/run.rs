@@ -749,6 +749,19 @@ mod tests {
         assert!(run.gather_hints().is_empty());
     }
 
+    /// A chain (degree 1) reduce of `num` of `n` sources `s0..` into `t`, of the partition
+    /// `range` if any.
+    fn chain(n: usize, num: usize, range: Option<(u64, u64)>) -> Run {
+        let sources: Vec<ObjectId> = (0..n).map(|i| ObjectId::new(format!("s{i}"))).collect();
+        let opts = ReduceOptions {
+            degree: Some(1),
+            range,
+            ..Default::default()
+        };
+        let kind = (ReduceOp::Sum, DType::F32);
+        Run::new(ObjectId::new("t"), &sources, num, kind, &opts, LINK)
+    }
+
     fn complete_on(node: NodeId) -> ObjectInfo {
         ObjectInfo {
             size: 64,
@@ -815,13 +828,7 @@ mod tests {
     /// kill). Freed by a repair, its next answer places it again.
     #[test]
     fn an_input_answered_twice_is_placed_once() {
-        let sources: Vec<ObjectId> = (0..3).map(|i| ObjectId::new(format!("s{i}"))).collect();
-        let opts = ReduceOptions {
-            degree: Some(1),
-            ..Default::default()
-        };
-        let kind = (ReduceOp::Sum, DType::F32);
-        let mut run = Run::new(ObjectId::new("t"), &sources, 3, kind, &opts, LINK);
+        let mut run = chain(3, 3, None);
         assert!(run.arrived(0, &complete_on(10)).unwrap());
         assert!(run.arrived(1, &complete_on(11)).unwrap());
         // Input 1 again, from another copy: nothing changes.
@@ -848,14 +855,7 @@ mod tests {
     /// was, in a loop, each send failing at once).
     #[test]
     fn a_dead_position_whose_parent_finished_is_done() {
-        let sources: Vec<ObjectId> = (0..2).map(|i| ObjectId::new(format!("s{i}"))).collect();
-        let opts = ReduceOptions {
-            degree: Some(1),
-            range: Some((0, 32)),
-            ..Default::default()
-        };
-        let kind = (ReduceOp::Sum, DType::F32);
-        let mut run = Run::new(ObjectId::new("t"), &sources, 2, kind, &opts, LINK);
+        let mut run = chain(2, 2, Some((0, 32)));
         assert!(run.arrived(0, &complete_on(1)).unwrap());
         assert!(run.arrived(1, &complete_on(2)).unwrap());
         let tree = run.tree.clone().unwrap();
@@ -880,13 +880,7 @@ mod tests {
     /// in every generation).
     #[test]
     fn a_repair_cancels_the_attempt_it_discards() {
-        let sources: Vec<ObjectId> = (0..2).map(|i| ObjectId::new(format!("s{i}"))).collect();
-        let opts = ReduceOptions {
-            degree: Some(1),
-            ..Default::default()
-        };
-        let kind = (ReduceOp::Sum, DType::F32);
-        let mut run = Run::new(ObjectId::new("t"), &sources, 2, kind, &opts, LINK);
+        let mut run = chain(2, 2, None);
         assert!(run.arrived(0, &complete_on(1)).unwrap());
         assert!(run.arrived(1, &complete_on(2)).unwrap());
         let root_node = run.slots[0].unwrap().1;
@@ -903,13 +897,7 @@ mod tests {
 
     #[test]
     fn a_spare_on_the_dead_node_is_never_placed() {
-        let sources: Vec<ObjectId> = (0..4).map(|i| ObjectId::new(format!("s{i}"))).collect();
-        let opts = ReduceOptions {
-            degree: Some(1),
-            ..Default::default()
-        };
-        let kind = (ReduceOp::Sum, DType::F32);
-        let mut run = Run::new(ObjectId::new("t"), &sources, 2, kind, &opts, LINK);
+        let mut run = chain(4, 2, None);
         // Node 7 holds a placed source and a spare; node 8 a spare that arrived later.
         assert!(run.arrived(0, &complete_on(7)).unwrap());
         assert!(run.arrived(1, &complete_on(1)).unwrap());
