@@ -36,7 +36,8 @@ impl Tasks {
         flag
     }
 
-    /// The task holding `flag` is over: its entry goes (if no later dispatch replaced it).
+    /// The task holding `flag` is over: its entry goes (unless a second `Task` message with
+    /// the same output and attempt, a duplicate or a forgery, replaced it meanwhile).
     fn finish(&self, out: &ObjectId, attempt: u64, flag: &Arc<AtomicBool>) {
         let key = (out.clone(), attempt);
         let mut c = self.cancels.lock().unwrap();
