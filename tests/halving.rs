@@ -257,6 +257,52 @@ fn a_rank_killed_mid_run_leaves_the_survivors_correct() {
     }
 }
 
+/// The coordinator's own rank held up for good after the others have their results: rank
+/// 4, its partner in the last step, stalls (links open, heartbeats going) once it has sent
+/// every block but that last one. The six ranks that completed say so when no word has come
+/// for a while (`HalvingDone`, from their nodes' ticks), which commits the run: they and the
+/// coordinator (reading one of their copies) return the reduce of every input within a few
+/// ticks, not at the run's step wait (10 s), when the coordinator would abandon it for a
+/// tree (12 s before this word existed). Integer sums: any order gives the same bytes.
+#[test]
+fn a_held_up_coordinator_rank_is_committed_by_the_others_word() {
+    let n = 8;
+    let c = LocalCluster::start(n as u32, cfg(), tcp()).unwrap();
+    let inputs: Vec<Vec<u8>> = (0..n).map(|k| input(k, SIZE, DType::I64)).collect();
+    let sources: Vec<ObjectId> = (0..n)
+        .map(|k| ObjectId::new(format!("first/in{k}")))
+        .collect();
+    for k in 0..n {
+        c.node(k).put(sources[k].clone(), &inputs[k]).unwrap();
+    }
+    let target = ObjectId::new("first/out");
+    // Rank k is node k (node 0 coordinates, the inputs in node order). Rank 4 sends S/2,
+    // S/4, S/8 in the reduce-scatter, then S/8, S/4 and last S/2 (to rank 0) in the
+    // allgather.
+    let victim = 4;
+    c.node(victim).inject_fault(FaultPlan {
+        object: target.clone(),
+        after_bytes: 5 * SIZE / 4,
+        action: FaultAction::Stall,
+    });
+    let readers: Vec<usize> = (1..n).filter(|&r| r != victim).collect();
+    let started = std::time::Instant::now();
+    let (all, outcome) = run(&c, &target, &sources, ReduceOp::Sum, DType::I64, &readers);
+    let took = started.elapsed();
+    assert!(c.node(victim).fault_fired(), "the victim stalled");
+    assert!(outcome.tree.is_empty(), "the halving run committed");
+    assert_eq!(outcome.used.len(), n, "every input used");
+    let want = reference(
+        &inputs.iter().collect::<Vec<_>>(),
+        ReduceOp::Sum,
+        DType::I64,
+    );
+    for (i, got) in all.iter().enumerate() {
+        assert!(*got == want, "result {i} (0: the coordinator) is wrong");
+    }
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+}
+
 /// A coordinator that dies after the result is made but before it announces the plan: its
 /// readers get the result, not a timeout. Here no plan is ever put and the result is
 /// complete on one node: readers of a halving size and of a partitioned size both return

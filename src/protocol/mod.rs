@@ -104,6 +104,7 @@ impl Msg {
             Msg::Reduce(ReduceMsg::HalvingBlock { .. }) => "HalvingBlock",
             Msg::Reduce(ReduceMsg::HalvingEnd { .. }) => "HalvingEnd",
             Msg::Reduce(ReduceMsg::HalvingFailed { .. }) => "HalvingFailed",
+            Msg::Reduce(ReduceMsg::HalvingDone { .. }) => "HalvingDone",
             Msg::Store(StoreMsg::Evict { .. }) => "Evict",
             Msg::Member(MemberMsg::Down { .. }) => "MemberDown",
             Msg::Member(MemberMsg::Up { .. }) => "MemberUp",

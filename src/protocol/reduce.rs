@@ -47,6 +47,15 @@ pub enum ReduceMsg {
     /// A rank to the coordinator: its part of run `run` failed (a partner died, a block never
     /// came or was malformed, its input was gone).
     HalvingFailed { target: ObjectId, run: u64 },
+    /// A rank to the coordinator of an allreduce run: it has had the whole result of the
+    /// plan of digest `plan` (so every block was reduced from every input) for a while, and
+    /// no word. The coordinator's own rank completing, or the first such word, commits the
+    /// run.
+    HalvingDone {
+        target: ObjectId,
+        run: u64,
+        plan: [u8; 16],
+    },
 }
 
 /// A halving-doubling allreduce as its coordinator planned it: rank `k` is the node

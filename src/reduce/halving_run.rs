@@ -6,10 +6,12 @@
 //! (one hop); a larger run's plan goes down a binomial tree rooted at the coordinator (each
 //! rank hands it on to the ranks below it before it starts: `ceil(log2 m)` hops, no node
 //! sending more than that many). Every rank pushes its blocks to its partners and waits for
-//! theirs (`Mailbox`). Nothing is announced until the coordinator's own rank has the whole
-//! result (every block was then reduced from every input): the run commits at that moment,
-//! and the thread that completed the coordinator's rank tells every rank (`HalvingEnd {
-//! commit: true }`). Each rank stores and announces its copy where that word (or its own
+//! theirs (`Mailbox`). Nothing is announced until some rank has the whole result (every
+//! block was then reduced from every input): the run commits at that moment, decided at the
+//! coordinator. Its own rank's thread decides when that rank is done; a rank that has had
+//! its result for `WORD_LATE` with no word says so (`HalvingDone`: the coordinator's rank
+//! is held up), and the thread that word lands on decides. Either tells every rank
+//! (`HalvingEnd { commit: true }`). Each rank stores and announces its copy where that word (or its own
 //! result) lands, and its node's reader, which watches for the commit, returns that copy. All
 //! ranks end with the same bytes, so any of them may serve readers. A rank whose partner
 //! dies, whose block does not come, or whose input is gone reports failure; the coordinator
@@ -39,6 +41,16 @@ pub const MAX_RANKS: usize = 1024;
 /// How long a run may go without news (a block, a word) before its ranks give up (at most
 /// the node's op timeout).
 const STEP_WAIT: Duration = Duration::from_secs(10);
+
+/// How long a rank with the whole result waits for the coordinator's word before it says
+/// it has the result (`HalvingDone`, from the node's tick): the word normally comes one hop
+/// after the last ranks are done, so a prompt run costs no message more.
+const WORD_LATE: Duration = Duration::from_millis(20);
+
+/// How long the coordinator waits for its own rank once another rank's word committed the
+/// run: its rank is normally a step behind at most; one held up longer (a partner that
+/// stalls after the others had their blocks) has it read a rank's copy instead.
+const OWN_RANK_AFTER_COMMIT: Duration = Duration::from_millis(100);
 
 /// A run slower than this says where its time went (at debug level).
 const SLOW_RUN: Duration = Duration::from_millis(20);
@@ -260,13 +272,15 @@ impl Reducer {
                 let v = p.state.into_result().expect("done");
                 hop!(self.id, "halving rank has the result");
                 if plan.coordinator == self.id && self.halving.decide(&key, true) && !plan.reduce {
-                    // The coordinator has every block reduced from every input: the run's
-                    // result is final. The ranks commit now, while this node stores its own.
+                    // Every block was reduced from every input: the run's result is final.
+                    // The ranks commit now, while this node stores its own.
                     self.send_end(&plan, true);
                 }
                 return match self.halving.rank_finished(&key, Ok(v)) {
                     End::Commit(v) => self.commit(key.0, key.1, v),
                     End::Over => self.halving.finish(&key, Outcome::Abandoned),
+                    // No word yet: it comes one hop after the coordinator's own rank is
+                    // done; if it does not come soon, the tick says this rank is done.
                     End::Wait => {}
                 };
             }
@@ -310,6 +324,21 @@ impl Reducer {
             End::Commit(v) => self.commit(target, run, v),
             End::Over => self.halving.finish(&(target, run), Outcome::Abandoned),
             End::Wait => {}
+        }
+    }
+
+    /// A rank's word that it has the whole result of a run coordinated here landed: the
+    /// first such word, if nothing was decided yet, commits the run (every block was
+    /// reduced from every input) and every rank is told, that one first.
+    pub(super) fn halving_done(&self, from: NodeId, target: ObjectId, run: u64, plan: [u8; 16]) {
+        let key = (target, run);
+        if let Some(ranks) = self.halving.rank_done(&key, from, plan) {
+            hop!(
+                self.id,
+                "halving run committed by a rank's word",
+                from = from as u64
+            );
+            self.send_end_to(&key, plan, &ranks, true);
         }
     }
 
@@ -368,6 +397,18 @@ impl Reducer {
         if !self.halving.has_runs() {
             return;
         }
+        // Ranks that have had the whole result for a while with no word: the coordinator's
+        // own rank is held up (its last partner stalled, say). Their word commits the run.
+        for ((target, run), coordinator, plan) in self.halving.waiting_for_word(WORD_LATE) {
+            hop!(
+                self.id,
+                "halving rank says it has the result",
+                to = coordinator as u64
+            );
+            let msg = ReduceMsg::HalvingDone { target, run, plan };
+            self.rpc
+                .send_without_blocking(coordinator, Msg::Reduce(msg));
+        }
         let members = &self.members;
         for ((target, run), coordinator) in self
             .halving
@@ -384,11 +425,21 @@ impl Reducer {
     /// dispatcher when a link is busy; a rank that does not hear it gives up on its own, at
     /// the tick's sweep).
     fn send_end(&self, plan: &HalvingPlan, commit: bool) {
-        let digest = plan.digest();
-        for n in plan.ranks.iter().map(|r| r.0).filter(|&n| n != self.id) {
+        let others: Vec<NodeId> = plan
+            .ranks
+            .iter()
+            .map(|r| r.0)
+            .filter(|&n| n != self.id)
+            .collect();
+        self.send_end_to(&key_of(plan), plan.digest(), &others, commit);
+    }
+
+    /// Tells `ranks` how run `key` of the plan of digest `digest` ends (see `send_end`).
+    fn send_end_to(&self, key: &RunKey, digest: [u8; 16], ranks: &[NodeId], commit: bool) {
+        for &n in ranks {
             let end = ReduceMsg::HalvingEnd {
-                target: plan.target.clone(),
-                run: plan.run,
+                target: key.0.clone(),
+                run: key.1,
                 commit,
                 plan: digest,
             };
@@ -398,9 +449,10 @@ impl Reducer {
 
     /// Coordinates run `plan` (this node is one of its ranks): hands the plan to the ranks
     /// below it in the plan's tree (each hands it on), runs its own rank, and decides. The
-    /// run commits the moment the coordinator's rank has the whole result (every block was
-    /// then reduced from every input): the thread that completes it tells the ranks at once,
-    /// and this one stores the result here. It is abandoned, before anything was announced,
+    /// run commits the moment the coordinator's rank has the whole result, or when another
+    /// rank says it has (`HalvingDone`, when the coordinator's rank is held up) (every block was then reduced from every input): the thread that
+    /// learns it tells the ranks at once, and this one stores the result here once its own
+    /// rank has it (if that rank fails after the commit, it reads a rank's copy). It is abandoned, before anything was announced,
     /// if a rank fails, dies or stalls first (the caller then uses a tree).
     /// `announce` tells readers the plan, once the run is decided (readers on the ranks'
     /// nodes mostly learn of the commit from their own run first).
@@ -423,6 +475,9 @@ impl Reducer {
             .filter(|&n| n != self.id)
             .collect();
         self.halving.register(&key, self.id, plan.digest());
+        if !plan.reduce {
+            self.halving.coordinate(&key, others.clone());
+        }
         let t0 = std::time::Instant::now();
         let plan = Arc::new(plan.clone());
         let mut sent = true;
@@ -438,7 +493,15 @@ impl Reducer {
         }
         let tasks_sent = t0.elapsed();
         let members = &self.members;
+        let behind = |v: &RunView| {
+            v.committed_by_rank
+                .is_some_and(|d| d > OWN_RANK_AFTER_COMMIT)
+                .then_some(Gave::Timeout)
+        };
         let watch = |v: &RunView| {
+            if let Some(g) = behind(v) {
+                return Some(g);
+            }
             // Failure reports count from the run's ranks only.
             if v.failed.iter().any(|n| others.contains(n)) {
                 return Some(Gave::Abandoned);
@@ -469,8 +532,9 @@ impl Reducer {
                 self.send_end(&plan, false);
                 None
             }
-            // Committed meanwhile: the result is here, or about to be.
-            Err(_) => match self.halving.wait_result(&key, self.step_wait(), &|_| None) {
+            // Committed meanwhile: the result is here, or about to be (if another rank's
+            // word committed it and this rank is held up, a rank's copy is read instead).
+            Err(_) => match self.halving.wait_result(&key, self.step_wait(), &behind) {
                 Ok(Ok(v)) => Some(v),
                 _ => {
                     announce()?;

@@ -90,10 +90,17 @@ struct RunBox {
     digest: Option<[u8; 16]>,
     /// This node's rank while it waits for a block.
     parked: Option<Parked>,
-    /// This node's rank's result (or why it failed), once it has one.
+    /// This node's rank's result (or why it failed), once it has one, since when, and
+    /// whether the coordinator was told (`HalvingDone`) that it is here with no word.
     result: Option<Result<Vec<u8>, String>>,
+    result_at: Option<Instant>,
+    said_done: bool,
     /// The coordinator's decision (on the coordinator's node): commit, or abandon.
     decided: Option<bool>,
+    /// On the coordinator's node: the run's other ranks (whose `HalvingDone` may commit it),
+    /// and when one of them did.
+    others: Vec<NodeId>,
+    committed_by_rank: Option<Instant>,
     /// When something last happened to the run here.
     touched: Instant,
 }
@@ -109,7 +116,11 @@ impl Default for RunBox {
             digest: None,
             parked: None,
             result: None,
+            result_at: None,
+            said_done: false,
             decided: None,
+            others: Vec::new(),
+            committed_by_rank: None,
             touched: Instant::now(),
         }
     }
@@ -254,8 +265,29 @@ impl Mailbox {
             (Ok(_), None) => End::Wait,
         };
         b.result = Some(result);
+        b.result_at = Some(Instant::now());
         self.changed.notify_all();
         end
+    }
+
+    /// Runs whose rank here has had its whole result for `late` with no word from its
+    /// coordinator (another node; once per run): (run, coordinator, plan digest), for a
+    /// `HalvingDone`.
+    pub fn waiting_for_word(&self, late: Duration) -> Vec<(RunKey, NodeId, [u8; 16])> {
+        let mut st = self.lock();
+        let mut due = Vec::new();
+        for (k, b) in st.runs.iter_mut() {
+            let (Some(c), Some(d), Some(Ok(_)), Some(at)) =
+                (b.coordinator, b.digest, &b.result, b.result_at)
+            else {
+                continue;
+            };
+            if b.end.is_none() && b.others.is_empty() && !b.said_done && at.elapsed() >= late {
+                b.said_done = true;
+                due.push((k.clone(), c, d));
+            }
+        }
+        due
     }
 
     /// The coordinator decides how the run ends (`commit`, or abandon): true if this call
@@ -275,6 +307,36 @@ impl Mailbox {
         }
         b.decided = Some(commit);
         true
+    }
+
+    /// On the coordinator's node: the run's other ranks, any of which may commit the run by
+    /// saying it has the whole result ([`Mailbox::rank_done`]).
+    pub fn coordinate(&self, key: &RunKey, others: Vec<NodeId>) {
+        let mut st = self.lock();
+        st.run(key).others = others;
+        st.bound();
+    }
+
+    /// On the coordinator's node: rank `from` has the whole result of the plan of digest
+    /// `plan`. Commits the run if it is one this node coordinates, `from` is one of its
+    /// ranks, the plan is the coordinator's and nothing was decided yet: then the ranks to
+    /// tell, `from` first (it waits for the word). `None`: ignored (forged, late, or
+    /// decided already).
+    pub fn rank_done(&self, key: &RunKey, from: NodeId, plan: [u8; 16]) -> Option<Vec<NodeId>> {
+        let mut st = self.lock();
+        if st.outcomes.contains_key(key) {
+            return None;
+        }
+        let b = st.runs.get_mut(key)?;
+        if !b.others.contains(&from) || b.digest != Some(plan) || b.decided.is_some() {
+            return None;
+        }
+        b.decided = Some(true);
+        b.committed_by_rank = Some(Instant::now());
+        let mut tell = vec![from];
+        tell.extend(b.others.iter().copied().filter(|&n| n != from));
+        self.changed.notify_all();
+        Some(tell)
     }
 
     /// The coordinator's last word on a run (kept with the node that said it), and what it
@@ -490,12 +552,15 @@ impl Drop for CommitWatch {
 /// What a waiter may look at while it waits: the failure reports of its run.
 pub(crate) struct RunView {
     pub failed: Vec<NodeId>,
+    /// How long ago another rank's word committed the run (on its coordinator's node).
+    pub committed_by_rank: Option<Duration>,
 }
 
 impl RunView {
     fn of(b: Option<&RunBox>) -> RunView {
         RunView {
             failed: b.map(|b| b.failed.clone()).unwrap_or_default(),
+            committed_by_rank: b.and_then(|b| b.committed_by_rank).map(|t| t.elapsed()),
         }
     }
 }
@@ -644,6 +709,64 @@ mod tests {
         // Never registered or pushed out: abandoned, never committed.
         assert!(!m.decide(&key("t", 9), true));
         assert!(m.decide(&key("t", 10), false));
+    }
+
+    #[test]
+    fn a_rank_with_the_result_commits_once_and_only_a_rank_of_the_plan() {
+        let m = Mailbox::default();
+        let k = key("t", 1);
+        m.register(&k, 0, D);
+        m.coordinate(&k, vec![1, 2, 3]);
+        // Not a rank, another plan, another run: ignored, nothing decided.
+        assert_eq!(m.rank_done(&k, 9, D), None);
+        assert_eq!(m.rank_done(&k, 2, [9; 16]), None);
+        assert_eq!(m.rank_done(&key("t", 2), 2, D), None);
+        // A rank of the plan: committed, that rank told first.
+        assert_eq!(m.rank_done(&k, 2, D), Some(vec![2, 1, 3]));
+        // The first decision stands: a second word, the coordinator's own rank, an abandon.
+        assert_eq!(m.rank_done(&k, 3, D), None);
+        assert!(!m.decide(&k, true));
+        assert!(!m.decide(&k, false));
+        // Abandoned first: a late word commits nothing.
+        let a = key("t", 3);
+        m.register(&a, 0, D);
+        m.coordinate(&a, vec![1, 2]);
+        assert!(m.decide(&a, false));
+        assert_eq!(m.rank_done(&a, 1, D), None);
+        // A node that does not coordinate the run (no ranks given) commits nothing.
+        let r = key("t", 4);
+        m.register(&r, 5, D);
+        assert_eq!(m.rank_done(&r, 1, D), None);
+        assert!(m.decide(&r, false));
+    }
+
+    #[test]
+    fn a_rank_long_done_without_a_word_says_so_once() {
+        let m = Mailbox::default();
+        let (k, failed, told, coord) = (key("t", 1), key("t", 2), key("t", 3), key("t", 4));
+        for x in [&k, &failed, &told] {
+            m.register(x, 5, D);
+        }
+        m.register(&coord, 0, D);
+        m.coordinate(&coord, vec![1, 2]);
+        assert!(
+            m.waiting_for_word(Duration::ZERO).is_empty(),
+            "no result yet"
+        );
+        assert!(matches!(m.rank_finished(&k, Ok(vec![1])), End::Wait));
+        m.rank_finished(&failed, Err("partner gone".into()));
+        m.rank_finished(&coord, Ok(vec![1]));
+        assert!(matches!(m.put_end("t".into(), 3, 5, true, D), End::Wait));
+        assert!(matches!(
+            m.rank_finished(&told, Ok(vec![1])),
+            End::Commit(_)
+        ));
+        // Not late yet.
+        assert!(m.waiting_for_word(Duration::from_secs(60)).is_empty());
+        // Late: only the rank with a result and no word, on a node that does not
+        // coordinate the run; once.
+        assert_eq!(m.waiting_for_word(Duration::ZERO), vec![(k.clone(), 5, D)]);
+        assert!(m.waiting_for_word(Duration::ZERO).is_empty());
     }
 
     #[test]

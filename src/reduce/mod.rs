@@ -240,6 +240,9 @@ impl Reducer {
                 plan,
             } => self.halving_end(from, target, run, commit, plan),
             ReduceMsg::HalvingFailed { target, run } => self.halving.put_failed(target, run, from),
+            ReduceMsg::HalvingDone { target, run, plan } => {
+                self.halving_done(from, target, run, plan)
+            }
         }
     }
 
