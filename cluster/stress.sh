@@ -42,6 +42,10 @@ bin=$(cd "$ROOT" && cargo test --release --test "$test_name" --no-run 2>&1 |
     sed -n 's/.*Executable .*(\(.*\))$/\1/p' | tail -1)
 [ -x "$ROOT/$bin" ] && bin="$ROOT/$bin"
 [ -x "$bin" ] || { echo "stress.sh: no test binary for $test_name" >&2; exit 2; }
+# A filter that matches no test would make every run "pass": refuse it up front.
+matched=$("$bin" $filter --list 2>/dev/null | grep -c ': test$' || true)
+[ "$matched" -gt 0 ] || { echo "stress.sh: no test of $test_name matches '$filter' (a substring, not a pattern)" >&2; exit 2; }
+echo "stress.sh: $matched test(s) of $test_name match '$filter'" >&2
 
 one_copy() {
     local copy=$1 end=$((SECONDS + minutes * 60)) i pid waited rc
