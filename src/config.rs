@@ -25,7 +25,8 @@ pub struct NodeConfig {
     pub op_timeout: Duration,
     /// Granularity at which `put` copies into the arena (and publishes progress).
     pub put_step: u64,
-    /// How long a caller spins for a reply before sleeping.
+    /// How long a caller polls for a reply (yielding its core between looks) before it
+    /// sleeps.
     pub spin_wait: Duration,
     /// Fixed round-trip latency for the reduce degree model (default: measured).
     pub latency_override: Option<Duration>,
@@ -64,7 +65,7 @@ impl Default for NodeConfig {
             huge_pages: false,
             op_timeout: Duration::from_secs(300),
             put_step: 1 << 20,
-            spin_wait: Duration::from_micros(30),
+            spin_wait: Duration::from_micros(200),
             latency_override: None,
             bandwidth_override: None,
             allreduce_partition_min: crate::allreduce::PARTITION_MIN,
@@ -157,7 +158,8 @@ pub struct ClusterConfig {
     pub device: Option<String>,
     /// RoCE GID index (transport = "rdma"); default: the IPv4-mapped GID.
     pub gid_index: Option<u8>,
-    /// How long a caller spins for a reply before it sleeps, in microseconds (default 30).
+    /// How long a caller polls for a reply (yielding its core between looks) before it
+    /// sleeps, in microseconds (default 200).
     /// Set 0 where nodes share cores (emulated hosts): a spinning waiter then takes the CPU
     /// the peer it waits for needs.
     pub spin_wait_us: Option<u64>,
