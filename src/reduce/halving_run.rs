@@ -11,8 +11,9 @@
 //! coordinator. Its own rank's thread decides when that rank is done; a rank that has had
 //! its result for `WORD_LATE` with no word says so (`HalvingDone`: the coordinator's rank
 //! is held up), and the thread that word lands on decides. Either tells every rank
-//! (`HalvingEnd { commit: true }`). Each rank stores and announces its copy where that word (or its own
-//! result) lands, and its node's reader, which watches for the commit, returns that copy. All
+//! (`HalvingEnd { commit: true }`). Each rank stores and announces its copy where that word
+//! (or its own result) lands, and its node's reader, which watches for the commit, returns
+//! that copy. All
 //! ranks end with the same bytes, so any of them may serve readers. A rank whose partner
 //! dies, whose block does not come, or whose input is gone reports failure; the coordinator
 //! then abandons the run (`commit: false`) before anything was announced, and the caller
@@ -449,11 +450,12 @@ impl Reducer {
 
     /// Coordinates run `plan` (this node is one of its ranks): hands the plan to the ranks
     /// below it in the plan's tree (each hands it on), runs its own rank, and decides. The
-    /// run commits the moment the coordinator's rank has the whole result, or when another
-    /// rank says it has (`HalvingDone`, when the coordinator's rank is held up) (every block was then reduced from every input): the thread that
-    /// learns it tells the ranks at once, and this one stores the result here once its own
-    /// rank has it (if that rank fails after the commit, it reads a rank's copy). It is abandoned, before anything was announced,
-    /// if a rank fails, dies or stalls first (the caller then uses a tree).
+    /// run commits the moment the coordinator's rank has the whole result (every block was
+    /// then reduced from every input), or when another rank says it has (`HalvingDone`, when
+    /// the coordinator's rank is held up): the thread that learns it tells the ranks at once,
+    /// and this one stores the result here once its own rank has it (if that rank is held up
+    /// or fails after the commit, it reads a rank's copy). It is abandoned, before anything
+    /// was announced, if a rank fails, dies or stalls first (the caller then uses a tree).
     /// `announce` tells readers the plan, once the run is decided (readers on the ranks'
     /// nodes mostly learn of the commit from their own run first).
     pub(crate) fn coordinate_halving(
