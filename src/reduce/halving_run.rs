@@ -400,7 +400,8 @@ impl Reducer {
         }
         // Ranks that have had the whole result for a while with no word: the coordinator's
         // own rank is held up (its last partner stalled, say). Their word commits the run.
-        for ((target, run), coordinator, plan) in self.halving.waiting_for_word(WORD_LATE) {
+        for ((target, run), coordinator, plan) in self.halving.waiting_for_word(self.id, WORD_LATE)
+        {
             hop!(
                 self.id,
                 "halving rank says it has the result",

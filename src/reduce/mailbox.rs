@@ -271,9 +271,9 @@ impl Mailbox {
     }
 
     /// Runs whose rank here has had its whole result for `late` with no word from its
-    /// coordinator (another node; once per run): (run, coordinator, plan digest), for a
-    /// `HalvingDone`.
-    pub fn waiting_for_word(&self, late: Duration) -> Vec<(RunKey, NodeId, [u8; 16])> {
+    /// coordinator (a node other than `me`; once per run): (run, coordinator, plan digest),
+    /// for a `HalvingDone`.
+    pub fn waiting_for_word(&self, me: NodeId, late: Duration) -> Vec<(RunKey, NodeId, [u8; 16])> {
         let mut st = self.lock();
         let mut due = Vec::new();
         for (k, b) in st.runs.iter_mut() {
@@ -282,7 +282,7 @@ impl Mailbox {
             else {
                 continue;
             };
-            if b.end.is_none() && b.others.is_empty() && !b.said_done && at.elapsed() >= late {
+            if c != me && b.end.is_none() && !b.said_done && at.elapsed() >= late {
                 b.said_done = true;
                 due.push((k.clone(), c, d));
             }
@@ -750,7 +750,7 @@ mod tests {
         m.register(&coord, 0, D);
         m.coordinate(&coord, vec![1, 2]);
         assert!(
-            m.waiting_for_word(Duration::ZERO).is_empty(),
+            m.waiting_for_word(0, Duration::ZERO).is_empty(),
             "no result yet"
         );
         assert!(matches!(m.rank_finished(&k, Ok(vec![1])), End::Wait));
@@ -762,11 +762,14 @@ mod tests {
             End::Commit(_)
         ));
         // Not late yet.
-        assert!(m.waiting_for_word(Duration::from_secs(60)).is_empty());
+        assert!(m.waiting_for_word(0, Duration::from_secs(60)).is_empty());
         // Late: only the rank with a result and no word, on a node that does not
-        // coordinate the run; once.
-        assert_eq!(m.waiting_for_word(Duration::ZERO), vec![(k.clone(), 5, D)]);
-        assert!(m.waiting_for_word(Duration::ZERO).is_empty());
+        // coordinate the run (node 0 here); once.
+        assert_eq!(
+            m.waiting_for_word(0, Duration::ZERO),
+            vec![(k.clone(), 5, D)]
+        );
+        assert!(m.waiting_for_word(0, Duration::ZERO).is_empty());
     }
 
     #[test]
