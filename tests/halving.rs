@@ -267,27 +267,15 @@ fn a_rank_killed_mid_run_leaves_the_survivors_correct() {
 #[test]
 fn a_held_up_coordinator_rank_is_committed_by_the_others_word() {
     let n = 8;
-    let c = LocalCluster::start(n as u32, cfg(), tcp()).unwrap();
-    let inputs: Vec<Vec<u8>> = (0..n).map(|k| input(k, SIZE, DType::I64)).collect();
-    let sources: Vec<ObjectId> = (0..n)
-        .map(|k| ObjectId::new(format!("first/in{k}")))
-        .collect();
-    for k in 0..n {
-        c.node(k).put(sources[k].clone(), &inputs[k]).unwrap();
-    }
-    let target = ObjectId::new("first/out");
     // Rank k is node k (node 0 coordinates, the inputs in node order). Rank 4 sends S/2,
     // S/4, S/8 in the reduce-scatter, then S/8, S/4 and last S/2 (to rank 0) in the
     // allgather.
     let victim = 4;
-    c.node(victim).inject_fault(FaultPlan {
-        object: target.clone(),
-        after_bytes: 5 * SIZE / 4,
-        action: FaultAction::Stall,
-    });
+    let k = Killed::with(n, "first", victim, 5 * SIZE / 4, FaultAction::Stall);
+    let (c, inputs, sources, target) = (&k.c, &k.inputs, &k.sources, &k.target);
     let readers: Vec<usize> = (1..n).filter(|&r| r != victim).collect();
     let started = std::time::Instant::now();
-    let (all, outcome) = run(&c, &target, &sources, ReduceOp::Sum, DType::I64, &readers);
+    let (all, outcome) = run(c, target, sources, ReduceOp::Sum, DType::I64, &readers);
     let took = started.elapsed();
     assert!(c.node(victim).fault_fired(), "the victim stalled");
     assert!(outcome.tree.is_empty(), "the halving run committed");
@@ -462,6 +450,13 @@ struct Killed {
 
 impl Killed {
     fn start(n: usize, tag: &str, seed: u64, after: u64) -> Killed {
+        let victim = 1 + seed as usize % (n - 1);
+        Killed::with(n, tag, victim, after, FaultAction::DropLinks)
+    }
+
+    /// `n` nodes, input k put on node k; node `victim` does `action` once it has sent
+    /// `after` bytes of the target.
+    fn with(n: usize, tag: &str, victim: usize, after: u64, action: FaultAction) -> Killed {
         let c = LocalCluster::start(n as u32, cfg(), tcp()).unwrap();
         let inputs: Vec<Vec<u8>> = (0..n).map(|k| input(k, SIZE, DType::I64)).collect();
         let sources: Vec<ObjectId> = (0..n)
@@ -470,12 +465,11 @@ impl Killed {
         for k in 0..n {
             c.node(k).put(sources[k].clone(), &inputs[k]).unwrap();
         }
-        let victim = 1 + seed as usize % (n - 1);
         let target = ObjectId::new(format!("{tag}/out"));
         c.node(victim).inject_fault(FaultPlan {
             object: target.clone(),
             after_bytes: after,
-            action: FaultAction::DropLinks,
+            action,
         });
         Killed {
             c,

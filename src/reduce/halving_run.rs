@@ -427,13 +427,17 @@ impl Reducer {
     /// dispatcher when a link is busy; a rank that does not hear it gives up on its own, at
     /// the tick's sweep).
     fn send_end(&self, plan: &HalvingPlan, commit: bool) {
-        let others: Vec<NodeId> = plan
-            .ranks
+        let others = self.other_ranks(plan);
+        self.send_end_to(&key_of(plan), plan.digest(), &others, commit);
+    }
+
+    /// The nodes of `plan`'s ranks but this one.
+    fn other_ranks(&self, plan: &HalvingPlan) -> Vec<NodeId> {
+        plan.ranks
             .iter()
             .map(|r| r.0)
             .filter(|&n| n != self.id)
-            .collect();
-        self.send_end_to(&key_of(plan), plan.digest(), &others, commit);
+            .collect()
     }
 
     /// Tells `ranks` how run `key` of the plan of digest `digest` ends (see `send_end`).
@@ -471,12 +475,7 @@ impl Reducer {
                 "the coordinator is not this node".into(),
             ));
         }
-        let others: Vec<NodeId> = plan
-            .ranks
-            .iter()
-            .map(|r| r.0)
-            .filter(|&n| n != self.id)
-            .collect();
+        let others = self.other_ranks(plan);
         self.halving.register(&key, self.id, plan.digest());
         if !plan.reduce {
             self.halving.coordinate(&key, others.clone());
