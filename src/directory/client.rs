@@ -181,6 +181,10 @@ impl DirClient {
                 Err(Error::PeerDown(_)) if Instant::now() < deadline && !self.rpc.is_closed() => {
                     std::thread::sleep(Duration::from_millis(50));
                 }
+                // Says which object: a timeout alone names only the shard and the request.
+                Err(Error::Timeout(d, what)) => {
+                    return Err(Error::Timeout(d, format!("{what} (locating {id})")))
+                }
                 Err(e) => return Err(e),
             }
         }
