@@ -389,7 +389,7 @@ impl Rpc {
                     Some(kind) => format!("a reply from node {to} to {kind}"),
                     None => format!("a reply from node {to}"),
                 };
-                tracing::warn!(node = self.id, rid = sent_rid, "no {what}");
+                tracing::warn!(node = self.id, rid = sent_rid, "gave up waiting for {what}");
                 Err(Error::Timeout(start.elapsed(), what))
             }
         }
