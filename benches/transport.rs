@@ -72,7 +72,7 @@ fn cluster(arena: u64) -> LocalCluster {
         2,
         NodeConfig {
             arena_size: arena,
-            // PHALANX_SPIN_US overrides how long callers spin for a reply (RTT experiments).
+            // PHALANX_SPIN_US overrides how long callers poll for a reply (RTT experiments).
             spin_wait: std::env::var("PHALANX_SPIN_US")
                 .ok()
                 .and_then(|v| v.parse().ok())

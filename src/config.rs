@@ -160,7 +160,7 @@ pub struct ClusterConfig {
     pub gid_index: Option<u8>,
     /// How long a caller polls for a reply (yielding its core between looks) before it
     /// sleeps, in microseconds (default 200).
-    /// Set 0 where nodes share cores (emulated hosts): a spinning waiter then takes the CPU
+    /// Set 0 where nodes share cores (emulated hosts): a polling waiter then takes the CPU
     /// the peer it waits for needs.
     pub spin_wait_us: Option<u64>,
     /// TCP: how long a reader thread keeps polling its links after the last frame before it

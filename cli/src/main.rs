@@ -109,7 +109,7 @@ struct BenchArgs {
     iters: usize,
     #[arg(long, default_value_t = 2)]
     warmup: usize,
-    /// With --local: how long a caller spins for a reply before it sleeps, in microseconds
+    /// With --local: how long a caller polls for a reply (yielding) before it sleeps, in us
     /// (default: the node's default). Across processes, `spin_wait_us` in the config.
     #[arg(long)]
     spin_wait_us: Option<u64>,
