@@ -549,7 +549,8 @@ impl Drop for CommitWatch {
     }
 }
 
-/// What a waiter may look at while it waits: the failure reports of its run.
+/// What a waiter may look at while it waits: the failure reports of its run, and whether
+/// another rank's word committed it.
 pub(crate) struct RunView {
     pub failed: Vec<NodeId>,
     /// How long ago another rank's word committed the run (on its coordinator's node).
