@@ -348,18 +348,18 @@ impl Rpc {
     ) -> Result<Reply> {
         let start = Instant::now();
         let mut sent_rid = NO_RID;
-        let mut sent_kind = None;
+        let mut sent_kind = "";
         let rx = self.call_async(to, |rid| {
             sent_rid = rid;
             let msg = make(rid);
-            sent_kind = Some(msg.kind());
+            sent_kind = msg.kind();
             msg
         })?;
         // Replies take tens of microseconds: poll for them before parking, which saves the
         // wake-up of a sleeping thread (25-50 us on these hosts, a third of a 64 KiB get on
         // loopback). The poll yields the core between looks, so that a reader or the
         // serving node that shares it runs at once (a plain spin held it, and made the
-        // 64 KiB get slower, not faster: README, "Loopback gets").
+        // 64 KiB get slower, not faster: README, "A caller polls for its reply").
         let spin_until = Instant::now() + self.spin_wait;
         let first = loop {
             match rx.try_recv() {
@@ -385,10 +385,8 @@ impl Rpc {
                 if let Some(m) = cancel(sent_rid) {
                     let _ = self.send(to, m);
                 }
-                let what = match sent_kind {
-                    Some(kind) => format!("a reply from node {to} to {kind}"),
-                    None => format!("a reply from node {to}"),
-                };
+                // The request was made (`call_async` returned): its kind is known.
+                let what = format!("a reply from node {to} to {sent_kind}");
                 tracing::warn!(node = self.id, rid = sent_rid, "gave up waiting for {what}");
                 Err(Error::Timeout(start.elapsed(), what))
             }
