@@ -55,7 +55,18 @@ pub struct NodeConfig {
     /// `crate::halving::HALVING_GRACE`: inputs that come one by one are reduced sooner by
     /// a tree, which places them as they come).
     pub halving_grace: Duration,
+    /// How long an object whose every copy died with its node (no complete copy and no
+    /// producer's left) is waited for, by the readers it has and the directory, before they
+    /// are told it is lost (`Error::ObjectLost`): long enough for a producer that recomputes
+    /// it (a reduce's repair resets it) to learn of the death and say so. Default
+    /// [`LOST_AFTER`].
+    pub lost_after: Duration,
 }
+
+/// The default [`NodeConfig::lost_after`]: a few heartbeat timeouts of the defaults, so that
+/// every node has learned of the death (by its own links or the news of others) and a
+/// producer has reset what it recomputes.
+pub const LOST_AFTER: Duration = Duration::from_secs(5);
 
 impl Default for NodeConfig {
     fn default() -> Self {
@@ -73,6 +84,7 @@ impl Default for NodeConfig {
             reduce_halving_min: crate::halving::HALVING_REDUCE_MIN,
             reduce_halving_max: crate::halving::HALVING_REDUCE_MAX,
             halving_grace: crate::halving::HALVING_GRACE,
+            lost_after: LOST_AFTER,
         }
     }
 }
@@ -207,6 +219,9 @@ pub struct ClusterConfig {
     /// Microseconds a halving run's coordinator waits for every input, beyond four round
     /// trips, before it takes a tree (default 2000).
     pub halving_grace_us: Option<u64>,
+    /// Milliseconds an object whose every copy died is waited for before its readers are
+    /// told it is lost (default 5000; see `NodeConfig::lost_after`).
+    pub lost_after_ms: Option<u64>,
     /// `"mesh"` or `"on_demand"`; default: a mesh up to 32 nodes, on demand beyond.
     pub connect: Option<Connect>,
     pub nodes: Vec<NodeEntry>,
@@ -240,6 +255,9 @@ impl ClusterConfig {
         }
         if c.op_timeout_s == Some(0) {
             return Err("op_timeout_s must be at least 1".into());
+        }
+        if c.lost_after_ms == Some(0) {
+            return Err("lost_after_ms must be at least 1".into());
         }
         if c.handshake_timeout_ms == Some(0) {
             return Err("handshake_timeout_ms must be at least 1".into());
@@ -296,6 +314,9 @@ impl ClusterConfig {
             reduce_halving_max: self.reduce_halving_max.map_or(d.reduce_halving_max, |m| {
                 m.min(crate::allreduce::HALVING_LIMIT)
             }),
+            lost_after: self
+                .lost_after_ms
+                .map_or(d.lost_after, Duration::from_millis),
             ..d
         }
     }
@@ -475,6 +496,15 @@ mod tests {
             Duration::from_micros(500)
         );
         assert_eq!(reduce("reduce_halving_max = 0\n"), (d.0, 0));
+        assert_eq!(node("").lost_after, LOST_AFTER);
+        assert_eq!(
+            node("lost_after_ms = 750\n").lost_after,
+            Duration::from_millis(750)
+        );
+        assert!(ClusterConfig::parse(
+            "lost_after_ms = 0\n[[nodes]]\nid = 0\naddr = \"127.0.0.1:1\"\n"
+        )
+        .is_err());
         assert_eq!(
             reduce("reduce_halving_min = 4096\nreduce_halving_max = 1099511627776\n"),
             (4096, crate::allreduce::HALVING_LIMIT)

@@ -6,6 +6,11 @@ use phalanx_transport::{NodeId, TransportError};
 pub enum Error {
     #[error("object {0} not found")]
     NotFound(ObjectId),
+    /// Every copy of the object was on nodes that died (none complete and none being
+    /// produced is left), and no producer reset it or put it again within
+    /// `NodeConfig::lost_after`: it exists no more until it is put again.
+    #[error("object {0} lost: every copy was on nodes that died")]
+    ObjectLost(ObjectId),
     #[error("object {0} already exists on this node")]
     AlreadyExists(ObjectId),
     #[error("object of {requested} bytes does not fit in the arena ({free} of {capacity} bytes free after evicting every unpinned copy)")]

@@ -24,7 +24,9 @@ mod view;
 mod workers;
 
 pub use cluster::{LocalCluster, TransportSettings};
-pub use config::{ClusterConfig, Connect, NodeConfig, TransportKind, INLINE_LIMIT, MESH_MAX_NODES};
+pub use config::{
+    ClusterConfig, Connect, NodeConfig, TransportKind, INLINE_LIMIT, LOST_AFTER, MESH_MAX_NODES,
+};
 pub use error::{Error, Result};
 pub use fault::{FaultAction, FaultPlan};
 pub use id::ObjectId;

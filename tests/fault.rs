@@ -801,3 +801,84 @@ fn a_stalled_chain_of_forwarded_readers_recovers() {
         "node 2 chained on node 1's copy: {log:?}"
     );
 }
+
+/// Every copy of an object dies with its node: a get waiting for it, one pulling it when the
+/// source dies, and one asked after fail as `ObjectLost` once `lost_after` passed, long
+/// before the op timeout; a get of an object never put still waits; put again, the object
+/// is read as any other.
+#[test]
+fn a_get_of_an_object_whose_every_copy_died_fails_as_lost() {
+    use phalanx::Error;
+    let lost_after = Duration::from_secs(1);
+    let c = LocalCluster::start(
+        5,
+        NodeConfig {
+            lost_after,
+            ..cfg()
+        },
+        tcp(),
+    )
+    .unwrap();
+    let victim = 1;
+    let id = name_on(c.node(0), "lost", 0);
+    let data = pattern(91);
+    c.node(victim).put(id.clone(), &data).unwrap();
+    // Node 3 pulls from the only copy; node 4 waits for a source meanwhile (the one copy
+    // serves one receiver at a time, and 3's partial copy is excluded by no one, so 4 may
+    // read from 3: either way every byte comes from the victim).
+    let reader = |k: usize| {
+        let n = c.node(k).clone();
+        let id = id.clone();
+        std::thread::spawn(move || {
+            let r = n.get(id);
+            (r, Instant::now())
+        })
+    };
+    let h3 = reader(3);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while c
+        .node(3)
+        .local_copy(id.clone())
+        .is_none_or(|i| i.watermark < 4 << 20)
+    {
+        assert!(Instant::now() < deadline, "node 3 never started pulling");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let h4 = reader(4);
+    let killed = Instant::now();
+    c.node(victim).kill();
+    for (k, h) in [(3, h3), (4, h4)] {
+        let (r, at) = h.join().unwrap();
+        match r {
+            Err(Error::ObjectLost(got)) => assert_eq!(got, id),
+            // 4 may have finished from 3's copy... never: 3's copy could not complete.
+            other => panic!(
+                "node {k}: expected ObjectLost, got {:?}",
+                other.map(|v| v.len())
+            ),
+        }
+        let took = at.duration_since(killed);
+        assert!(
+            took < Duration::from_secs(20),
+            "node {k} was told after {took:?} (op timeout 60 s)"
+        );
+    }
+    // Asked after: at once.
+    let t = Instant::now();
+    assert!(matches!(
+        c.node(2).get(id.clone()),
+        Err(Error::ObjectLost(_))
+    ));
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    // An object never put is waited for, not lost.
+    let never = name_on(c.node(0), "never-put", 0);
+    assert!(matches!(
+        c.node(2)
+            .get_view_timeout(never, Duration::from_millis(1500)),
+        Err(Error::Timeout(..))
+    ));
+    // Put again, it is read as any object.
+    c.node(4).put(id.clone(), &data).unwrap();
+    assert!(c.node(3).get(id.clone()).unwrap() == data);
+    assert!(c.node(2).get(id.clone()).unwrap() == data);
+}

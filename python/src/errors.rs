@@ -18,6 +18,12 @@ create_exception!(
 );
 create_exception!(
     phalanx,
+    ObjectLost,
+    PhalanxError,
+    "Every copy of the object was on nodes that died; it exists again once put again."
+);
+create_exception!(
+    phalanx,
     AlreadyExists,
     PhalanxError,
     "An object of that name is already on this node."
@@ -78,6 +84,7 @@ pub fn to_py(e: phalanx::Error) -> PyErr {
     let msg = e.to_string();
     match e {
         E::NotFound(_) => NotFound::new_err(msg),
+        E::ObjectLost(_) => ObjectLost::new_err(msg),
         E::AlreadyExists(_) => AlreadyExists::new_err(msg),
         E::OutOfMemory { .. } => OutOfMemory::new_err(msg),
         E::Timeout(..) => Timeout::new_err(msg),
@@ -101,6 +108,7 @@ pub fn _raise_error(kind: &str) -> PyResult<()> {
     let id = || phalanx::ObjectId::new("x");
     let e = match kind {
         "NotFound" => E::NotFound(id()),
+        "ObjectLost" => E::ObjectLost(id()),
         "AlreadyExists" => E::AlreadyExists(id()),
         "OutOfMemory" => E::OutOfMemory {
             requested: 2,
@@ -132,6 +140,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("PhalanxError", py.get_type::<PhalanxError>())?;
     m.add("NotFound", py.get_type::<NotFound>())?;
+    m.add("ObjectLost", py.get_type::<ObjectLost>())?;
     m.add("AlreadyExists", py.get_type::<AlreadyExists>())?;
     m.add("OutOfMemory", py.get_type::<OutOfMemory>())?;
     m.add("Timeout", py.get_type::<Timeout>())?;

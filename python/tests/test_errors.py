@@ -14,7 +14,7 @@ import phalanx
 
 
 def test_classes_form_one_hierarchy():
-    for cls in (phalanx.NotFound, phalanx.Timeout, phalanx.PeerDown, phalanx.OutOfMemory,
+    for cls in (phalanx.NotFound, phalanx.ObjectLost, phalanx.Timeout, phalanx.PeerDown, phalanx.OutOfMemory,
                 phalanx.AlreadyExists, phalanx.InvalidArgument, phalanx.NodeShutdown,
                 phalanx.ConfigError, phalanx.ProtocolError, phalanx.TransportError):
         assert issubclass(cls, phalanx.PhalanxError)
@@ -91,7 +91,8 @@ def test_a_dead_input_holder_makes_a_reduce_wait_for_its_rejoin_then_time_out():
 
 
 @pytest.mark.parametrize("kind,cls", [
-    ("NotFound", phalanx.NotFound), ("AlreadyExists", phalanx.AlreadyExists),
+    ("NotFound", phalanx.NotFound), ("ObjectLost", phalanx.ObjectLost),
+    ("AlreadyExists", phalanx.AlreadyExists),
     ("OutOfMemory", phalanx.OutOfMemory), ("Timeout", phalanx.Timeout),
     ("PeerDown", phalanx.PeerDown), ("Protocol", phalanx.ProtocolError),
     ("InvalidArgument", phalanx.InvalidArgument), ("Shutdown", phalanx.NodeShutdown),

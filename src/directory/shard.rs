@@ -8,6 +8,7 @@ use crate::protocol::{DirMsg, Located, LocationInfo, Msg, ObjectInfo, Reply, Rid
 use crate::ObjectId;
 use phalanx_transport::NodeId;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::time::{Duration, Instant};
 use tracing::warn;
 
 /// The request id of a message whose sender waits for no answer (request ids start at 1).
@@ -36,6 +37,9 @@ struct Entry {
     locs: BTreeMap<NodeId, Loc>,
     /// Bytes of this small object sent inline to readers so far (see [`INLINE_FANOUT`]).
     inline_sent: u64,
+    /// Every copy died and nothing reset or published it for `lost_after` ([`Shard::tick`]):
+    /// locates are answered [`Located::Lost`] until a copy is published again.
+    lost: bool,
 }
 
 /// How many bytes of one small object a shard sends inline to its readers before it sends
@@ -93,6 +97,9 @@ pub struct Shard {
     /// How many times each object was reset (`DirMsg::Reset`), for the objects reset at
     /// least once and not deleted since: the epoch of its bytes (`Located::Source::epoch`).
     epochs: HashMap<ObjectId, u64>,
+    /// Objects left by a death with no copy that can complete (none complete, no producer's
+    /// partial one), since when: lost unless reset or published meanwhile ([`Shard::tick`]).
+    orphans: HashMap<ObjectId, Instant>,
 }
 
 /// Claims the shard keeps for sources it has not heard of yet.
@@ -113,7 +120,19 @@ impl Entry {
             inline: None,
             locs: BTreeMap::new(),
             inline_sent: 0,
+            lost: false,
         }
+    }
+
+    /// Whether some listed copy is or will be complete: a complete one, or a producer's
+    /// partial one (a put or a reduce's output, filled from no other copy). Partial copies
+    /// filling from other copies complete only through those.
+    fn can_complete(&self) -> bool {
+        self.inline.is_some()
+            || self
+                .locs
+                .values()
+                .any(|l| l.complete || l.depends_on.is_none())
     }
 
     /// What a subscriber is told once the object has a location: the entry, with the bytes
@@ -226,6 +245,8 @@ impl Shard {
                 if l.complete {
                     l.depends_on = None;
                 }
+                e.lost = false;
+                self.orphans.remove(&id);
                 self.apply_pending_claims(&id, node);
                 self.notify(&id, out);
                 self.serve_waiters(&id, out);
@@ -304,6 +325,8 @@ impl Shard {
                     e.locs.clear();
                 }
                 e.inline = Some(data);
+                e.lost = false;
+                self.orphans.remove(&id);
                 e.locs.insert(
                     node,
                     Loc {
@@ -405,6 +428,7 @@ impl Shard {
                 self.remember_tombstone(id.clone());
                 self.pending_claims.remove(&id);
                 self.epochs.remove(&id);
+                self.orphans.remove(&id);
                 for w in self.waiting.remove(&id).unwrap_or_default() {
                     reply(out, w.node, w.rid, Reply::Located(Located::NotFound));
                 }
@@ -414,7 +438,9 @@ impl Shard {
                 reply(out, from, rid, Reply::Deleted(nodes));
             }
             DirMsg::Reset { rid, id } => {
+                // Its producer computes it again: not lost, whatever died.
                 self.pending_claims.remove(&id);
+                self.orphans.remove(&id);
                 let nodes = self
                     .entries
                     .remove(&id)
@@ -469,11 +495,15 @@ impl Shard {
         }
     }
 
-    pub fn node_down(&mut self, node: NodeId, out: &mut Out) {
+    pub fn node_down(&mut self, node: NodeId, now: Instant, out: &mut Out) {
         let ids: Vec<ObjectId> = self.entries.keys().cloned().collect();
         for id in &ids {
             let e = self.entries.get_mut(id).expect("listed");
+            let could = e.can_complete();
             e.locs.remove(&node);
+            if could && !e.can_complete() {
+                self.orphans.entry(id.clone()).or_insert(now);
+            }
             for l in e.locs.values_mut() {
                 if l.serving == Some(node) {
                     l.serving = None;
@@ -492,6 +522,40 @@ impl Shard {
         }
         for id in &ids {
             self.serve_waiters(id, out);
+        }
+    }
+
+    /// Declares lost the objects a death left with no copy that can complete `after` ago,
+    /// unless a copy was published or the object reset since (a producer recomputing it):
+    /// their waiting readers are told [`Located::Lost`], and so is every later locate until
+    /// a copy is published again. Subscribers keep waiting (a reduce waits for an input to
+    /// be put again). Called periodically.
+    pub fn tick(&mut self, now: Instant, after: Duration, out: &mut Out) {
+        if self.orphans.is_empty() {
+            return;
+        }
+        let due: Vec<ObjectId> = self
+            .orphans
+            .iter()
+            .filter(|(_, &since)| now.saturating_duration_since(since) >= after)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in due {
+            self.orphans.remove(&id);
+            let Some(e) = self.entries.get_mut(&id) else {
+                continue;
+            };
+            if e.can_complete() {
+                continue;
+            }
+            warn!(
+                id = id.as_str(),
+                "object lost: every copy died with its node"
+            );
+            e.lost = true;
+            for w in self.waiting.remove(&id).unwrap_or_default() {
+                reply(out, w.node, w.rid, Reply::Located(Located::Lost));
+            }
         }
     }
 
@@ -620,6 +684,10 @@ impl Shard {
                 );
                 return None;
             }
+        }
+        if e.lost {
+            reply(out, w.node, w.rid, Reply::Located(Located::Lost));
+            return None;
         }
         // A copy listed here is the requester's to read; a complete one even for a resumed
         // pull (a stale pull on a node that has since produced the object, a reduce's root):
@@ -932,7 +1000,7 @@ mod tests {
         // A pending claim dies with its source, and with a delete.
         let mut other = Shard::new();
         claim(&mut other, 4, 1, 9);
-        other.node_down(4, &mut Vec::new());
+        other.node_down(4, Instant::now(), &mut Vec::new());
         publish(&mut other, 4, true);
         assert_eq!(
             other.info(&"x".into()).unwrap().locations[0].serving,
@@ -1034,7 +1102,7 @@ mod tests {
         locate(&mut s, 2, vec![]); // 2 <- 1
                                    // 0 dies: 1 must not be sent to 2, whose bytes come from 1.
         let mut out = Vec::new();
-        s.node_down(0, &mut out);
+        s.node_down(0, Instant::now(), &mut out);
         assert!(out.is_empty());
         // A fresh get from a listed node is told to use its local copy...
         assert_eq!(located(&locate(&mut s, 1, vec![]), 1), Located::Local);
@@ -1383,5 +1451,134 @@ mod tests {
             &mut out,
         );
         assert!(s.epochs.is_empty());
+    }
+
+    fn down(s: &mut Shard, node: NodeId, at: Instant) -> Out {
+        let mut out = Vec::new();
+        s.node_down(node, at, &mut out);
+        out
+    }
+
+    fn tick(s: &mut Shard, at: Instant) -> Out {
+        let mut out = Vec::new();
+        s.tick(at, Duration::from_secs(5), &mut out);
+        out
+    }
+
+    /// The only complete copy dies, with a reader pulling from it and another waiting: both
+    /// are told the object is lost once `lost_after` passed with nothing published, and so
+    /// is a later reader at once; a subscriber keeps waiting, and a copy put again is found.
+    #[test]
+    fn an_object_whose_every_copy_died_is_lost_after_the_grace() {
+        let mut s = Shard::new();
+        let t0 = Instant::now();
+        publish(&mut s, 1, true);
+        assert_eq!(located(&locate(&mut s, 2, vec![]), 2), src(1));
+        assert!(
+            locate(&mut s, 3, vec![2]).is_empty(),
+            "the source is busy, 2 excluded"
+        );
+        let mut out = Vec::new();
+        s.handle(
+            6,
+            DirMsg::Subscribe {
+                rid: 9,
+                id: "y".into(),
+            },
+            &mut out,
+        );
+        assert!(down(&mut s, 1, t0).is_empty());
+        // 2 lost its source mid-pull and asks again, resuming.
+        assert!(locate_as(&mut s, 2, true, vec![1]).is_empty());
+        assert!(
+            tick(&mut s, t0 + Duration::from_secs(4)).is_empty(),
+            "not yet"
+        );
+        let out = tick(&mut s, t0 + Duration::from_secs(5));
+        assert_eq!(located(&out, 2), Located::Lost);
+        assert_eq!(located(&out, 3), Located::Lost);
+        assert_eq!(out.len(), 2, "{out:?}");
+        assert_eq!(located(&locate(&mut s, 4, vec![]), 4), Located::Lost);
+        assert!(tick(&mut s, t0 + Duration::from_secs(60)).is_empty());
+        // Put again: found as any object.
+        publish(&mut s, 5, true);
+        assert_eq!(located(&locate(&mut s, 4, vec![]), 4), src(5));
+    }
+
+    /// What a death does not make lost: an object with another complete copy, or a
+    /// producer's partial one (a put under way, a reduce's output), or one its producer
+    /// resets (it computes it again), or one published again within the grace, or an inline
+    /// one (its bytes live here).
+    #[test]
+    fn what_is_not_lost() {
+        let t0 = Instant::now();
+        let late = t0 + Duration::from_secs(10);
+        // Another complete copy.
+        let mut s = Shard::new();
+        publish(&mut s, 1, true);
+        publish(&mut s, 2, true);
+        down(&mut s, 1, t0);
+        assert!(tick(&mut s, late).is_empty());
+        assert_eq!(located(&locate(&mut s, 3, vec![]), 3), src(2));
+        // A producer's partial copy.
+        let mut s = Shard::new();
+        publish(&mut s, 1, true);
+        publish(&mut s, 2, false);
+        down(&mut s, 1, t0);
+        assert!(tick(&mut s, late).is_empty());
+        assert_eq!(located(&locate(&mut s, 3, vec![]), 3), src(2));
+        // Reset by its producer after the death: readers wait for the new copy.
+        let mut s = Shard::new();
+        publish(&mut s, 1, false);
+        assert!(locate(&mut s, 3, vec![1]).is_empty());
+        down(&mut s, 1, t0);
+        reset(&mut s);
+        assert!(tick(&mut s, late).is_empty());
+        let out = publish(&mut s, 2, false);
+        assert_eq!(located(&out, 3), src_at(2, 1));
+        // Published again within the grace.
+        let mut s = Shard::new();
+        publish(&mut s, 1, true);
+        assert_eq!(located(&locate(&mut s, 3, vec![]), 3), src(1));
+        down(&mut s, 1, t0);
+        publish(&mut s, 2, true);
+        assert!(tick(&mut s, late).is_empty());
+        assert_eq!(located(&locate_as(&mut s, 3, true, vec![1]), 3), src(2));
+        // Inline: the bytes are here.
+        let mut s = Shard::new();
+        let mut out = Vec::new();
+        s.handle(
+            1,
+            DirMsg::PutInline {
+                rid: NO_REPLY,
+                id: "x".into(),
+                node: 1,
+                data: vec![7; 10],
+            },
+            &mut out,
+        );
+        down(&mut s, 1, t0);
+        assert!(tick(&mut s, late).is_empty());
+        assert_eq!(
+            located(&locate(&mut s, 3, vec![]), 3),
+            Located::Inline(vec![7; 10])
+        );
+    }
+
+    /// A reader's partial copy left when the copy it filled from died cannot complete: the
+    /// object is lost though a location is still listed.
+    #[test]
+    fn partial_copies_filled_from_the_dead_do_not_keep_an_object() {
+        let t0 = Instant::now();
+        let mut s = Shard::new();
+        publish(&mut s, 1, true);
+        assert_eq!(located(&locate(&mut s, 2, vec![]), 2), src(1));
+        // 3 reads from 2's partial copy (1 is busy serving 2).
+        assert_eq!(located(&locate(&mut s, 3, vec![]), 3), src(2));
+        down(&mut s, 1, t0);
+        assert!(locate_as(&mut s, 2, true, vec![1]).is_empty());
+        let out = tick(&mut s, t0 + Duration::from_secs(5));
+        assert_eq!(located(&out, 2), Located::Lost);
+        assert!(loc(&s, 3).is_some(), "3's partial copy is still listed");
     }
 }

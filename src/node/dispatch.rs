@@ -53,6 +53,7 @@ impl Inner {
                     self.transfers.tick();
                 }
                 self.reducer.halving_tick();
+                self.shard_tick();
                 next_tick = Instant::now() + TICK;
             }
             let Some(w) = w else { continue };
@@ -185,6 +186,19 @@ impl Inner {
         self.on_msg(self.id, msg, Thread::Transport);
     }
 
+    /// The shard's periodic work: objects that deaths left without a copy are declared lost
+    /// once `lost_after` passed (`Shard::tick`); their readers are told from here.
+    fn shard_tick(&self) {
+        let mut out = Vec::new();
+        self.shard
+            .lock()
+            .unwrap()
+            .tick(Instant::now(), self.cfg.lost_after, &mut out);
+        for (to, m) in out {
+            self.rpc.enqueue(Work::Send(to, m));
+        }
+    }
+
     /// Runs on the transport thread that reports the death: touches only local state; what
     /// must be sent goes through the dispatcher.
     pub(super) fn on_peer_down(&self, peer: NodeId, reason: &str) {
@@ -194,7 +208,10 @@ impl Inner {
             warn!(node = self.id, peer, "peer down: {reason}");
         }
         let mut out = Vec::new();
-        self.shard.lock().unwrap().node_down(peer, &mut out);
+        self.shard
+            .lock()
+            .unwrap()
+            .node_down(peer, Instant::now(), &mut out);
         for (to, m) in out {
             self.rpc.enqueue(Work::Send(to, m));
         }

@@ -40,6 +40,9 @@ pub enum Located {
     /// began: those bytes belong to the old computation, so the copy is dropped and the
     /// object fetched again (answers a `resume` locate only).
     Reset,
+    /// Every copy died with its node, and nothing reset or published the object since
+    /// (`Shard::tick`): it is gone until it is put again.
+    Lost,
 }
 
 /// One location of an object, as the directory sees it.

@@ -161,6 +161,7 @@ impl Transfers {
                 Located::Inline(data) => return Ok(Fetched::Owned(data)),
                 // Only a resumed pull is told its bytes are stale.
                 Located::NotFound | Located::Reset => return Err(Error::NotFound(id.clone())),
+                Located::Lost => return Err(Error::ObjectLost(id.clone())),
                 Located::Source {
                     node,
                     size,
@@ -637,7 +638,8 @@ impl Transfers {
                     self.abandon_pull(shard, &id, &copy);
                     return;
                 }
-                Ok(Located::Inline(_) | Located::NotFound | Located::Local) | Err(_) => {
+                Ok(Located::Inline(_) | Located::NotFound | Located::Local | Located::Lost)
+                | Err(_) => {
                     self.abandon_pull(shard, &id, &copy);
                     return;
                 }
@@ -956,5 +958,6 @@ fn located_kind(l: &Located) -> &'static str {
         Located::Local => "local",
         Located::NotFound => "not found",
         Located::Reset => "reset",
+        Located::Lost => "lost",
     }
 }

@@ -20,7 +20,8 @@ Several nodes in one process (tests, notebooks)::
         assert bytes(c[3].get("x")) == b"hello"
 
 Blocking calls release the GIL and honour Ctrl-C. Errors are subclasses of
-``phalanx.PhalanxError``: ``NotFound``, ``Timeout``, ``PeerDown``, ``OutOfMemory``, ...
+``phalanx.PhalanxError``: ``NotFound``, ``ObjectLost``, ``Timeout``, ``PeerDown``,
+``OutOfMemory``, ...
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from ._native import (
     NodeShutdown,
     NotFound,
     ObjectBuffer,
+    ObjectLost,
     OutOfMemory,
     PeerDown,
     PhalanxError,
@@ -61,6 +63,7 @@ __all__ = [
     "NodeShutdown",
     "NotFound",
     "ObjectBuffer",
+    "ObjectLost",
     "OutOfMemory",
     "PeerDown",
     "PhalanxError",
