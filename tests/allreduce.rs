@@ -62,7 +62,21 @@ fn put_inputs(
     for (k, &h) in holders.iter().enumerate() {
         c.node(h).put(sources[k].clone(), &inputs[k]).unwrap();
     }
+    // A put returns once its announcement is sent: wait until the directory lists every
+    // input, so that they are all there when the allreduce starts, on a loaded host too.
+    for id in &sources {
+        wait_listed(c, id);
+    }
     (inputs, sources)
+}
+
+/// Waits (at most 30 s) until the directory lists a copy of `id`.
+fn wait_listed(c: &LocalCluster, id: &ObjectId) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !matches!(c.node(0).locate(id.clone()), Ok(Some(i)) if !i.locations.is_empty()) {
+        assert!(std::time::Instant::now() < deadline, "{id} never listed");
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 fn reference(inputs: &[Vec<u8>], op: ReduceOp, dtype: DType) -> Vec<u8> {

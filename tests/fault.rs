@@ -351,8 +351,17 @@ fn replaces_a_dead_input(elems: usize, after_bytes: u64, prefix: &str) {
                     },
                 )
             });
+            // One after another, each listed by the directory before the next is put (a put
+            // returns once its announcement is sent), so that the coordinator hears of
+            // them in this order on a loaded host too.
             for k in 0..8 {
                 c.node(k).put(ids[k].clone(), &data[k]).unwrap();
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while !matches!(c.node(0).locate(ids[k].clone()), Ok(Some(i)) if !i.locations.is_empty())
+                {
+                    assert!(Instant::now() < deadline, "{} never listed", ids[k]);
+                    std::thread::sleep(Duration::from_millis(1));
+                }
                 std::thread::sleep(Duration::from_millis(15));
             }
             h.join().unwrap().unwrap()
