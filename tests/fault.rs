@@ -891,3 +891,77 @@ fn a_get_of_an_object_whose_every_copy_died_fails_as_lost() {
     assert!(c.node(3).get(id.clone()).unwrap() == data);
     assert!(c.node(2).get(id.clone()).unwrap() == data);
 }
+
+/// The coordinator of a reduce dies while the tree streams the target: its tasks stop
+/// (nothing would repair or finish their reduce), the target's readers are told it is lost
+/// within `lost_after` instead of waiting out the op timeout, and a reduce of the same inputs
+/// coordinated by a survivor makes it again.
+#[test]
+fn a_reduce_whose_coordinator_dies_is_lost_to_its_readers_and_can_be_redone() {
+    use phalanx::{DType, Error, ReduceOp, ReduceOptions};
+    let c = LocalCluster::start(
+        6,
+        NodeConfig {
+            lost_after: Duration::from_secs(1),
+            ..cfg()
+        },
+        tcp(),
+    )
+    .unwrap();
+    let elems = 2 << 20; // 16 MiB of i64
+    let victim: usize = 0; // the coordinator
+    let target = name_on(c.node(1), "cd-out", 5).as_str().to_owned();
+    let ids: Vec<ObjectId> = (0..4)
+        .map(|k| name_on(c.node(1), &format!("cd-in{k}"), 5))
+        .collect();
+    let data: Vec<Vec<u8>> = (0..4).map(|k| i64_input(k + 40, elems)).collect();
+    let chain = ReduceOptions {
+        degree: Some(1),
+        ..Default::default()
+    };
+    let handle = c
+        .node(victim)
+        .reduce_start(
+            target.as_str(),
+            ids.clone(),
+            4,
+            ReduceOp::Sum,
+            DType::I64,
+            chain.clone(),
+        )
+        .unwrap();
+    for k in 0..4 {
+        c.node(k + 1).put(ids[k].clone(), &data[k]).unwrap();
+    }
+    // The tree is placed and its root streams the target: the coordinator dies.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !matches!(c.node(5).locate(target.as_str()), Ok(Some(i)) if !i.locations.is_empty()) {
+        assert!(Instant::now() < deadline, "the target was never listed");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let killed = Instant::now();
+    c.node(victim).kill();
+    drop(handle);
+    match c.node(5).get(target.as_str()) {
+        Err(Error::ObjectLost(id)) => assert_eq!(id.as_str(), target.as_str()),
+        other => panic!("expected ObjectLost, got {:?}", other.map(|v| v.len())),
+    }
+    let took = killed.elapsed();
+    assert!(took < Duration::from_secs(20), "told after {took:?}");
+    // The tasks stopped: no node holds a complete target.
+    for k in 1..6 {
+        let done = c
+            .node(k)
+            .local_copy(target.as_str())
+            .is_some_and(|i| i.watermark == (elems * 8) as u64);
+        assert!(!done, "node {k} finished the dead coordinator's target");
+    }
+    // Redone by a survivor: the same inputs, the same name.
+    let o = c
+        .node(1)
+        .reduce_with(target.as_str(), &ids, 4, ReduceOp::Sum, DType::I64, &chain)
+        .unwrap();
+    assert_eq!(o.used.len(), 4);
+    let all: Vec<&Vec<u8>> = data.iter().collect();
+    assert!(c.node(5).get(target.as_str()).unwrap() == sum_of(&all));
+}

@@ -400,7 +400,13 @@ impl Shard {
                 // Its claims that wait for their source to publish are void with its copy.
                 self.drop_pending_claims_of(&id, node);
                 if let Some(e) = self.entries.get_mut(&id) {
+                    let could = e.can_complete();
                     e.locs.remove(&node);
+                    // Its last copy that could complete went (a producer that stopped for
+                    // good): lost unless published again or reset ([`Shard::tick`]).
+                    if could && !e.can_complete() {
+                        self.orphans.entry(id.clone()).or_insert_with(Instant::now);
+                    }
                     for l in e.locs.values_mut() {
                         if l.serving == Some(node) {
                             l.serving = None;

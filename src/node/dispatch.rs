@@ -218,6 +218,7 @@ impl Inner {
         self.members.notify_down(peer);
         self.rpc.fail_peer(peer);
         self.transfers.on_peer_down(peer, reason);
+        self.reducer.coordinator_down(peer);
     }
 
     /// Sends a message a handler produced, as the thread it runs on allows.

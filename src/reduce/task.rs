@@ -46,6 +46,16 @@ impl Tasks {
         }
     }
 
+    /// Stops every task `coordinator` dispatched: it died, and nothing will collect, repair or
+    /// finish their reduce. How many there were.
+    fn cancel_all_of(&self, coordinator: NodeId) -> usize {
+        let c = self.cancels.lock().unwrap();
+        c.values()
+            .filter(|(from, _)| *from == coordinator)
+            .map(|(_, f)| f.store(true, Ordering::Release))
+            .count()
+    }
+
     /// `from` stops attempt `attempt` of the task producing `out`: only the coordinator that
     /// dispatched it may (another member's forged `Cancel` stops nothing). Whether it did.
     fn cancel(&self, from: NodeId, out: &ObjectId, attempt: u64) -> bool {
@@ -147,6 +157,11 @@ impl Reducer {
             me.tasks.finish(&task.out, task.attempt, &cancel);
             if !cancel.load(Ordering::Acquire) {
                 let _ = me.rpc.send(from, Msg::Reply { rid, reply });
+            } else if matches!(reply, Reply::Error(_)) && me.members.is_down(from) {
+                // Stopped because its coordinator died: no reset or repair will follow, so the
+                // unfinished output leaves the directory (its readers are told it is lost,
+                // `Shard::tick`, rather than wait for bytes that will not come).
+                me.dir.withdraw(std::slice::from_ref(&task.out));
             }
         });
         if let Err(e) = spawned {
@@ -154,6 +169,19 @@ impl Reducer {
             let reply = Reply::Error(format!("spawn: {e}"));
             self.rpc
                 .send_from_transport_thread(from, Msg::Reply { rid, reply });
+        }
+    }
+
+    /// `coordinator` died: the reduce tasks it dispatched here stop (see `start_task`).
+    pub(crate) fn coordinator_down(&self, coordinator: NodeId) {
+        let n = self.tasks.cancel_all_of(coordinator);
+        if n > 0 {
+            tracing::debug!(
+                node = self.id,
+                coordinator,
+                tasks = n,
+                "reduce tasks of a dead coordinator stopped"
+            );
         }
     }
 
