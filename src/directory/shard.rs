@@ -1587,4 +1587,39 @@ mod tests {
         assert_eq!(located(&out, 2), Located::Lost);
         assert!(loc(&s, 3).is_some(), "3's partial copy is still listed");
     }
+
+    /// A producer that stops for good withdraws its unfinished copy (a reduce task whose
+    /// coordinator died): with no other copy that can complete, the object is lost after the
+    /// grace; a withdraw that leaves a complete copy loses nothing.
+    #[test]
+    fn a_withdrawn_last_producer_makes_the_object_lost() {
+        let mut s = Shard::new();
+        publish(&mut s, 1, false);
+        assert!(locate(&mut s, 3, vec![1]).is_empty());
+        let mut out = Vec::new();
+        s.handle(
+            1,
+            DirMsg::Withdraw {
+                id: "x".into(),
+                node: 1,
+            },
+            &mut out,
+        );
+        let out = tick(&mut s, Instant::now() + Duration::from_secs(10));
+        assert_eq!(located(&out, 3), Located::Lost);
+        // Another object, withdrawn from one of two complete copies.
+        let mut s = Shard::new();
+        publish(&mut s, 1, true);
+        publish(&mut s, 2, true);
+        s.handle(
+            1,
+            DirMsg::Withdraw {
+                id: "x".into(),
+                node: 1,
+            },
+            &mut Vec::new(),
+        );
+        assert!(tick(&mut s, Instant::now() + Duration::from_secs(10)).is_empty());
+        assert_eq!(located(&locate(&mut s, 3, vec![]), 3), src(2));
+    }
 }
