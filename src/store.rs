@@ -362,14 +362,19 @@ impl Store {
         })
     }
 
-    /// Every copy held: id, size, complete.
-    pub fn summary(&self) -> Vec<(ObjectId, u64, bool)> {
+    /// Every copy held: id, size, complete, pinned (a producer's copy: a put or an output).
+    pub fn summary(&self) -> Vec<(ObjectId, u64, bool, bool)> {
         let st = self.lock();
         st.by_id
             .iter()
             .map(|(id, k)| {
                 let c = &st.copies[k];
-                (id.clone(), c.size, c.status == CopyStatus::Complete)
+                (
+                    id.clone(),
+                    c.size,
+                    c.status == CopyStatus::Complete,
+                    c.pinned,
+                )
             })
             .collect()
     }

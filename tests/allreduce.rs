@@ -452,3 +452,79 @@ fn a_late_reader_of_a_partitioned_allreduce_gets_the_result() {
     let took = start.elapsed();
     assert!(took < Duration::from_millis(900), "{took:?}");
 }
+
+/// The coordinator of an allreduce dies while the result streams (one tree, and the
+/// partitioned algorithm): the reduce's tasks stop with it, and every reader is told the
+/// result is lost within `lost_after`, long before the op timeout, rather than wait for it.
+#[test]
+fn an_allreduce_whose_coordinator_dies_fails_its_readers_promptly() {
+    use phalanx::Error;
+    let size: u64 = 48 << 20;
+    for (tag, partition_min) in [("cdt", u64::MAX), ("cdp", PARTITION_MIN)] {
+        let c = LocalCluster::start(
+            5,
+            NodeConfig {
+                lost_after: Duration::from_secs(1),
+                allreduce_partition_min: partition_min,
+                ..cfg()
+            },
+            tcp(),
+        )
+        .unwrap();
+        let (_, sources) = put_inputs(&c, tag, &[0, 1, 2, 3], size, DType::F32);
+        let target = ObjectId::new(format!("{tag}/out"));
+        let streamed = |k: usize| {
+            let parts = partitions(size, sources.len(), DType::F32, partition_min);
+            let of = parts.len();
+            let ids: Vec<ObjectId> = match of {
+                1 => vec![target.clone()],
+                _ => (0..of).map(|p| part_id(&target, p, of)).collect(),
+            };
+            ids.iter().any(|id| {
+                c.node(k)
+                    .local_copy(id.clone())
+                    .is_some_and(|i| i.watermark > 0)
+            })
+        };
+        std::thread::scope(|s| {
+            let readers: Vec<_> = (1..5)
+                .map(|k| {
+                    let (n, t) = (c.node(k).clone(), target.clone());
+                    s.spawn(move || n.allreduce_read(t, size).map(|v| v.len()))
+                })
+                .collect();
+            let coord = c.node(0).clone();
+            let (t, srcs) = (target.clone(), sources.clone());
+            s.spawn(move || {
+                let _ = coord.allreduce(
+                    t,
+                    &srcs,
+                    ReduceOp::Sum,
+                    DType::F32,
+                    &ReduceOptions::default(),
+                );
+            });
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !(1..5).any(streamed) {
+                assert!(Instant::now() < deadline, "{tag}: nothing streamed");
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            let killed = Instant::now();
+            c.node(0).kill();
+            for (k, h) in readers.into_iter().enumerate() {
+                let r = h.join().unwrap();
+                let took = killed.elapsed();
+                assert!(
+                    matches!(r, Err(Error::ObjectLost(_))),
+                    "{tag}: reader {}: {r:?}",
+                    k + 1
+                );
+                assert!(
+                    took < Duration::from_secs(20),
+                    "{tag}: reader {} told after {took:?}",
+                    k + 1
+                );
+            }
+        });
+    }
+}

@@ -316,8 +316,15 @@ impl DirClient {
     /// Directory ownership changed (a peer died, or rejoined): give the new owner of every
     /// affected entry our copies again. `moved(id)` says whether the entry moved.
     pub fn republish(&self, moved: impl Fn(&ObjectId) -> bool) {
-        for (id, size, complete) in self.store.summary() {
+        for (id, size, complete, pinned) in self.store.summary() {
             if !moved(&id) {
+                continue;
+            }
+            // A pull still filling (unpinned) is no producer: published partial, the new
+            // owner would take it for one (a copy that completes by itself) and never find
+            // the object lost when its real source dies. Its pull lists it again when it asks
+            // that shard for a source; until then it serves no one.
+            if !complete && !pinned {
                 continue;
             }
             let small = size < INLINE_LIMIT && complete;

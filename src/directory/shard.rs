@@ -158,6 +158,7 @@ impl Entry {
                     depends_on: l.depends_on,
                 })
                 .collect(),
+            lost: self.lost,
         }
     }
 

@@ -78,8 +78,9 @@ const PLAN_STALL: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// What a reader of an allreduce waits for ([`Node::wait_for_plan`]).
 enum PlanWait {
-    /// The plan's bytes.
-    Plan(ObjectView),
+    /// The plan's bytes, and the node that announced it (the coordinator) when the answer
+    /// said.
+    Plan(ObjectView, Option<NodeId>),
     /// A halving-doubling run into the target committed here: this node's copy.
     Committed(crate::store::CopyRef),
     /// No plan, but the result is complete somewhere: read it.
@@ -388,8 +389,8 @@ impl Node {
         if !self.reads_plan(size) {
             return self.get_view(target);
         }
-        let plan = match self.wait_for_plan(&target, self.halving_size(size))? {
-            PlanWait::Plan(plan) => plan,
+        let (plan, coordinator) = match self.wait_for_plan(&target, self.halving_size(size))? {
+            PlanWait::Plan(plan, coordinator) => (plan, coordinator),
             // A run into the target committed here: this node's copy is the result.
             PlanWait::Committed(copy) => return Ok(ObjectView::Arena(copy)),
             PlanWait::Readable => return self.get_view(target),
@@ -419,7 +420,7 @@ impl Node {
         if parts.len() == 1 {
             return self.get_view(target);
         }
-        self.assemble(&target, &parts)?;
+        self.assemble(&target, &parts, coordinator)?;
         self.get_view(target)
     }
 
@@ -447,7 +448,7 @@ impl Node {
         });
         let plan = plan_id(target);
         if self.inner.dir.subscribe_then(&plan, on_reply).is_err() {
-            return self.get_view(plan).map(PlanWait::Plan);
+            return self.get_view(plan).map(|v| PlanWait::Plan(v, None));
         }
         let start = std::time::Instant::now();
         let deadline = start + self.inner.cfg.op_timeout;
@@ -466,11 +467,13 @@ impl Node {
                     ))
                 }
                 Err(_) => {
-                    // The plan is late: is the result there already?
-                    let complete = matches!(
-                        self.locate(target.clone()),
-                        Ok(Some(info)) if info.locations.iter().any(|l| l.complete)
-                    );
+                    // The plan is late: is the result there already, or lost (its
+                    // coordinator died and the reduce's tasks with it)?
+                    let info = self.locate(target.clone()).ok().flatten();
+                    if info.as_ref().is_some_and(|i| i.lost) {
+                        return Err(Error::ObjectLost(target.clone()));
+                    }
+                    let complete = info.is_some_and(|i| i.locations.iter().any(|l| l.complete));
                     if complete {
                         tracing::debug!(node = self.id(), %target, "no plan; reading the result");
                         return Ok(PlanWait::Readable);
@@ -492,12 +495,14 @@ impl Node {
             }
             debug_assert_eq!(op.index(), on_answer);
             return match op.recv(&answers) {
-                Ok(Ok(crate::protocol::Reply::InfoInline(_, data))) => {
-                    Ok(PlanWait::Plan(ObjectView::Owned(data)))
+                Ok(Ok(crate::protocol::Reply::InfoInline(info, data))) => {
+                    // An inline object is listed on the node that put it: the coordinator.
+                    let by = info.locations.first().map(|l| l.node);
+                    Ok(PlanWait::Plan(ObjectView::Owned(data), by))
                 }
                 // Anything else (the plan deleted first, a shard that died, an odd answer):
                 // the plain way.
-                _ => self.get_view(plan).map(PlanWait::Plan),
+                _ => self.get_view(plan).map(|v| PlanWait::Plan(v, None)),
             };
         }
     }
@@ -586,7 +591,7 @@ impl Node {
                 )
             })
             .collect::<Result<Vec<_>>>()?;
-        let assembled = self.assemble(&target, parts);
+        let assembled = self.assemble(&target, parts, None);
         let mut outcomes = Vec::with_capacity(n);
         for h in handles {
             outcomes.push(h.wait());
@@ -611,7 +616,12 @@ impl Node {
     /// (each streams from wherever the directory says, as it is being reduced), copies each
     /// in place as it completes, drops the local partition copies, and announces the target
     /// complete. Nothing to do if the copy is here already.
-    fn assemble(&self, target: &ObjectId, parts: &[(u64, u64)]) -> Result<()> {
+    fn assemble(
+        &self,
+        target: &ObjectId,
+        parts: &[(u64, u64)],
+        coordinator: Option<NodeId>,
+    ) -> Result<()> {
         let inner = &self.inner;
         if inner
             .store
@@ -629,7 +639,7 @@ impl Node {
                 .map(|p| {
                     let id = part_id(target, p, n);
                     let size = parts[p].1 - parts[p].0;
-                    s.spawn(move || self.fetch_partition(&id, size))
+                    s.spawn(move || self.fetch_partition(&id, size, coordinator))
                 })
                 .collect();
             // In order: the copy fills front to back, so readers of a partial copy could
@@ -684,10 +694,18 @@ impl Node {
 
     /// One partition for [`Node::assemble`]: from the node its coordinator names (along the
     /// partition's chain, as a ring's allgather: `Run::gather_hints`), else from wherever
-    /// the directory says.
-    fn fetch_partition(&self, id: &ObjectId, size: u64) -> Result<ObjectView> {
+    /// the directory says ([`Node::partition_view`]).
+    fn fetch_partition(
+        &self,
+        id: &ObjectId,
+        size: u64,
+        coordinator: Option<NodeId>,
+    ) -> Result<ObjectView> {
+        let directory = || self.partition_view(id, coordinator);
         match self.inner.reducer.gather_hint(id, HINT_WAIT) {
-            Some(GatherFrom::Node(source)) => self.get_view_via(id, source, size, HINT_STALL),
+            Some(GatherFrom::Node(source)) => {
+                self.get_view_via(id, source, size, HINT_STALL, directory)
+            }
             // Produced here: the task's output, once it has made it. A repair may move the
             // partition elsewhere, or the copy fail: then wherever the directory says.
             Some(GatherFrom::Here) => match self.inner.store.wait_lookup(id, HERE_WAIT) {
@@ -695,12 +713,35 @@ impl Node {
                     Ok(()) => Ok(ObjectView::Arena(c)),
                     Err(_) => {
                         drop(c);
-                        self.get_view(id.clone())
+                        directory()
                     }
                 },
-                Err(_) => self.get_view(id.clone()),
+                Err(_) => directory(),
             },
-            None => self.get_view(id.clone()),
+            None => directory(),
+        }
+    }
+
+    /// A partition wherever the directory says, given up once the allreduce's `coordinator`
+    /// is down and the partition is still not here: a partition whose tree had not produced
+    /// it never will be (its tasks stop with their coordinator), whether or not the
+    /// directory had heard of it, so its readers are told it is lost (`Error::ObjectLost`)
+    /// rather than wait out the op timeout.
+    fn partition_view(&self, id: &ObjectId, coordinator: Option<NodeId>) -> Result<ObjectView> {
+        let Some(coordinator) = coordinator.filter(|&c| c != self.id()) else {
+            return self.get_view(id.clone());
+        };
+        let deadline = std::time::Instant::now() + self.inner.cfg.op_timeout;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.get_view_timeout(id.clone(), PLAN_STALL.min(left)) {
+                Err(Error::Timeout(..)) if !left.is_zero() => {
+                    if self.inner.members.is_down(coordinator) {
+                        return Err(Error::ObjectLost(id.clone()));
+                    }
+                }
+                r => return r,
+            }
         }
     }
 

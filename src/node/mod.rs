@@ -216,17 +216,19 @@ impl Node {
     /// `size` bytes, before this node: `Transfers::fetch_from`). A pull that fails, or makes
     /// no progress for `stall` (the hint was stale), is given up: its copy fails (so nothing
     /// waits on it) and the directory chooses a source.
+    /// `otherwise` reads it when the hint fails (`Node::get_view`, or a variant).
     pub(crate) fn get_view_via(
         &self,
         id: &ObjectId,
         source: NodeId,
         size: u64,
         stall: std::time::Duration,
+        otherwise: impl Fn() -> Result<ObjectView>,
     ) -> Result<ObjectView> {
         let c = match self.inner.transfers.fetch_from(id, source, size) {
             Ok(Fetched::Owned(v)) => return Ok(ObjectView::Owned(v)),
             Ok(Fetched::Copy(c)) => c,
-            Err(_) => return self.get_view(id.clone()),
+            Err(_) => return otherwise(),
         };
         match c.wait_complete(stall, None) {
             Ok(()) => Ok(ObjectView::Arena(c)),
@@ -238,7 +240,7 @@ impl Node {
                     self.inner.dir.withdraw(std::slice::from_ref(id));
                 }
                 drop(c);
-                self.get_view(id.clone())
+                otherwise()
             }
         }
     }

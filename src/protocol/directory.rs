@@ -61,6 +61,9 @@ pub struct ObjectInfo {
     pub size: u64,
     pub inline: bool,
     pub locations: Vec<LocationInfo>,
+    /// Every copy died and none was published or reset since (`Error::ObjectLost`): the
+    /// locations left, if any, are partial copies that cannot complete.
+    pub lost: bool,
 }
 
 /// Messages to the directory shard that owns the object.

@@ -696,6 +696,7 @@ mod tests {
                 serving: None,
                 depends_on: None,
             }],
+            lost: false,
         }
     }
 

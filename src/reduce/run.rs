@@ -772,6 +772,7 @@ mod tests {
                 serving: None,
                 depends_on: None,
             }],
+            lost: false,
         }
     }
 

@@ -48,12 +48,15 @@ impl Tasks {
 
     /// Stops every task `coordinator` dispatched: it died, and nothing will collect, repair or
     /// finish their reduce. How many there were.
-    fn cancel_all_of(&self, coordinator: NodeId) -> usize {
+    fn cancel_all_of(&self, coordinator: NodeId) -> Vec<ObjectId> {
         let c = self.cancels.lock().unwrap();
-        c.values()
-            .filter(|(from, _)| *from == coordinator)
-            .map(|(_, f)| f.store(true, Ordering::Release))
-            .count()
+        c.iter()
+            .filter(|(_, (from, _))| *from == coordinator)
+            .map(|((out, _), (_, f))| {
+                f.store(true, Ordering::Release);
+                out.clone()
+            })
+            .collect()
     }
 
     /// `from` stops attempt `attempt` of the task producing `out`: only the coordinator that
@@ -172,14 +175,24 @@ impl Reducer {
         }
     }
 
-    /// `coordinator` died: the reduce tasks it dispatched here stop (see `start_task`).
+    /// `coordinator` died: the reduce tasks it dispatched here stop (see `start_task`), and
+    /// their unfinished outputs fail at once, before this node republishes its copies to the
+    /// new owners of the dead node's entries (`after_death`): republished, a dead task's
+    /// output would pass for a producer's copy there.
     pub(crate) fn coordinator_down(&self, coordinator: NodeId) {
-        let n = self.tasks.cancel_all_of(coordinator);
-        if n > 0 {
+        let outs = self.tasks.cancel_all_of(coordinator);
+        for out in &outs {
+            if let Some(c) = self.store.lookup(out) {
+                if c.status() != CopyStatus::Complete {
+                    c.fail();
+                }
+            }
+        }
+        if !outs.is_empty() {
             tracing::debug!(
                 node = self.id,
                 coordinator,
-                tasks = n,
+                tasks = outs.len(),
                 "reduce tasks of a dead coordinator stopped"
             );
         }
