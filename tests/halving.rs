@@ -545,3 +545,53 @@ fn back_to_back_halving_reduces_are_read_anywhere_as_they_return() {
         c.node(coord).delete("bbh-out").unwrap();
     }
 }
+
+/// The coordinator of a halving allreduce dies mid-run: nothing can commit the run, and its
+/// readers on the other ranks are told the result is lost within a few plan stalls, not
+/// after the op timeout (60 s here).
+#[test]
+fn readers_of_a_run_whose_coordinator_dies_are_told_it_is_lost() {
+    use phalanx::Error;
+    let n = 4;
+    // Node 0 coordinates; it stalls once it has sent its first block, and is killed then.
+    let k = Killed::with(n, "cdead", 0, SIZE / 2, FaultAction::Stall);
+    let (c, sources, target) = (&k.c, &k.sources, &k.target);
+    std::thread::scope(|s| {
+        let readers: Vec<_> = (1..n)
+            .map(|r| {
+                let (node, t) = (c.node(r).clone(), target.clone());
+                s.spawn(move || node.allreduce_read(t, SIZE).map(|v| v.len()))
+            })
+            .collect();
+        let coord = c.node(0).clone();
+        let (t, srcs) = (target.clone(), sources.clone());
+        // Not joined: the dead coordinator's own call ends with its step wait (10 s).
+        std::thread::spawn(move || {
+            let _ = coord.allreduce(t, &srcs, ReduceOp::Sum, DType::I64, &Default::default());
+        });
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !c.node(0).fault_fired() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the coordinator never sent"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let killed = std::time::Instant::now();
+        c.node(0).kill();
+        for (i, h) in readers.into_iter().enumerate() {
+            let r = h.join().unwrap();
+            let took = killed.elapsed();
+            assert!(
+                matches!(r, Err(Error::ObjectLost(_))),
+                "reader {}: {r:?}",
+                i + 1
+            );
+            assert!(
+                took < Duration::from_secs(15),
+                "reader {} told after {took:?}",
+                i + 1
+            );
+        }
+    });
+}

@@ -478,6 +478,11 @@ impl Node {
                         tracing::debug!(node = self.id(), %target, "no plan; reading the result");
                         return Ok(PlanWait::Readable);
                     }
+                    // A halving run into it lost its coordinator here: nothing committed it
+                    // (no copy is complete anywhere), and no plan will come.
+                    if self.inner.reducer.halving_coordinator_died(target) {
+                        return Err(Error::ObjectLost(target.clone()));
+                    }
                     check_at = std::time::Instant::now() + PLAN_STALL;
                     continue;
                 }

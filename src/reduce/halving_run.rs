@@ -593,6 +593,13 @@ impl Reducer {
         self.halving.watch_commit(target)
     }
 
+    /// Whether a halving run into `target` was abandoned on this node because its coordinator
+    /// died (no plan will come for the target's readers here).
+    pub(crate) fn halving_coordinator_died(&self, target: &ObjectId) -> bool {
+        self.halving
+            .coordinator_died(target, &|n| self.members.is_down(n))
+    }
+
     /// How run `run` into `target`, coordinated by `coordinator`, ended on this node, waiting
     /// up to `wait` for it.
     pub(crate) fn halving_outcome(

@@ -136,6 +136,9 @@ struct State {
     outcome_order: VecDeque<RunKey>,
     /// Readers of a target told when a run into it commits here (`watch_commit`).
     watchers: HashMap<ObjectId, Vec<(u64, Sender<()>)>>,
+    /// Runs abandoned here (the newest `MAX_OUTCOMES`): target and coordinator. One whose
+    /// coordinator is down will get no plan for its readers.
+    abandoned: VecDeque<(ObjectId, NodeId)>,
     next_watch: u64,
 }
 
@@ -420,6 +423,14 @@ impl Mailbox {
         stale
     }
 
+    /// Whether a run into `target` was abandoned here and its coordinator is down now.
+    pub fn coordinator_died(&self, target: &ObjectId, is_down: &dyn Fn(NodeId) -> bool) -> bool {
+        self.lock()
+            .abandoned
+            .iter()
+            .any(|(t, c)| t == target && is_down(*c))
+    }
+
     /// Whether any run waits here (for the dispatcher's tick).
     pub fn has_runs(&self) -> bool {
         !self.lock().runs.is_empty()
@@ -459,6 +470,13 @@ impl Mailbox {
     /// The run is over on this node: what it left here goes, its outcome stays for readers.
     pub fn finish(&self, key: &RunKey, outcome: Outcome) {
         let mut st = self.lock();
+        let coordinator = st.runs.get(key).and_then(|b| b.coordinator);
+        if let (Outcome::Abandoned, Some(c)) = (outcome, coordinator) {
+            st.abandoned.push_back((key.0.clone(), c));
+            if st.abandoned.len() > MAX_OUTCOMES {
+                st.abandoned.pop_front();
+            }
+        }
         st.drop_run(key);
         if st.outcomes.get(key) == Some(&Outcome::Committed) {
             return; // a late word changes nothing
@@ -844,5 +862,22 @@ mod tests {
         // One huge block is refused outright.
         m.put_block(ObjectId::new("big"), 1, 1, 0, vec![0; MAX_BYTES + 1]);
         assert_eq!(m.held().1, MAX_RUNS);
+    }
+
+    /// A run abandoned here is remembered with its coordinator: once that node is down, its
+    /// readers are to expect no plan; a committed run, or one whose coordinator lives, is
+    /// no such news.
+    #[test]
+    fn an_abandoned_run_tells_whether_its_coordinator_died() {
+        let m = Mailbox::default();
+        m.register(&key("t", 1), 7, D);
+        m.register(&key("u", 1), 8, D);
+        assert!(!m.coordinator_died(&"t".into(), &|_| true), "not over yet");
+        m.finish(&key("t", 1), Outcome::Abandoned);
+        m.finish(&key("u", 1), Outcome::Committed);
+        assert!(m.coordinator_died(&"t".into(), &|n| n == 7));
+        assert!(!m.coordinator_died(&"t".into(), &|_| false), "7 is alive");
+        assert!(!m.coordinator_died(&"u".into(), &|_| true), "committed");
+        assert!(!m.coordinator_died(&"v".into(), &|_| true), "no run");
     }
 }
