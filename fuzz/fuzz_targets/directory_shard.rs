@@ -1,15 +1,19 @@
 //! The directory shard, a state machine fed with whatever peers send: the input is a
 //! sequence of (sender, message) records; every message that decodes is handled, senders
-//! die now and then; the shard must never panic, and its answers must decode.
+//! die now and then, and time passes (a second a record, so that objects a death left
+//! without a copy are declared lost, `Shard::tick`); the shard must never panic, and its
+//! answers must decode.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use phalanx::directory::{Out, Shard};
 use phalanx::protocol::Msg;
+use std::time::{Duration, Instant};
 
 fuzz_target!(|data: &[u8]| {
     let mut shard = Shard::new();
     let mut rest = data;
+    let mut now = Instant::now();
     // Each record: sender (1 byte, 8 nodes), length (1 byte), that many bytes of message.
     while rest.len() >= 2 {
         let (from, len) = ((rest[0] % 8) as u32, rest[1] as usize);
@@ -21,8 +25,10 @@ fuzz_target!(|data: &[u8]| {
         match Msg::decode(msg) {
             Ok(Msg::Dir(m)) => shard.handle(from, m, &mut out),
             // A record that is not a directory message: that sender dies.
-            _ => shard.node_down(from, &mut out),
+            _ => shard.node_down(from, now, &mut out),
         }
+        now += Duration::from_secs(1);
+        shard.tick(now, Duration::from_secs(3), &mut out);
         for (_, m) in out {
             Msg::decode(&m.encode()).expect("the shard's answers decode");
         }
