@@ -16,9 +16,10 @@ pub struct PyLocalCluster {
     nodes: Vec<Py<Node>>,
 }
 
-/// Starts `n` nodes in this process over TCP on 127.0.0.1.
+/// Starts `n` nodes in this process over TCP on 127.0.0.1. `lost_after` (seconds): how long
+/// an object whose every copy died is waited for before its readers get `ObjectLost`.
 #[pyfunction]
-#[pyo3(signature = (n, arena_size=1<<30, op_timeout=60.0, chunk_size=None, spin_wait_us=None))]
+#[pyo3(signature = (n, arena_size=1<<30, op_timeout=60.0, chunk_size=None, spin_wait_us=None, lost_after=None))]
 pub fn local_cluster(
     py: Python<'_>,
     n: u32,
@@ -26,6 +27,7 @@ pub fn local_cluster(
     op_timeout: f64,
     chunk_size: Option<u64>,
     spin_wait_us: Option<u64>,
+    lost_after: Option<f64>,
 ) -> PyResult<PyLocalCluster> {
     if n == 0 {
         return Err(errors::InvalidArgument::new_err(
@@ -38,6 +40,10 @@ pub fn local_cluster(
         op_timeout: blocking::duration(op_timeout, "op_timeout")?,
         chunk_size: chunk_size.unwrap_or(d.chunk_size),
         spin_wait: spin_wait_us.map_or(d.spin_wait, std::time::Duration::from_micros),
+        lost_after: match lost_after {
+            Some(s) => blocking::duration(s, "lost_after")?,
+            None => d.lost_after,
+        },
         ..d
     };
     let c = py

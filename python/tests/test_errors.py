@@ -90,6 +90,20 @@ def test_a_dead_input_holder_makes_a_reduce_wait_for_its_rejoin_then_time_out():
             c[1].put("pd/after", b"x")
 
 
+def test_an_object_whose_every_copy_died_is_lost():
+    with phalanx.local_cluster(3, op_timeout=30.0, lost_after=0.5) as c:
+        # Its directory entry on node 0 ("@0/..."), which lives on.
+        c[2].put("@0/lost/a", np.arange(1 << 16, dtype=np.float32))
+        c[2].kill()
+        t = time.monotonic()
+        with pytest.raises(phalanx.ObjectLost):
+            c[0].get("@0/lost/a")
+        assert time.monotonic() - t < 10
+        # Put again, it is read as any object.
+        c[1].put("@0/lost/a", np.ones(4, np.float32))
+        assert np.array_equal(np.frombuffer(c[0].get("@0/lost/a"), np.float32), np.ones(4))
+
+
 @pytest.mark.parametrize("kind,cls", [
     ("NotFound", phalanx.NotFound), ("ObjectLost", phalanx.ObjectLost),
     ("AlreadyExists", phalanx.AlreadyExists),

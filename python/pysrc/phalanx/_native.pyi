@@ -151,5 +151,6 @@ def local_cluster(
     op_timeout: float = 60.0,
     chunk_size: Optional[int] = None,
     spin_wait_us: Optional[int] = None,
+    lost_after: Optional[float] = None,
 ) -> LocalCluster: ...
 def bench_rust_get(putter: Node, getter: Node, size: int, iters: int, prefix: str) -> List[float]: ...
