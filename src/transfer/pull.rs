@@ -18,6 +18,10 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 use tracing::{debug, error, warn};
 
+/// How long a fetch told an object is lost waits before it asks once more (a put of the
+/// object racing the fetch: its announcement is one message away from the shard).
+const LOST_RECHECK: Duration = Duration::from_millis(100);
+
 /// The pause before the second attempt of a pull that keeps failing; it doubles with every
 /// further failure up to `RETRY_PAUSE_MAX`.
 const RETRY_PAUSE_MIN: Duration = Duration::from_millis(5);
@@ -133,6 +137,9 @@ impl Transfers {
         driver: Driver,
         deadline: Instant,
     ) -> Result<Fetched> {
+        // A lost object is asked about once more after `LOST_RECHECK`: a put of it may be on
+        // its way to the shard (a put returns once its announcement is sent).
+        let mut rechecked = false;
         let (node, size, token, epoch, data) = loop {
             if let Some(c) = self.store.lookup(id) {
                 return Ok(Fetched::Copy(c));
@@ -161,6 +168,10 @@ impl Transfers {
                 Located::Inline(data) => return Ok(Fetched::Owned(data)),
                 // Only a resumed pull is told its bytes are stale.
                 Located::NotFound | Located::Reset => return Err(Error::NotFound(id.clone())),
+                Located::Lost if !rechecked && Instant::now() + LOST_RECHECK < deadline => {
+                    rechecked = true;
+                    std::thread::sleep(LOST_RECHECK);
+                }
                 Located::Lost => return Err(Error::ObjectLost(id.clone())),
                 Located::Source {
                     node,
