@@ -353,7 +353,10 @@ fn replaces_a_dead_input(elems: usize, after_bytes: u64, prefix: &str) {
             });
             // One after another, each listed by the directory before the next is put (a put
             // returns once its announcement is sent), so that the coordinator hears of
-            // them in this order on a loaded host too.
+            // them in this order on a loaded host too; the first once the coordinator has
+            // had time to ask for them all (inputs already there when it asks are answered
+            // in no set order).
+            std::thread::sleep(Duration::from_millis(200));
             for k in 0..8 {
                 c.node(k).put(ids[k].clone(), &data[k]).unwrap();
                 let deadline = Instant::now() + Duration::from_secs(30);
