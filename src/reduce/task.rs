@@ -47,7 +47,7 @@ impl Tasks {
     }
 
     /// Stops every task `coordinator` dispatched: it died, and nothing will collect, repair or
-    /// finish their reduce. How many there were.
+    /// finish their reduce. Their outputs.
     fn cancel_all_of(&self, coordinator: NodeId) -> Vec<ObjectId> {
         let c = self.cancels.lock().unwrap();
         c.iter()
