@@ -400,20 +400,7 @@ impl Shard {
             DirMsg::Withdraw { id, node } => {
                 // Its claims that wait for their source to publish are void with its copy.
                 self.drop_pending_claims_of(&id, node);
-                if let Some(e) = self.entries.get_mut(&id) {
-                    let could = e.can_complete();
-                    e.locs.remove(&node);
-                    // Its last copy that could complete went (a producer that stopped for
-                    // good): lost unless published again or reset ([`Shard::tick`]).
-                    if could && !e.can_complete() {
-                        self.orphans.entry(id.clone()).or_insert_with(Instant::now);
-                    }
-                    for l in e.locs.values_mut() {
-                        if l.serving == Some(node) {
-                            l.serving = None;
-                        }
-                    }
-                }
+                self.remove_copy(&id, node, Instant::now());
                 self.serve_waiters(&id, out);
             }
             DirMsg::Query { rid, id } => {
@@ -505,17 +492,7 @@ impl Shard {
     pub fn node_down(&mut self, node: NodeId, now: Instant, out: &mut Out) {
         let ids: Vec<ObjectId> = self.entries.keys().cloned().collect();
         for id in &ids {
-            let e = self.entries.get_mut(id).expect("listed");
-            let could = e.can_complete();
-            e.locs.remove(&node);
-            if could && !e.can_complete() {
-                self.orphans.entry(id.clone()).or_insert(now);
-            }
-            for l in e.locs.values_mut() {
-                if l.serving == Some(node) {
-                    l.serving = None;
-                }
-            }
+            self.remove_copy(id, node, now);
         }
         for q in self.waiting.values_mut() {
             q.retain(|w| w.node != node);
@@ -529,6 +506,25 @@ impl Shard {
         }
         for id in &ids {
             self.serve_waiters(id, out);
+        }
+    }
+
+    /// `node`'s copy of `id` is gone (it died, or withdrew it): the copies it was serving are
+    /// free again, and if it was the last copy that could complete, the object is noted an
+    /// orphan `now`: lost unless published again or reset ([`Shard::tick`]).
+    fn remove_copy(&mut self, id: &ObjectId, node: NodeId, now: Instant) {
+        let Some(e) = self.entries.get_mut(id) else {
+            return;
+        };
+        let could = e.can_complete();
+        e.locs.remove(&node);
+        if could && !e.can_complete() {
+            self.orphans.entry(id.clone()).or_insert(now);
+        }
+        for l in e.locs.values_mut() {
+            if l.serving == Some(node) {
+                l.serving = None;
+            }
         }
     }
 
@@ -1594,32 +1590,21 @@ mod tests {
     /// grace; a withdraw that leaves a complete copy loses nothing.
     #[test]
     fn a_withdrawn_last_producer_makes_the_object_lost() {
+        let withdraw = |s: &mut Shard, node: NodeId| {
+            let id = "x".into();
+            s.handle(node, DirMsg::Withdraw { id, node }, &mut Vec::new());
+        };
         let mut s = Shard::new();
         publish(&mut s, 1, false);
         assert!(locate(&mut s, 3, vec![1]).is_empty());
-        let mut out = Vec::new();
-        s.handle(
-            1,
-            DirMsg::Withdraw {
-                id: "x".into(),
-                node: 1,
-            },
-            &mut out,
-        );
+        withdraw(&mut s, 1);
         let out = tick(&mut s, Instant::now() + Duration::from_secs(10));
         assert_eq!(located(&out, 3), Located::Lost);
         // Another object, withdrawn from one of two complete copies.
         let mut s = Shard::new();
         publish(&mut s, 1, true);
         publish(&mut s, 2, true);
-        s.handle(
-            1,
-            DirMsg::Withdraw {
-                id: "x".into(),
-                node: 1,
-            },
-            &mut Vec::new(),
-        );
+        withdraw(&mut s, 1);
         assert!(tick(&mut s, Instant::now() + Duration::from_secs(10)).is_empty());
         assert_eq!(located(&locate(&mut s, 3, vec![]), 3), src(2));
     }

@@ -132,13 +132,12 @@ struct State {
     /// Runs in the order they appeared (the oldest is pushed out first).
     order: VecDeque<RunKey>,
     bytes: usize,
-    outcomes: HashMap<RunKey, Outcome>,
+    /// How runs ended here (the newest `MAX_OUTCOMES`), with their coordinator when known:
+    /// an abandoned run's readers get no plan once that node is down.
+    outcomes: HashMap<RunKey, (Outcome, Option<NodeId>)>,
     outcome_order: VecDeque<RunKey>,
     /// Readers of a target told when a run into it commits here (`watch_commit`).
     watchers: HashMap<ObjectId, Vec<(u64, Sender<()>)>>,
-    /// Runs abandoned here (the newest `MAX_OUTCOMES`): target and coordinator. One whose
-    /// coordinator is down will get no plan for its readers.
-    abandoned: VecDeque<(ObjectId, NodeId)>,
     next_watch: u64,
 }
 
@@ -425,10 +424,9 @@ impl Mailbox {
 
     /// Whether a run into `target` was abandoned here and its coordinator is down now.
     pub fn coordinator_died(&self, target: &ObjectId, is_down: &dyn Fn(NodeId) -> bool) -> bool {
-        self.lock()
-            .abandoned
-            .iter()
-            .any(|(t, c)| t == target && is_down(*c))
+        self.lock().outcomes.iter().any(|((t, _), (o, c))| {
+            t == target && *o == Outcome::Abandoned && c.is_some_and(is_down)
+        })
     }
 
     /// Whether any run waits here (for the dispatcher's tick).
@@ -471,14 +469,12 @@ impl Mailbox {
     pub fn finish(&self, key: &RunKey, outcome: Outcome) {
         let mut st = self.lock();
         let coordinator = st.runs.get(key).and_then(|b| b.coordinator);
-        if let (Outcome::Abandoned, Some(c)) = (outcome, coordinator) {
-            st.abandoned.push_back((key.0.clone(), c));
-            if st.abandoned.len() > MAX_OUTCOMES {
-                st.abandoned.pop_front();
-            }
-        }
         st.drop_run(key);
-        if st.outcomes.get(key) == Some(&Outcome::Committed) {
+        if st
+            .outcomes
+            .get(key)
+            .is_some_and(|o| o.0 == Outcome::Committed)
+        {
             return; // a late word changes nothing
         }
         if outcome == Outcome::Committed {
@@ -486,7 +482,12 @@ impl Mailbox {
                 let _ = tx.try_send(());
             }
         }
-        if st.outcomes.insert(key.clone(), outcome).is_none() {
+        let known = st.outcomes.get(key).and_then(|o| o.1);
+        if st
+            .outcomes
+            .insert(key.clone(), (outcome, coordinator.or(known)))
+            .is_none()
+        {
             st.outcome_order.push_back(key.clone());
             while st.outcome_order.len() > MAX_OUTCOMES {
                 if let Some(old) = st.outcome_order.pop_front() {
@@ -504,7 +505,7 @@ impl Mailbox {
         let mut st = self.lock();
         loop {
             if let Some(o) = st.outcomes.get(key) {
-                return Some(*o);
+                return Some(o.0);
             }
             if st.runs.get(key).and_then(|b| b.end) == Some((from, false)) {
                 return Some(Outcome::Abandoned);
