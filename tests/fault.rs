@@ -911,7 +911,9 @@ fn a_reduce_whose_coordinator_dies_is_lost_to_its_readers_and_can_be_redone() {
         tcp(),
     )
     .unwrap();
-    let elems = 2 << 20; // 16 MiB of i64
+    // 32 MiB of i64: the chain streams the target for long enough that the coordinator's
+    // death is known before the root could finish it, on a loaded host too.
+    let elems = 4 << 20;
     let victim: usize = 0; // the coordinator
     let target = name_on(c.node(1), "cd-out", 5).as_str().to_owned();
     let ids: Vec<ObjectId> = (0..4)
