@@ -970,3 +970,91 @@ fn a_reduce_whose_coordinator_dies_is_lost_to_its_readers_and_can_be_redone() {
     let all: Vec<&Vec<u8>> = data.iter().collect();
     assert!(c.node(5).get(target.as_str()).unwrap() == sum_of(&all));
 }
+
+/// The coordinator of a reduce and of an allreduce dies while they wait for inputs that
+/// never come, before any copy of either target exists anywhere: the readers (a `get` of
+/// the reduce's target, an `allreduce_read` of the allreduce's) are told the targets are
+/// lost within about `lost_after` (the coordinator promised them to their shards) instead
+/// of waiting out the op timeout, and the targets are made again by a survivor.
+#[test]
+fn targets_whose_coordinator_dies_before_any_copy_are_lost_to_their_readers() {
+    use phalanx::{DType, Error, ReduceOp, ReduceOptions};
+    let c = LocalCluster::start(
+        4,
+        NodeConfig {
+            lost_after: Duration::from_secs(1),
+            ..cfg()
+        },
+        tcp(),
+    )
+    .unwrap();
+    let victim = 0;
+    let elems = 1 << 20; // 8 MiB: the allreduce's readers wait for its plan
+    let reduced = name_on(c.node(1), "pr-out", 1);
+    let allreduced = name_on(c.node(1), "pa-out", 2);
+    let ids: Vec<ObjectId> = (0..2)
+        .map(|k| name_on(c.node(1), &format!("pr-in{k}"), 3))
+        .collect();
+    let handle = c
+        .node(victim)
+        .reduce_start(
+            reduced.clone(),
+            ids.clone(),
+            2,
+            ReduceOp::Sum,
+            DType::I64,
+            ReduceOptions::default(),
+        )
+        .unwrap();
+    let coordinator = c.node(victim).clone();
+    let (a_ids, a_target) = (ids.clone(), allreduced.clone());
+    let allreduce = std::thread::spawn(move || {
+        coordinator
+            .allreduce_view(
+                a_target,
+                &a_ids,
+                ReduceOp::Sum,
+                DType::I64,
+                &Default::default(),
+            )
+            .map(|_| ())
+    });
+    let readers: Vec<_> = [(2, reduced.clone(), false), (3, allreduced.clone(), true)]
+        .into_iter()
+        .map(|(k, id, all)| {
+            let n = c.node(k).clone();
+            std::thread::spawn(move || match all {
+                true => n.allreduce_read(id, (elems * 8) as u64).map(|v| v.len()),
+                false => n.get(id).map(|v| v.len()),
+            })
+        })
+        .collect();
+    // Both promises and the allreduce's plan are out; nothing else will come.
+    std::thread::sleep(Duration::from_millis(300));
+    let killed = Instant::now();
+    c.node(victim).kill();
+    drop(handle);
+    for (r, id) in readers.into_iter().zip([&reduced, &allreduced]) {
+        match r.join().unwrap() {
+            Err(Error::ObjectLost(lost)) => assert_eq!(&lost, id),
+            other => panic!("{id}: expected ObjectLost, got {other:?}"),
+        }
+    }
+    let took = killed.elapsed();
+    assert!(took < Duration::from_secs(20), "told after {took:?}");
+    assert!(
+        allreduce.join().unwrap().is_err(),
+        "the killed node's own call fails"
+    );
+    // Made again by a survivor once the inputs are there.
+    let data: Vec<Vec<u8>> = (0..2).map(|k| i64_input(k + 7, elems)).collect();
+    for k in 0..2 {
+        c.node(k + 1).put(ids[k].clone(), &data[k]).unwrap();
+    }
+    let chain = ReduceOptions::default();
+    c.node(1)
+        .reduce_with(reduced.clone(), &ids, 2, ReduceOp::Sum, DType::I64, &chain)
+        .unwrap();
+    let all: Vec<&Vec<u8>> = data.iter().collect();
+    assert!(c.node(2).get(reduced).unwrap() == sum_of(&all));
+}

@@ -114,6 +114,25 @@ impl DirClient {
         self.tolerate_shard_down(id, r)
     }
 
+    /// Tells the shard of `id` that this node will produce it (`promised`: it coordinates
+    /// the reduce into it), or no longer will (the reduce failed): if this node dies before
+    /// any copy of `id` can complete, its readers are told it is lost (`Error::ObjectLost`)
+    /// after the node's `lost_after`. Sent without waiting; nothing is sent when this node is
+    /// the shard itself (the promise would die with it; the entry's next owner learns only of
+    /// copies, which holders republish).
+    pub fn promise(&self, id: &ObjectId, promised: bool) {
+        let shard = self.shard_of(id);
+        if shard == self.id {
+            return;
+        }
+        let msg = Msg::Dir(DirMsg::Promise {
+            id: id.clone(),
+            node: self.id,
+            promised,
+        });
+        let _ = self.rpc.send(shard, msg);
+    }
+
     /// Tells the directory that these copies are gone (evicted, or a pull given up).
     pub fn withdraw(&self, ids: &[ObjectId]) {
         for id in ids {

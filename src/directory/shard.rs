@@ -100,7 +100,15 @@ pub struct Shard {
     /// Objects left by a death with no copy that can complete (none complete, no producer's
     /// partial one), since when: lost unless reset or published meanwhile ([`Shard::tick`]).
     orphans: HashMap<ObjectId, Instant>,
+    /// Nodes that said they will produce an object (`DirMsg::Promise`: the coordinators of
+    /// the reduces into it), until a complete copy is listed or they die, take it back or the
+    /// object is deleted. Like a producer's copy, a promise keeps an object from being lost.
+    promises: HashMap<ObjectId, Vec<NodeId>>,
 }
+
+/// Most nodes one object's promises name: more are ignored (each coordinator of a reduce
+/// into the same target promises it; a reduce is redone at most a few times).
+const PROMISERS: usize = 16;
 
 /// Claims the shard keeps for sources it has not heard of yet.
 const PENDING_CLAIMS: usize = 1 << 12;
@@ -211,7 +219,8 @@ impl Shard {
         let speaks_for = match &msg {
             DirMsg::Publish { node, .. }
             | DirMsg::PutInline { node, .. }
-            | DirMsg::Withdraw { node, .. } => Some(*node),
+            | DirMsg::Withdraw { node, .. }
+            | DirMsg::Promise { node, .. } => Some(*node),
             DirMsg::Claim { receiver, .. } | DirMsg::TransferDone { receiver, .. } => {
                 Some(*receiver)
             }
@@ -236,6 +245,10 @@ impl Shard {
                     .entries
                     .entry(id.clone())
                     .or_insert_with(|| Entry::new(size));
+                if e.locs.is_empty() && e.inline.is_none() {
+                    // An entry left with no copy (lost) knows no size: this copy's is it.
+                    e.size = size;
+                }
                 let l = e.locs.entry(node).or_insert(Loc {
                     complete,
                     serving: None,
@@ -245,6 +258,7 @@ impl Shard {
                 l.complete |= complete;
                 if l.complete {
                     l.depends_on = None;
+                    self.promises.remove(&id);
                 }
                 e.lost = false;
                 self.orphans.remove(&id);
@@ -328,6 +342,7 @@ impl Shard {
                 e.inline = Some(data);
                 e.lost = false;
                 self.orphans.remove(&id);
+                self.promises.remove(&id);
                 e.locs.insert(
                     node,
                     Loc {
@@ -423,6 +438,7 @@ impl Shard {
                 self.pending_claims.remove(&id);
                 self.epochs.remove(&id);
                 self.orphans.remove(&id);
+                self.promises.remove(&id);
                 for w in self.waiting.remove(&id).unwrap_or_default() {
                     reply(out, w.node, w.rid, Reply::Located(Located::NotFound));
                 }
@@ -466,7 +482,40 @@ impl Shard {
                 }
                 reply(out, from, rid, Reply::Deleted(nodes));
             }
+            DirMsg::Promise { id, node, promised } => {
+                if !promised {
+                    let could = self.producible(&id);
+                    self.unpromise(&id, node);
+                    if could && !self.producible(&id) {
+                        self.orphans.entry(id).or_insert_with(Instant::now);
+                    }
+                    return;
+                }
+                let complete = self
+                    .entries
+                    .get(&id)
+                    .is_some_and(|e| e.inline.is_some() || e.locs.values().any(|l| l.complete));
+                if complete {
+                    return; // nothing left to promise
+                }
+                let p = self.promises.entry(id.clone()).or_default();
+                if !p.contains(&node) && p.len() < PROMISERS {
+                    p.push(node);
+                }
+                // A producer will make it (again): not lost.
+                self.orphans.remove(&id);
+                if let Some(e) = self.entries.get_mut(&id) {
+                    e.lost = false;
+                }
+            }
         }
+    }
+
+    /// Whether some copy listed for `id` is or will be complete, or a live node promised to
+    /// produce it.
+    fn producible(&self, id: &ObjectId) -> bool {
+        self.entries.get(id).is_some_and(Entry::can_complete)
+            || self.promises.get(id).is_some_and(|p| !p.is_empty())
     }
 
     /// Forgets every location of a dead node and frees the copies it was receiving from.
@@ -487,10 +536,19 @@ impl Shard {
         for c in self.pending_claims.values() {
             peers.extend(c.iter().flat_map(|&(src, receiver, _, _)| [src, receiver]));
         }
+        for p in self.promises.values() {
+            peers.extend(p.iter().copied());
+        }
     }
 
     pub fn node_down(&mut self, node: NodeId, now: Instant, out: &mut Out) {
-        let ids: Vec<ObjectId> = self.entries.keys().cloned().collect();
+        let mut ids: Vec<ObjectId> = self.entries.keys().cloned().collect();
+        ids.extend(
+            self.promises
+                .iter()
+                .filter(|(id, p)| p.contains(&node) && !self.entries.contains_key(*id))
+                .map(|(id, _)| id.clone()),
+        );
         for id in &ids {
             self.remove_copy(id, node, now);
         }
@@ -513,17 +571,27 @@ impl Shard {
     /// free again, and if it was the last copy that could complete, the object is noted an
     /// orphan `now`: lost unless published again or reset ([`Shard::tick`]).
     fn remove_copy(&mut self, id: &ObjectId, node: NodeId, now: Instant) {
-        let Some(e) = self.entries.get_mut(id) else {
-            return;
-        };
-        let could = e.can_complete();
-        e.locs.remove(&node);
-        if could && !e.can_complete() {
+        let could = self.producible(id);
+        self.unpromise(id, node);
+        if let Some(e) = self.entries.get_mut(id) {
+            e.locs.remove(&node);
+            for l in e.locs.values_mut() {
+                if l.serving == Some(node) {
+                    l.serving = None;
+                }
+            }
+        }
+        if could && !self.producible(id) {
             self.orphans.entry(id.clone()).or_insert(now);
         }
-        for l in e.locs.values_mut() {
-            if l.serving == Some(node) {
-                l.serving = None;
+    }
+
+    /// `node` no longer promises to produce `id`.
+    fn unpromise(&mut self, id: &ObjectId, node: NodeId) {
+        if let Some(p) = self.promises.get_mut(id) {
+            p.retain(|&n| n != node);
+            if p.is_empty() {
+                self.promises.remove(id);
             }
         }
     }
@@ -545,12 +613,14 @@ impl Shard {
             .collect();
         for id in due {
             self.orphans.remove(&id);
-            let Some(e) = self.entries.get_mut(&id) else {
-                continue;
-            };
-            if e.can_complete() {
+            if self.producible(&id) {
                 continue;
             }
+            // Only promised, never listed: an entry (of no known size) records the loss.
+            let e = self
+                .entries
+                .entry(id.clone())
+                .or_insert_with(|| Entry::new(0));
             warn!(
                 id = id.as_str(),
                 "object lost: every copy died with its node"
@@ -1607,5 +1677,107 @@ mod tests {
         withdraw(&mut s, 1);
         assert!(tick(&mut s, Instant::now() + Duration::from_secs(10)).is_empty());
         assert_eq!(located(&locate(&mut s, 3, vec![]), 3), src(2));
+    }
+
+    fn promise(s: &mut Shard, node: NodeId, promised: bool) {
+        let id = "x".into();
+        let msg = DirMsg::Promise { id, node, promised };
+        s.handle(node, msg, &mut Vec::new());
+    }
+
+    /// The coordinator of a reduce promised its target and died before any copy of it was
+    /// listed: the readers waiting for it are told it is lost after the grace, as a later
+    /// one at once; a copy published later is found, with its own size. A promise taken
+    /// back (the reduce failed) does the same.
+    #[test]
+    fn a_promise_whose_maker_dies_before_any_copy_makes_the_object_lost() {
+        let t0 = Instant::now();
+        for died in [true, false] {
+            let mut s = Shard::new();
+            promise(&mut s, 1, true);
+            assert!(locate(&mut s, 3, vec![]).is_empty(), "nothing to read yet");
+            let mut peers = std::collections::HashSet::new();
+            s.peers_depended_on(&mut peers);
+            assert!(peers.contains(&1), "the promising node is watched");
+            match died {
+                true => assert!(down(&mut s, 1, t0).is_empty()),
+                false => promise(&mut s, 1, false),
+            }
+            let at = match died {
+                true => t0,
+                false => Instant::now(),
+            };
+            assert!(
+                tick(&mut s, at + Duration::from_secs(4)).is_empty(),
+                "not yet"
+            );
+            let out = tick(&mut s, at + Duration::from_secs(5));
+            assert_eq!(located(&out, 3), Located::Lost, "died: {died}");
+            assert_eq!(located(&locate(&mut s, 4, vec![]), 4), Located::Lost);
+            assert!(s.info(&"x".into()).is_some_and(|i| i.lost));
+            publish(&mut s, 5, true);
+            assert_eq!(located(&locate(&mut s, 4, vec![]), 4), src(5));
+            assert_eq!(s.info(&"x".into()).map(|i| i.size), Some(100));
+        }
+    }
+
+    /// What a promise keeps, and what it does not: another live promiser or a producer's
+    /// copy keeps the object; a complete copy ends the promise (its maker's death then loses
+    /// nothing); a new promise after the loss makes the object awaited again; a delete
+    /// forgets it.
+    #[test]
+    fn what_a_promise_keeps() {
+        let t0 = Instant::now();
+        let late = t0 + Duration::from_secs(10);
+        // Two coordinators promised it (a redo): one dies.
+        let mut s = Shard::new();
+        promise(&mut s, 1, true);
+        promise(&mut s, 2, true);
+        assert!(locate(&mut s, 3, vec![]).is_empty());
+        down(&mut s, 1, t0);
+        assert!(tick(&mut s, late).is_empty());
+        // The survivor's output is listed: the waiting reader is sent to it.
+        let out = publish(&mut s, 2, false);
+        assert_eq!(located(&out, 3), src(2));
+        // Complete: the promise ends, and a death of its maker after that loses nothing.
+        let mut s = Shard::new();
+        promise(&mut s, 1, true);
+        publish(&mut s, 2, true);
+        assert!(s.promises.is_empty(), "a complete copy ends the promise");
+        down(&mut s, 1, t0);
+        assert!(tick(&mut s, late).is_empty());
+        assert_eq!(located(&locate(&mut s, 3, vec![]), 3), src(2));
+        // Lost, then promised again by a survivor: waited for again.
+        let mut s = Shard::new();
+        promise(&mut s, 1, true);
+        down(&mut s, 1, t0);
+        assert!(locate(&mut s, 3, vec![]).is_empty());
+        assert_eq!(located(&tick(&mut s, late), 3), Located::Lost);
+        promise(&mut s, 2, true);
+        assert!(locate(&mut s, 4, vec![]).is_empty(), "awaited again");
+        down(&mut s, 1, late);
+        assert!(tick(&mut s, late + Duration::from_secs(10)).is_empty());
+        // Deleted: the promise is forgotten with the entry.
+        let mut s = Shard::new();
+        promise(&mut s, 1, true);
+        let del = DirMsg::Delete {
+            rid: 1,
+            id: "x".into(),
+        };
+        s.handle(1, del, &mut Vec::new());
+        assert!(s.promises.is_empty());
+        // A node cannot promise for another, and the promisers of one object are bounded.
+        let mut s = Shard::new();
+        let msg = DirMsg::Promise {
+            id: "x".into(),
+            node: 2,
+            promised: true,
+        };
+        s.handle(1, msg, &mut Vec::new());
+        assert!(s.promises.is_empty());
+        for n in 0..100 {
+            promise(&mut s, n, true);
+        }
+        assert_eq!(s.promises[&ObjectId::from("x")].len(), PROMISERS);
     }
 }

@@ -241,6 +241,20 @@ impl Node {
         opts: &ReduceOptions,
     ) -> Result<(ObjectView, ReduceOutcome)> {
         let target = target.into();
+        self.promised(&target.clone(), || {
+            self.allreduce_unpromised(target, sources, op, dtype, opts)
+        })
+    }
+
+    /// [`Node::allreduce_view`] once the target is promised.
+    fn allreduce_unpromised(
+        &self,
+        target: ObjectId,
+        sources: &[ObjectId],
+        op: ReduceOp,
+        dtype: DType,
+        opts: &ReduceOptions,
+    ) -> Result<(ObjectView, ReduceOutcome)> {
         let min = self.inner.cfg.allreduce_partition_min;
         let size = self.input_size(sources);
         let dynamic_only = !opts.required.is_empty() || opts.claims.is_some();
@@ -320,11 +334,13 @@ impl Node {
         if num >= sources.len() {
             return self.allreduce_view(target, sources, op, dtype, opts);
         }
-        // Readers of an object this size wait for the plan: one tree.
-        if self.readers_wait_for_plan(self.input_size(sources)) {
-            self.put(plan_id(&target), &encode_plan(&[]))?;
-        }
-        self.allreduce_tree(target, sources, num, op, dtype, opts)
+        self.promised(&target.clone(), || {
+            // Readers of an object this size wait for the plan: one tree.
+            if self.readers_wait_for_plan(self.input_size(sources)) {
+                self.put(plan_id(&target), &encode_plan(&[]))?;
+            }
+            self.allreduce_tree(target, sources, num, op, dtype, opts)
+        })
     }
 
     /// Whether an allreduce of objects of `size` bytes runs by halving and doubling when it

@@ -40,14 +40,33 @@ impl Node {
     ) -> Result<ReduceOutcome> {
         let kind = (op, dtype);
         let target = target.into();
-        // A halving reduce when it can run; else (or abandoned) a tree.
-        let num = match self.reduce_by_halving(&target, sources, num_objects, kind, opts)? {
-            Ok(outcome) => return Ok(outcome),
-            Err(alive) => alive.unwrap_or(num_objects),
-        };
-        self.inner
-            .reducer
-            .reduce(target, sources, num, kind, opts, Hooks::default())
+        self.promised(&target, || {
+            // A halving reduce when it can run; else (or abandoned) a tree.
+            let num = match self.reduce_by_halving(&target, sources, num_objects, kind, opts)? {
+                Ok(outcome) => return Ok(outcome),
+                Err(alive) => alive.unwrap_or(num_objects),
+            };
+            self.inner
+                .reducer
+                .reduce(target.clone(), sources, num, kind, opts, Hooks::default())
+        })
+    }
+
+    /// Runs `make`, which coordinates the making of `target`, under this node's promise to
+    /// produce it ([`DirClient::promise`](crate::directory::DirClient::promise)), taken back
+    /// if `make` fails: readers of a target whose coordinator died, or gave up, before any
+    /// copy of it could complete are told it is lost instead of waiting out their timeout.
+    pub(super) fn promised<T>(
+        &self,
+        target: &ObjectId,
+        make: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        self.inner.dir.promise(target, true);
+        let r = make();
+        if r.is_err() {
+            self.inner.dir.promise(target, false);
+        }
+        r
     }
 
     /// Starts a reduce and returns at once: [`ReduceHandle::inputs`] tells which sources were
@@ -63,9 +82,13 @@ impl Node {
         opts: ReduceOptions,
     ) -> Result<ReduceHandle> {
         let kind = (op, dtype);
+        let target = target.into();
+        // Promised until the target is complete or this node dies (a failure seen through
+        // the handle leaves the promise: its readers then wait as for an object not made).
+        self.inner.dir.promise(&target, true);
         self.inner
             .reducer
-            .start(target.into(), sources, num_objects, kind, opts)
+            .start(target, sources, num_objects, kind, opts)
     }
 
     /// Gets several objects concurrently (a gather at this node). Every object is asked for

@@ -132,6 +132,15 @@ pub enum DirMsg {
     /// reduce target recomputed after a failure): like `Delete`, but readers and subscribers
     /// keep waiting for the new copy instead of being told it is gone.
     Reset { rid: Rid, id: ObjectId },
+    /// `node` will produce `id` (it coordinates the reduce whose target it is), or with
+    /// `promised` false no longer will (the reduce failed): an object whose only producer dies
+    /// before any copy of it can complete is lost (`Located::Lost`) instead of awaited for
+    /// ever, as one whose last copy died is. Not a copy: locates still wait for one.
+    Promise {
+        id: ObjectId,
+        node: NodeId,
+        promised: bool,
+    },
 }
 
 impl DirMsg {
@@ -148,7 +157,8 @@ impl DirMsg {
             | DirMsg::Query { id, .. }
             | DirMsg::Subscribe { id, .. }
             | DirMsg::Delete { id, .. }
-            | DirMsg::Reset { id, .. } => id,
+            | DirMsg::Reset { id, .. }
+            | DirMsg::Promise { id, .. } => id,
         }
     }
 }

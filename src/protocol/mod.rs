@@ -91,6 +91,7 @@ impl Msg {
                 DirMsg::Subscribe { .. } => "Subscribe",
                 DirMsg::Delete { .. } => "Delete",
                 DirMsg::Reset { .. } => "Reset",
+                DirMsg::Promise { .. } => "Promise",
             },
             Msg::Pull(m) => match m {
                 PullMsg::Pull { .. } => "Pull",
