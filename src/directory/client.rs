@@ -2,6 +2,7 @@
 //! the entry now (placement follows membership), and a dead shard is waited out or tolerated
 //! where the operation allows it.
 
+use super::promises::{Promises, Tell};
 use super::NO_REPLY;
 use crate::config::INLINE_LIMIT;
 use crate::hop::hop;
@@ -29,6 +30,8 @@ pub(crate) struct DirClient {
     rpc: Arc<Rpc>,
     members: Arc<Membership>,
     store: Arc<Store>,
+    /// This node's promises to produce objects, sent once due.
+    promises: Promises,
 }
 
 impl DirClient {
@@ -38,6 +41,7 @@ impl DirClient {
             rpc,
             members,
             store,
+            promises: Promises::default(),
         }
     }
 
@@ -114,23 +118,43 @@ impl DirClient {
         self.tolerate_shard_down(id, r)
     }
 
-    /// Tells the shard of `id` that this node will produce it (`promised`: it coordinates
-    /// the reduce into it), or no longer will (the reduce failed): if this node dies before
-    /// any copy of `id` can complete, its readers are told it is lost (`Error::ObjectLost`)
-    /// after the node's `lost_after`. Sent without waiting; nothing is sent when this node is
-    /// the shard itself (the promise would die with it; the entry's next owner learns only of
-    /// copies, which holders republish).
-    pub fn promise(&self, id: &ObjectId, promised: bool) {
-        let shard = self.shard_of(id);
-        if shard == self.id {
-            return;
+    /// Promises that this node will produce `id` (it coordinates the reduce into it): if
+    /// it dies before any copy of `id` can complete, the readers of `id` are told it is lost
+    /// (`Error::ObjectLost`) after the node's `lost_after`. Sent only once the operation has
+    /// run for `PROMISE_AFTER` (`promises.rs`); `kept`: the caller ends it with
+    /// [`DirClient::end_promise`] and the token returned.
+    pub fn promise(&self, id: &ObjectId, kept: bool) -> u64 {
+        let (token, tell) = self.promises.make(id, kept, Instant::now());
+        self.tell_promises(tell);
+        token
+    }
+
+    /// The operation of promise `token` ended (`ok`: it made its object); a promise sent
+    /// for an operation that failed is taken back.
+    pub fn end_promise(&self, token: u64, ok: bool) {
+        let tell = self.promises.end(token, ok);
+        self.tell_promises(tell);
+    }
+
+    /// Sends the promises now due (from the dispatcher's tick).
+    pub fn promise_tick(&self) {
+        let tell = self.promises.due(Instant::now());
+        self.tell_promises(tell);
+    }
+
+    /// Sends promises (or takes them back) without waiting, from any thread; nothing is sent
+    /// where this node is the shard (the promise would die with it: the entry's next owner
+    /// learns only of copies, which their holders republish).
+    fn tell_promises(&self, tell: Tell) {
+        for (id, promised) in tell {
+            let shard = self.shard_of(&id);
+            if shard == self.id {
+                continue;
+            }
+            let node = self.id;
+            let msg = Msg::Dir(DirMsg::Promise { id, node, promised });
+            self.rpc.send_without_blocking(shard, msg);
         }
-        let msg = Msg::Dir(DirMsg::Promise {
-            id: id.clone(),
-            node: self.id,
-            promised,
-        });
-        let _ = self.rpc.send(shard, msg);
     }
 
     /// Tells the directory that these copies are gone (evicted, or a pull given up).

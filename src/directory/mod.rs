@@ -2,6 +2,7 @@
 //! and every subsystem reaches the shards through the client.
 
 mod client;
+mod promises;
 mod shard;
 
 pub(crate) use client::{DirClient, Resume};

@@ -61,11 +61,9 @@ impl Node {
         target: &ObjectId,
         make: impl FnOnce() -> Result<T>,
     ) -> Result<T> {
-        self.inner.dir.promise(target, true);
+        let token = self.inner.dir.promise(target, true);
         let r = make();
-        if r.is_err() {
-            self.inner.dir.promise(target, false);
-        }
+        self.inner.dir.end_promise(token, r.is_ok());
         r
     }
 
@@ -83,9 +81,9 @@ impl Node {
     ) -> Result<ReduceHandle> {
         let kind = (op, dtype);
         let target = target.into();
-        // Promised until the target is complete or this node dies (a failure seen through
-        // the handle leaves the promise: its readers then wait as for an object not made).
-        self.inner.dir.promise(&target, true);
+        // Promised once it has run for a moment; a failure seen through the handle leaves
+        // the promise (its readers then wait as for an object not made).
+        self.inner.dir.promise(&target, false);
         self.inner
             .reducer
             .start(target, sources, num_objects, kind, opts)

@@ -54,6 +54,7 @@ impl Inner {
                 }
                 self.reducer.halving_tick();
                 self.shard_tick();
+                self.dir.promise_tick();
                 next_tick = Instant::now() + TICK;
             }
             let Some(w) = w else { continue };
