@@ -457,7 +457,19 @@ impl Killed {
     /// `n` nodes, input k put on node k; node `victim` does `action` once it has sent
     /// `after` bytes of the target.
     fn with(n: usize, tag: &str, victim: usize, after: u64, action: FaultAction) -> Killed {
-        let c = LocalCluster::start(n as u32, cfg(), tcp()).unwrap();
+        Killed::with_extra(n, 0, tag, victim, after, action)
+    }
+
+    /// [`Killed::with`] on a cluster of `n + extra` nodes: the last `extra` hold no input.
+    fn with_extra(
+        n: usize,
+        extra: usize,
+        tag: &str,
+        victim: usize,
+        after: u64,
+        action: FaultAction,
+    ) -> Killed {
+        let c = LocalCluster::start((n + extra) as u32, cfg(), tcp()).unwrap();
         let inputs: Vec<Vec<u8>> = (0..n).map(|k| input(k, SIZE, DType::I64)).collect();
         let sources: Vec<ObjectId> = (0..n)
             .map(|k| ObjectId::new(format!("{tag}/in{k}")))
@@ -547,17 +559,18 @@ fn back_to_back_halving_reduces_are_read_anywhere_as_they_return() {
 }
 
 /// The coordinator of a halving allreduce dies mid-run: nothing can commit the run, and its
-/// readers on the other ranks are told the result is lost within a few plan stalls, not
-/// after the op timeout (60 s here).
+/// readers on the other ranks, and on a node that is no rank, are told the result is lost
+/// within a few plan stalls, not after the op timeout (60 s here).
 #[test]
 fn readers_of_a_run_whose_coordinator_dies_are_told_it_is_lost() {
     use phalanx::Error;
     let n = 4;
     // Node 0 coordinates; it stalls once it has sent its first block, and is killed then.
-    let k = Killed::with(n, "cdead", 0, SIZE / 2, FaultAction::Stall);
+    // Node 4 holds no input: it reads the result as any reader.
+    let k = Killed::with_extra(n, 1, "cdead", 0, SIZE / 2, FaultAction::Stall);
     let (c, sources, target) = (&k.c, &k.sources, &k.target);
     std::thread::scope(|s| {
-        let readers: Vec<_> = (1..n)
+        let readers: Vec<_> = (1..=n)
             .map(|r| {
                 let (node, t) = (c.node(r).clone(), target.clone());
                 s.spawn(move || node.allreduce_read(t, SIZE).map(|v| v.len()))

@@ -136,19 +136,26 @@ impl DirClient {
         self.tell_promises(tell);
     }
 
+    /// Tells the shard of `id` that this node will not produce it after all, though it
+    /// promised nothing (a rank of a halving run whose coordinator died): with no other
+    /// producer and no complete copy, `id` is lost after the grace.
+    pub fn give_up(&self, id: &ObjectId) {
+        self.tell_promises(vec![(id.clone(), false)]);
+    }
+
     /// Sends the promises now due (from the dispatcher's tick).
     pub fn promise_tick(&self) {
         let tell = self.promises.due(Instant::now());
         self.tell_promises(tell);
     }
 
-    /// Sends promises (or takes them back) without waiting, from any thread; nothing is sent
-    /// where this node is the shard (the promise would die with it: the entry's next owner
+    /// Sends promises (or takes them back) without waiting, from any thread; no promise is
+    /// sent where this node is the shard (it would die with it: the entry's next owner
     /// learns only of copies, which their holders republish).
     fn tell_promises(&self, tell: Tell) {
         for (id, promised) in tell {
             let shard = self.shard_of(&id);
-            if shard == self.id {
+            if shard == self.id && promised {
                 continue;
             }
             let node = self.id;

@@ -484,9 +484,14 @@ impl Shard {
             }
             DirMsg::Promise { id, node, promised } => {
                 if !promised {
-                    let could = self.producible(&id);
+                    // Given up (its reduce failed, or a run it was a rank of ended with its
+                    // coordinator): with nothing else that can produce it, it is lost after
+                    // the grace unless a copy or a new promise comes.
                     self.unpromise(&id, node);
-                    if could && !self.producible(&id) {
+                    let listed = self.entries.get(&id);
+                    let complete = listed
+                        .is_some_and(|e| e.inline.is_some() || e.locs.values().any(|l| l.complete));
+                    if !complete && !self.producible(&id) && !self.tombstones.contains(&id) {
                         self.orphans.entry(id).or_insert_with(Instant::now);
                     }
                     return;
@@ -1779,5 +1784,29 @@ mod tests {
             promise(&mut s, n, true);
         }
         assert_eq!(s.promises[&ObjectId::from("x")].len(), PROMISERS);
+    }
+
+    /// A node that promised nothing gives an object up (a rank of a halving run whose
+    /// coordinator died): lost after the grace if nothing else can produce it; not while
+    /// another node promised it or a copy is complete.
+    #[test]
+    fn a_give_up_loses_only_what_nothing_else_can_produce() {
+        let late = Instant::now() + Duration::from_secs(10);
+        let mut s = Shard::new();
+        assert!(locate(&mut s, 3, vec![]).is_empty());
+        promise(&mut s, 2, false);
+        assert_eq!(located(&tick(&mut s, late), 3), Located::Lost);
+        // Another node promised it.
+        let mut s = Shard::new();
+        promise(&mut s, 1, true);
+        assert!(locate(&mut s, 3, vec![]).is_empty());
+        promise(&mut s, 2, false);
+        assert!(tick(&mut s, late).is_empty());
+        // A complete copy (a rank that committed before the coordinator died).
+        let mut s = Shard::new();
+        publish(&mut s, 1, true);
+        promise(&mut s, 2, false);
+        assert!(tick(&mut s, late).is_empty());
+        assert_eq!(located(&locate(&mut s, 3, vec![]), 3), src(1));
     }
 }

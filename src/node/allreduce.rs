@@ -429,11 +429,16 @@ impl Node {
                     }
                 }
             }
-            return self.get_view(target);
+            // Not a rank, or its run not committed here: a run whose coordinator died
+            // before it committed is over (and too short for the coordinator's promise to
+            // have gone out), so this read stops when the coordinator does.
+            return self.view_while_up(&target, Some(coordinator));
         }
         let parts = decode_plan(&plan, size)?;
         drop(plan);
         if parts.len() == 1 {
+            // One tree: its target is the coordinator's promise, and its tasks withdraw
+            // their outputs if it dies (the target is then lost to this read).
             return self.get_view(target);
         }
         self.assemble(&target, &parts, coordinator)?;
@@ -715,14 +720,14 @@ impl Node {
 
     /// One partition for [`Node::assemble`]: from the node its coordinator names (along the
     /// partition's chain, as a ring's allgather: `Run::gather_hints`), else from wherever
-    /// the directory says ([`Node::partition_view`]).
+    /// the directory says ([`Node::view_while_up`]).
     fn fetch_partition(
         &self,
         id: &ObjectId,
         size: u64,
         coordinator: Option<NodeId>,
     ) -> Result<ObjectView> {
-        let directory = || self.partition_view(id, coordinator);
+        let directory = || self.view_while_up(id, coordinator);
         match self.inner.reducer.gather_hint(id, HINT_WAIT) {
             Some(GatherFrom::Node(source)) => {
                 self.get_view_via(id, source, size, HINT_STALL, directory)
@@ -743,12 +748,12 @@ impl Node {
         }
     }
 
-    /// A partition wherever the directory says, given up once the allreduce's `coordinator`
-    /// is down and the partition is still not here: a partition whose tree had not produced
-    /// it never will be (its tasks stop with their coordinator), whether or not the
-    /// directory had heard of it, so its readers are told it is lost (`Error::ObjectLost`)
-    /// rather than wait out the op timeout.
-    fn partition_view(&self, id: &ObjectId, coordinator: Option<NodeId>) -> Result<ObjectView> {
+    /// A partition, or the result of a halving run or of one tree, wherever the directory
+    /// says, given up once the allreduce's `coordinator` is down and no copy of it is
+    /// complete anywhere: what its tasks (or ranks) had not produced they never will (they
+    /// stop with their coordinator), whether or not the directory had heard of it, so its
+    /// readers are told it is lost (`Error::ObjectLost`) rather than wait out the op timeout.
+    fn view_while_up(&self, id: &ObjectId, coordinator: Option<NodeId>) -> Result<ObjectView> {
         let Some(coordinator) = coordinator.filter(|&c| c != self.id()) else {
             return self.get_view(id.clone());
         };
@@ -757,7 +762,13 @@ impl Node {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             match self.get_view_timeout(id.clone(), PLAN_STALL.min(left)) {
                 Err(Error::Timeout(..)) if !left.is_zero() => {
-                    if self.inner.members.is_down(coordinator) {
+                    // A copy complete somewhere (a halving run committed before its
+                    // coordinator died): its readers are still served.
+                    let complete = || {
+                        matches!(self.locate(id.clone()), Ok(Some(i))
+                            if i.locations.iter().any(|l| l.complete))
+                    };
+                    if self.inner.members.is_down(coordinator) && !complete() {
                         return Err(Error::ObjectLost(id.clone()));
                     }
                 }

@@ -133,9 +133,10 @@ pub enum DirMsg {
     /// keep waiting for the new copy instead of being told it is gone.
     Reset { rid: Rid, id: ObjectId },
     /// `node` will produce `id` (it coordinates the reduce whose target it is), or with
-    /// `promised` false no longer will (the reduce failed): an object whose only producer dies
-    /// before any copy of it can complete is lost (`Located::Lost`) instead of awaited for
-    /// ever, as one whose last copy died is. Not a copy: locates still wait for one.
+    /// `promised` false no longer will (the reduce failed, or the halving run it was a rank
+    /// of ended with its coordinator): an object whose only producer dies, or gives up, before
+    /// any copy of it can complete is lost (`Located::Lost`) instead of awaited for ever, as
+    /// one whose last copy died is. Not a copy: locates still wait for one.
     Promise {
         id: ObjectId,
         node: NodeId,

@@ -416,9 +416,16 @@ impl Reducer {
             .halving
             .sweep(self.step_wait(), &|n| members.is_down(n))
         {
-            if coordinator != self.id && !members.is_down(coordinator) {
+            if coordinator == self.id {
+                continue;
+            }
+            if !members.is_down(coordinator) {
                 let msg = ReduceMsg::HalvingFailed { target, run };
                 let _ = self.rpc.send(coordinator, Msg::Reduce(msg));
+            } else {
+                // Nothing will make the target now: its readers that are no rank (they
+                // know no coordinator: the plan comes after the run) are told it is lost.
+                self.dir.give_up(&target);
             }
         }
     }
