@@ -3,8 +3,9 @@
 //! A coordinator promises a reduce's target so that the target's readers are told it is
 //! lost if the coordinator dies before any copy of it exists. Most reduces of small objects
 //! end within a millisecond, and one message more on the way of each was measurable in
-//! the 64 KiB allreduce (5-7 % in three rounds of four on the 8 emulated hosts), so a
-//! promise is sent only once its operation has run for [`PROMISE_AFTER`] (the dispatcher's
+//! the 64 KiB allreduce (5-7 % in three rounds of four on the 8 emulated hosts), so the
+//! promise of a small operation whose inputs are here is sent only once it has run for
+//! [`PROMISE_AFTER`] (the dispatcher's
 //! tick, every 50 ms, sends the due ones): an operation that ends sooner costs nothing, and a coordinator
 //! that dies within that time leaves its readers waiting as for an object never made.
 
@@ -41,22 +42,29 @@ pub struct Promises {
 
 impl Promises {
     /// Notes a promise to produce `id` from `now`; `kept`: ended by [`Promises::end`] with
-    /// the token returned. Returns what to send now (a promise when too many are pending).
-    pub fn make(&self, id: &ObjectId, kept: bool, now: Instant) -> (u64, Tell) {
+    /// the token returned; `now_due`: sent at once (an operation that will take long, or
+    /// whose length is unknown). Returns what to send now (also a promise when too many are
+    /// pending).
+    pub fn make(&self, id: &ObjectId, kept: bool, now_due: bool, now: Instant) -> (u64, Tell) {
         let mut s = self.state.lock().unwrap();
         s.0 += 1;
         let token = s.0;
-        if s.1.len() >= PENDING_MAX {
+        let full = s.1.len() >= PENDING_MAX;
+        if full || (now_due && !kept) {
             return (token, vec![(id.clone(), true)]);
         }
         s.1.push(Pending {
             token,
             id: id.clone(),
             since: now,
-            sent: false,
+            sent: now_due,
             kept,
         });
-        (token, Vec::new())
+        let tell = match now_due {
+            true => vec![(id.clone(), true)],
+            false => Vec::new(),
+        };
+        (token, tell)
     }
 
     /// The promises due at `now`, now marked sent (those not kept are forgotten).
@@ -97,25 +105,33 @@ mod tests {
         let ps = Promises::default();
         let t0 = Instant::now();
         let x: ObjectId = "x".into();
-        let (quick, now) = ps.make(&x, true, t0);
+        let (quick, now) = ps.make(&x, true, false, t0);
         assert!(now.is_empty());
         assert!(ps.due(t0 + PROMISE_AFTER / 2).is_empty(), "not due yet");
         // Ended before it was due: nothing was ever sent, nothing to take back.
         assert!(ps.end(quick, false).is_empty());
         assert!(ps.due(t0 + PROMISE_AFTER * 2).is_empty());
         // Due: sent once; failed afterwards: taken back.
-        let (slow, _) = ps.make(&x, true, t0);
+        let (slow, _) = ps.make(&x, true, false, t0);
         assert_eq!(ps.due(t0 + PROMISE_AFTER), vec![(x.clone(), true)]);
         assert!(ps.due(t0 + PROMISE_AFTER * 3).is_empty(), "sent once");
         assert_eq!(ps.end(slow, false), vec![(x.clone(), false)]);
         assert!(ps.end(slow, false).is_empty(), "ended once");
         // Sent and ended well: nothing more (the shard drops it at the complete copy).
-        let (good, _) = ps.make(&x, true, t0);
+        let (good, _) = ps.make(&x, true, false, t0);
         ps.due(t0 + PROMISE_AFTER);
         assert!(ps.end(good, true).is_empty());
         // Not kept: forgotten once sent.
-        ps.make(&x, false, t0);
+        ps.make(&x, false, false, t0);
         assert_eq!(ps.due(t0 + PROMISE_AFTER).len(), 1);
+        assert!(ps.state.lock().unwrap().1.is_empty());
+        // Due at once: sent now, and taken back if its operation fails.
+        let (long, now) = ps.make(&x, true, true, t0);
+        assert_eq!(now, vec![(x.clone(), true)]);
+        assert!(ps.due(t0 + PROMISE_AFTER).is_empty(), "sent once");
+        assert_eq!(ps.end(long, false), vec![(x.clone(), false)]);
+        let (_, now) = ps.make(&x, false, true, t0);
+        assert_eq!(now.len(), 1);
         assert!(ps.state.lock().unwrap().1.is_empty());
     }
 
@@ -124,9 +140,12 @@ mod tests {
         let ps = Promises::default();
         let t0 = Instant::now();
         for k in 0..PENDING_MAX {
-            assert!(ps.make(&format!("o{k}").into(), true, t0).1.is_empty());
+            assert!(ps
+                .make(&format!("o{k}").into(), true, false, t0)
+                .1
+                .is_empty());
         }
-        let (_, now) = ps.make(&"one-more".into(), true, t0);
+        let (_, now) = ps.make(&"one-more".into(), true, false, t0);
         assert_eq!(now, vec![("one-more".into(), true)]);
     }
 }

@@ -241,7 +241,7 @@ impl Node {
         opts: &ReduceOptions,
     ) -> Result<(ObjectView, ReduceOutcome)> {
         let target = target.into();
-        self.promised(&target.clone(), || {
+        self.promised(&target.clone(), sources, || {
             self.allreduce_unpromised(target, sources, op, dtype, opts)
         })
     }
@@ -334,7 +334,7 @@ impl Node {
         if num >= sources.len() {
             return self.allreduce_view(target, sources, op, dtype, opts);
         }
-        self.promised(&target.clone(), || {
+        self.promised(&target.clone(), sources, || {
             // Readers of an object this size wait for the plan: one tree.
             if self.readers_wait_for_plan(self.input_size(sources)) {
                 self.put(plan_id(&target), &encode_plan(&[]))?;

@@ -8,6 +8,9 @@ use crate::reduce::{Hooks, ReduceHandle, ReduceOptions, ReduceOutcome};
 use crate::{Error, ObjectId, Result};
 use std::sync::{Arc, Condvar, Mutex};
 
+/// Inputs from this size make a reduce long enough that its promise is sent at once.
+const PROMISE_NOW_FROM: u64 = 1 << 20;
+
 impl Node {
     /// Reduces the first `num_objects` of `sources` to become ready into `target`.
     pub fn reduce(
@@ -40,7 +43,7 @@ impl Node {
     ) -> Result<ReduceOutcome> {
         let kind = (op, dtype);
         let target = target.into();
-        self.promised(&target, || {
+        self.promised(&target, sources, || {
             // A halving reduce when it can run; else (or abandoned) a tree.
             let num = match self.reduce_by_halving(&target, sources, num_objects, kind, opts)? {
                 Ok(outcome) => return Ok(outcome),
@@ -59,9 +62,15 @@ impl Node {
     pub(super) fn promised<T>(
         &self,
         target: &ObjectId,
+        sources: &[ObjectId],
         make: impl FnOnce() -> Result<T>,
     ) -> Result<T> {
-        let token = self.inner.dir.promise(target, true);
+        // Sent at once for an operation that may take long: large, or its inputs elsewhere
+        // (its coordinator may wait for them); else after `PROMISE_AFTER`.
+        let long = self
+            .input_size(sources)
+            .is_none_or(|s| s >= PROMISE_NOW_FROM);
+        let token = self.inner.dir.promise(target, true, long);
         let r = make();
         self.inner.dir.end_promise(token, r.is_ok());
         r
@@ -83,7 +92,7 @@ impl Node {
         let target = target.into();
         // Promised once it has run for a moment; a failure seen through the handle leaves
         // the promise (its readers then wait as for an object not made).
-        self.inner.dir.promise(&target, false);
+        self.inner.dir.promise(&target, false, true);
         self.inner
             .reducer
             .start(target, sources, num_objects, kind, opts)
