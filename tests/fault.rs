@@ -1061,3 +1061,57 @@ fn targets_whose_coordinator_dies_before_any_copy_are_lost_to_their_readers() {
     let all: Vec<&Vec<u8>> = data.iter().collect();
     assert!(c.node(2).get(reduced).unwrap() == sum_of(&all));
 }
+
+/// The only copy of an object dies with the node that was also its directory shard: the
+/// entry's next owner never heard of the object, yet a reader pulling it when its source
+/// died, and a reader waiting meanwhile, are told it is lost within about `lost_after` (the
+/// resumed pull makes it an orphan there), not after the op timeout; put again, it is read.
+#[test]
+fn an_object_whose_only_copy_died_with_its_shard_is_lost() {
+    use phalanx::Error;
+    let c = LocalCluster::start(
+        5,
+        NodeConfig {
+            lost_after: Duration::from_secs(1),
+            ..cfg()
+        },
+        tcp(),
+    )
+    .unwrap();
+    let victim = 1;
+    let id = name_on(c.node(0), "lost-shard", victim as NodeId);
+    let data = pattern(92);
+    c.node(victim).put(id.clone(), &data).unwrap();
+    let reader = |k: usize| {
+        let n = c.node(k).clone();
+        let id = id.clone();
+        std::thread::spawn(move || (n.get(id), Instant::now()))
+    };
+    let h3 = reader(3);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while c
+        .node(3)
+        .local_copy(id.clone())
+        .is_none_or(|i| i.watermark < 4 << 20)
+    {
+        assert!(Instant::now() < deadline, "node 3 never started pulling");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let h4 = reader(4);
+    let killed = Instant::now();
+    c.node(victim).kill();
+    for (k, h) in [(3, h3), (4, h4)] {
+        let (r, at) = h.join().unwrap();
+        match r {
+            Err(Error::ObjectLost(got)) => assert_eq!(got, id),
+            other => panic!(
+                "node {k}: expected ObjectLost, got {:?}",
+                other.map(|v| v.len())
+            ),
+        }
+        let took = at.duration_since(killed);
+        assert!(took < Duration::from_secs(20), "node {k} told after {took:?}");
+    }
+    c.node(4).put(id.clone(), &data).unwrap();
+    assert!(c.node(2).get(id.clone()).unwrap() == data);
+}

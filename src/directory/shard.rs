@@ -374,6 +374,13 @@ impl Shard {
                     epoch,
                 };
                 if let Some(w) = self.try_locate(&id, w, out) {
+                    if w.resume && !self.entries.contains_key(&id) && !self.tombstones.contains(&id)
+                    {
+                        // A pull under way of an object this shard never heard of: its entry
+                        // died with the shard that owned it before, and so did its last copy
+                        // unless a holder republishes it here within the grace.
+                        self.orphans.entry(id.clone()).or_insert_with(Instant::now);
+                    }
                     if wait && !self.tombstones.contains(&id) {
                         self.waiting.entry(id).or_default().push_back(w);
                     } else {
@@ -1784,6 +1791,28 @@ mod tests {
             promise(&mut s, n, true);
         }
         assert_eq!(s.promises[&ObjectId::from("x")].len(), PROMISERS);
+    }
+
+    /// The shard that owned an object died with its only copy: a pull resumed here (its
+    /// source gone) of an object this shard never heard of makes it an orphan, lost after
+    /// the grace unless a holder republishes it meanwhile; a plain locate does not (the
+    /// object may be put later).
+    #[test]
+    fn a_resumed_pull_of_an_unknown_object_is_lost_unless_republished() {
+        let late = Instant::now() + Duration::from_secs(10);
+        let mut s = Shard::new();
+        assert!(locate(&mut s, 2, vec![]).is_empty());
+        assert!(tick(&mut s, late).is_empty(), "a plain reader waits");
+        assert!(locate_as(&mut s, 3, true, vec![1]).is_empty());
+        let out = tick(&mut s, late);
+        assert_eq!(located(&out, 2), Located::Lost);
+        assert_eq!(located(&out, 3), Located::Lost);
+        // Republished within the grace: found.
+        let mut s = Shard::new();
+        assert!(locate_as(&mut s, 3, true, vec![1]).is_empty());
+        let out = publish(&mut s, 4, true);
+        assert_eq!(located(&out, 3), src(4));
+        assert!(tick(&mut s, late).is_empty());
     }
 
     /// A node that promised nothing gives an object up (a rank of a halving run whose
