@@ -8,7 +8,7 @@ use crate::config::INLINE_LIMIT;
 use crate::hop::hop;
 use crate::membership::Membership;
 use crate::protocol::{DirMsg, Located, Msg, ObjectInfo, Reply, StoreMsg};
-use crate::rpc::{unexpected_reply, Rpc};
+use crate::rpc::{unexpected_reply, Rpc, Work};
 use crate::store::Store;
 use crate::{Error, ObjectId, Result};
 use crossbeam_channel::Sender;
@@ -149,9 +149,11 @@ impl DirClient {
         self.tell_promises(tell);
     }
 
-    /// Sends promises (or takes them back) without waiting, from any thread; no promise is
-    /// sent where this node is the shard (it would die with it: the entry's next owner
-    /// learns only of copies, which their holders republish).
+    /// Sends promises (or takes them back) without waiting, from any thread, all through the
+    /// dispatcher's queue so that they reach a shard in the order they were made (a take-back
+    /// never overtakes its promise); no promise is sent where this node is the shard (it
+    /// would die with it: the entry's next owner learns only of copies, which their holders
+    /// republish, and promises are not republished).
     fn tell_promises(&self, tell: Tell) {
         for (id, promised) in tell {
             let shard = self.shard_of(&id);
@@ -160,7 +162,7 @@ impl DirClient {
             }
             let node = self.id;
             let msg = Msg::Dir(DirMsg::Promise { id, node, promised });
-            self.rpc.send_without_blocking(shard, msg);
+            self.rpc.enqueue(Work::Send(shard, msg));
         }
     }
 

@@ -374,11 +374,13 @@ impl Shard {
                     epoch,
                 };
                 if let Some(w) = self.try_locate(&id, w, out) {
-                    if w.resume && !self.entries.contains_key(&id) && !self.tombstones.contains(&id)
-                    {
-                        // A pull under way of an object this shard never heard of: its entry
-                        // died with the shard that owned it before, and so did its last copy
-                        // unless a holder republishes it here within the grace.
+                    let unknown = !self.entries.contains_key(&id) && !self.tombstones.contains(&id);
+                    if w.resume && w.epoch.is_some() && unknown {
+                        // A pull under way, of a source a shard assigned, of an object this
+                        // shard never heard of: its entry died with the shard that owned it
+                        // before, and so did its last copy unless a holder republishes it here
+                        // within the grace. (A pull begun on a claim, a reduce intermediate,
+                        // knows no epoch: its source may publish later.)
                         self.orphans.entry(id.clone()).or_insert_with(Instant::now);
                     }
                     if wait && !self.tombstones.contains(&id) {
@@ -496,6 +498,7 @@ impl Shard {
                     // the grace unless a copy or a new promise comes.
                     self.unpromise(&id, node);
                     let listed = self.entries.get(&id);
+                    // (A deleted object stays deleted: its readers are told "not found".)
                     let complete = listed
                         .is_some_and(|e| e.inline.is_some() || e.locs.values().any(|l| l.complete));
                     if !complete && !self.producible(&id) && !self.tombstones.contains(&id) {
@@ -507,11 +510,16 @@ impl Shard {
                     .entries
                     .get(&id)
                     .is_some_and(|e| e.inline.is_some() || e.locs.values().any(|l| l.complete));
-                if complete {
-                    return; // nothing left to promise
+                if complete || self.tombstones.contains(&id) {
+                    // Nothing left to promise; or deleted (a late promise of a reduce whose
+                    // target was deleted as it ended): it stays deleted.
+                    return;
                 }
                 let p = self.promises.entry(id.clone()).or_default();
-                if !p.contains(&node) && p.len() < PROMISERS {
+                if !p.contains(&node) {
+                    if p.len() >= PROMISERS {
+                        return;
+                    }
                     p.push(node);
                 }
                 // A producer will make it (again): not lost.
@@ -1767,8 +1775,11 @@ mod tests {
         assert_eq!(located(&tick(&mut s, late), 3), Located::Lost);
         promise(&mut s, 2, true);
         assert!(locate(&mut s, 4, vec![]).is_empty(), "awaited again");
-        down(&mut s, 1, late);
         assert!(tick(&mut s, late + Duration::from_secs(10)).is_empty());
+        // ... until the survivor dies too.
+        down(&mut s, 2, late);
+        let out = tick(&mut s, late + Duration::from_secs(10));
+        assert_eq!(located(&out, 4), Located::Lost);
         // Deleted: the promise is forgotten with the entry.
         let mut s = Shard::new();
         promise(&mut s, 1, true);
@@ -1791,6 +1802,15 @@ mod tests {
             promise(&mut s, n, true);
         }
         assert_eq!(s.promises[&ObjectId::from("x")].len(), PROMISERS);
+        // A promise of a deleted object is ignored: it stays deleted.
+        let mut s = Shard::new();
+        let del = DirMsg::Delete {
+            rid: 1,
+            id: "x".into(),
+        };
+        s.handle(1, del, &mut Vec::new());
+        promise(&mut s, 1, true);
+        assert!(s.promises.is_empty());
     }
 
     /// The shard that owned an object died with its only copy: a pull resumed here (its
@@ -1803,13 +1823,17 @@ mod tests {
         let mut s = Shard::new();
         assert!(locate(&mut s, 2, vec![]).is_empty());
         assert!(tick(&mut s, late).is_empty(), "a plain reader waits");
-        assert!(locate_as(&mut s, 3, true, vec![1]).is_empty());
+        // Nor does a pull begun on a claim (no epoch: a reduce intermediate whose source
+        // may publish later).
+        assert!(locate_as(&mut s, 5, true, vec![1]).is_empty());
+        assert!(tick(&mut s, late).is_empty(), "a claimed pull waits");
+        assert!(locate_epoch(&mut s, 3, true, vec![1], Some(0)).is_empty());
         let out = tick(&mut s, late);
         assert_eq!(located(&out, 2), Located::Lost);
         assert_eq!(located(&out, 3), Located::Lost);
         // Republished within the grace: found.
         let mut s = Shard::new();
-        assert!(locate_as(&mut s, 3, true, vec![1]).is_empty());
+        assert!(locate_epoch(&mut s, 3, true, vec![1], Some(0)).is_empty());
         let out = publish(&mut s, 4, true);
         assert_eq!(located(&out, 3), src(4));
         assert!(tick(&mut s, late).is_empty());

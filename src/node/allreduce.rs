@@ -764,9 +764,11 @@ impl Node {
                 Err(Error::Timeout(..)) if !left.is_zero() => {
                     // A copy complete somewhere (a halving run committed before its
                     // coordinator died): its readers are still served.
-                    let complete = || {
-                        matches!(self.locate(id.clone()), Ok(Some(i))
-                            if i.locations.iter().any(|l| l.complete))
+                    // (A shard that cannot answer now says nothing: keep waiting.)
+                    let complete = || match self.locate(id.clone()) {
+                        Ok(Some(i)) => i.locations.iter().any(|l| l.complete),
+                        Ok(None) => false,
+                        Err(_) => true,
                     };
                     if self.inner.members.is_down(coordinator) && !complete() {
                         return Err(Error::ObjectLost(id.clone()));

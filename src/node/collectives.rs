@@ -70,9 +70,25 @@ impl Node {
         let long = self
             .input_size(sources)
             .is_none_or(|s| s >= PROMISE_NOW_FROM);
-        let token = self.inner.dir.promise(target, true, long);
+        /// Ends the promise however `make` ends: well, with an error, or a panic (taken back
+        /// then too, and never left pending).
+        struct Ends<'a> {
+            dir: &'a crate::directory::DirClient,
+            token: u64,
+            ok: bool,
+        }
+        impl Drop for Ends<'_> {
+            fn drop(&mut self) {
+                self.dir.end_promise(self.token, self.ok);
+            }
+        }
+        let mut ends = Ends {
+            dir: &self.inner.dir,
+            token: self.inner.dir.promise(target, true, long),
+            ok: false,
+        };
         let r = make();
-        self.inner.dir.end_promise(token, r.is_ok());
+        ends.ok = r.is_ok();
         r
     }
 
@@ -90,12 +106,14 @@ impl Node {
     ) -> Result<ReduceHandle> {
         let kind = (op, dtype);
         let target = target.into();
-        // Promised once it has run for a moment; a failure seen through the handle leaves
-        // the promise (its readers then wait as for an object not made).
-        self.inner.dir.promise(&target, false, true);
-        self.inner
+        let handle = self
+            .inner
             .reducer
-            .start(target, sources, num_objects, kind, opts)
+            .start(target.clone(), sources, num_objects, kind, opts)?;
+        // Promised at once, for as long as this node lives (a failure seen through the
+        // handle leaves the promise: its readers then wait as for an object not made).
+        self.inner.dir.promise(&target, false, true);
+        Ok(handle)
     }
 
     /// Gets several objects concurrently (a gather at this node). Every object is asked for
