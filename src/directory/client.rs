@@ -136,11 +136,16 @@ impl DirClient {
         self.tell_promises(tell);
     }
 
-    /// Tells the shard of `id` that this node will not produce it after all, though it
-    /// promised nothing (a rank of a halving run whose coordinator died): with no other
+    /// Tells the shard of `id` that this node will not produce it after all: it was a rank
+    /// of a run into `id` whose `coordinator` died (`DirMsg::GiveUp`). With no other
     /// producer and no complete copy, `id` is lost after the grace.
-    pub fn give_up(&self, id: &ObjectId) {
-        self.tell_promises(vec![(id.clone(), false)]);
+    pub fn give_up(&self, id: &ObjectId, coordinator: NodeId) {
+        let msg = Msg::Dir(DirMsg::GiveUp {
+            id: id.clone(),
+            node: self.id,
+            coordinator,
+        });
+        self.rpc.enqueue(Work::Send(self.shard_of(id), msg));
     }
 
     /// Sends the promises now due (from the dispatcher's tick).

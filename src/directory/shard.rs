@@ -104,7 +104,17 @@ pub struct Shard {
     /// the reduces into it), until a complete copy is listed or they die, take it back or the
     /// object is deleted. Like a producer's copy, a promise keeps an object from being lost.
     promises: HashMap<ObjectId, Vec<NodeId>>,
+    /// Objects given up by a rank of a run whose coordinator died (`DirMsg::GiveUp`), by
+    /// that coordinator, until this shard sees it down too (at most `GIVE_UPS`, oldest
+    /// dropped).
+    give_ups: HashMap<ObjectId, NodeId>,
+    give_up_order: VecDeque<ObjectId>,
+    /// Nodes this shard has seen die.
+    seen_down: HashSet<NodeId>,
 }
+
+/// Give-ups a shard keeps for coordinators it has not seen die yet.
+const GIVE_UPS: usize = 1 << 12;
 
 /// Most nodes one object's promises name: more are ignored (each coordinator of a reduce
 /// into the same target promises it; a reduce is redone at most a few times).
@@ -220,7 +230,8 @@ impl Shard {
             DirMsg::Publish { node, .. }
             | DirMsg::PutInline { node, .. }
             | DirMsg::Withdraw { node, .. }
-            | DirMsg::Promise { node, .. } => Some(*node),
+            | DirMsg::Promise { node, .. }
+            | DirMsg::GiveUp { node, .. } => Some(*node),
             DirMsg::Claim { receiver, .. } | DirMsg::TransferDone { receiver, .. } => {
                 Some(*receiver)
             }
@@ -493,15 +504,11 @@ impl Shard {
             }
             DirMsg::Promise { id, node, promised } => {
                 if !promised {
-                    // Given up (its reduce failed, or a run it was a rank of ended with its
-                    // coordinator): with nothing else that can produce it, it is lost after
-                    // the grace unless a copy or a new promise comes.
+                    // Taken back (its reduce failed): if it was the last producer, the object
+                    // is lost after the grace unless a copy or a new promise comes.
+                    let could = self.producible(&id);
                     self.unpromise(&id, node);
-                    let listed = self.entries.get(&id);
-                    // (A deleted object stays deleted: its readers are told "not found".)
-                    let complete = listed
-                        .is_some_and(|e| e.inline.is_some() || e.locs.values().any(|l| l.complete));
-                    if !complete && !self.producible(&id) && !self.tombstones.contains(&id) {
+                    if could && !self.producible(&id) {
                         self.orphans.entry(id).or_insert_with(Instant::now);
                     }
                     return;
@@ -528,6 +535,35 @@ impl Shard {
                     e.lost = false;
                 }
             }
+            DirMsg::GiveUp {
+                id, coordinator, ..
+            } => {
+                if self.seen_down.contains(&coordinator) {
+                    self.orphan_given_up(id, Instant::now());
+                    return;
+                }
+                if self.give_up_order.len() >= GIVE_UPS {
+                    if let Some(old) = self.give_up_order.pop_front() {
+                        self.give_ups.remove(&old);
+                    }
+                }
+                if self.give_ups.insert(id.clone(), coordinator).is_none() {
+                    self.give_up_order.push_back(id);
+                }
+            }
+        }
+    }
+
+    /// An object given up by a rank of a run whose coordinator this shard has seen die: an
+    /// orphan, unless it is complete somewhere, something else can produce it, or it was
+    /// deleted (its readers are told "not found").
+    fn orphan_given_up(&mut self, id: ObjectId, now: Instant) {
+        let complete = self
+            .entries
+            .get(&id)
+            .is_some_and(|e| e.inline.is_some() || e.locs.values().any(|l| l.complete));
+        if !complete && !self.producible(&id) && !self.tombstones.contains(&id) {
+            self.orphans.entry(id).or_insert(now);
         }
     }
 
@@ -562,6 +598,17 @@ impl Shard {
     }
 
     pub fn node_down(&mut self, node: NodeId, now: Instant, out: &mut Out) {
+        self.seen_down.insert(node);
+        let given_up: Vec<ObjectId> = self
+            .give_ups
+            .iter()
+            .filter(|&(_, &c)| c == node)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in given_up {
+            self.give_ups.remove(&id);
+            self.orphan_given_up(id, now);
+        }
         let mut ids: Vec<ObjectId> = self.entries.keys().cloned().collect();
         ids.extend(
             self.promises
@@ -1839,27 +1886,70 @@ mod tests {
         assert!(tick(&mut s, late).is_empty());
     }
 
-    /// A node that promised nothing gives an object up (a rank of a halving run whose
-    /// coordinator died): lost after the grace if nothing else can produce it; not while
-    /// another node promised it or a copy is complete.
+    /// A rank of a run whose coordinator died gives the target up: lost after the grace once
+    /// the shard has seen the coordinator die too (before or after the give-up), if nothing
+    /// else can produce it; a give-up naming a live node, another node's promise or a
+    /// complete copy keeps it.
     #[test]
     fn a_give_up_loses_only_what_nothing_else_can_produce() {
-        let late = Instant::now() + Duration::from_secs(10);
+        let t0 = Instant::now();
+        let late = t0 + Duration::from_secs(10);
+        let give_up = |s: &mut Shard, node: NodeId, coordinator: NodeId| {
+            let id = "x".into();
+            let msg = DirMsg::GiveUp {
+                id,
+                node,
+                coordinator,
+            };
+            s.handle(node, msg, &mut Vec::new());
+        };
+        for seen_first in [true, false] {
+            let mut s = Shard::new();
+            assert!(locate(&mut s, 3, vec![]).is_empty());
+            if seen_first {
+                down(&mut s, 7, t0);
+            }
+            give_up(&mut s, 2, 7);
+            if !seen_first {
+                assert!(tick(&mut s, late).is_empty(), "7 is not known dead yet");
+                down(&mut s, 7, t0);
+            }
+            assert_eq!(
+                located(&tick(&mut s, late), 3),
+                Located::Lost,
+                "{seen_first}"
+            );
+        }
+        // Naming a live node: nothing (a forged give-up cannot lose an awaited object).
         let mut s = Shard::new();
         assert!(locate(&mut s, 3, vec![]).is_empty());
-        promise(&mut s, 2, false);
-        assert_eq!(located(&tick(&mut s, late), 3), Located::Lost);
+        give_up(&mut s, 2, 1);
+        assert!(tick(&mut s, late).is_empty());
         // Another node promised it.
         let mut s = Shard::new();
         promise(&mut s, 1, true);
         assert!(locate(&mut s, 3, vec![]).is_empty());
-        promise(&mut s, 2, false);
+        down(&mut s, 7, t0);
+        give_up(&mut s, 2, 7);
         assert!(tick(&mut s, late).is_empty());
         // A complete copy (a rank that committed before the coordinator died).
         let mut s = Shard::new();
         publish(&mut s, 1, true);
-        promise(&mut s, 2, false);
+        down(&mut s, 7, t0);
+        give_up(&mut s, 2, 7);
         assert!(tick(&mut s, late).is_empty());
         assert_eq!(located(&locate(&mut s, 3, vec![]), 3), src(1));
+        // Bounded: the oldest give-ups waiting for their coordinator are dropped.
+        let mut s = Shard::new();
+        for k in 0..GIVE_UPS + 10 {
+            let msg = DirMsg::GiveUp {
+                id: format!("o{k}").into(),
+                node: 2,
+                coordinator: 7,
+            };
+            s.handle(2, msg, &mut Vec::new());
+        }
+        assert_eq!(s.give_ups.len(), GIVE_UPS);
+        assert_eq!(s.give_up_order.len(), GIVE_UPS);
     }
 }

@@ -133,14 +133,22 @@ pub enum DirMsg {
     /// keep waiting for the new copy instead of being told it is gone.
     Reset { rid: Rid, id: ObjectId },
     /// `node` will produce `id` (it coordinates the reduce whose target it is), or with
-    /// `promised` false no longer will (the reduce failed, or the halving run it was a rank
-    /// of ended with its coordinator): an object whose only producer dies, or gives up, before
-    /// any copy of it can complete is lost (`Located::Lost`) instead of awaited for ever, as
-    /// one whose last copy died is. Not a copy: locates still wait for one.
+    /// `promised` false no longer will (the reduce failed): an object whose only producer
+    /// dies, or takes its promise back, before any copy of it can complete is lost
+    /// (`Located::Lost`) instead of awaited for ever, as one whose last copy died is. Not a
+    /// copy: locates still wait for one.
     Promise {
         id: ObjectId,
         node: NodeId,
         promised: bool,
+    },
+    /// `node` was to produce `id` in a run coordinated by `coordinator`, which died (a rank
+    /// of a halving run): once the shard has seen `coordinator` down too, `id` is lost unless
+    /// something else can produce it. A give-up naming a live node changes nothing.
+    GiveUp {
+        id: ObjectId,
+        node: NodeId,
+        coordinator: NodeId,
     },
 }
 
@@ -159,7 +167,8 @@ impl DirMsg {
             | DirMsg::Subscribe { id, .. }
             | DirMsg::Delete { id, .. }
             | DirMsg::Reset { id, .. }
-            | DirMsg::Promise { id, .. } => id,
+            | DirMsg::Promise { id, .. }
+            | DirMsg::GiveUp { id, .. } => id,
         }
     }
 }

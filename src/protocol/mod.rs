@@ -92,6 +92,7 @@ impl Msg {
                 DirMsg::Delete { .. } => "Delete",
                 DirMsg::Reset { .. } => "Reset",
                 DirMsg::Promise { .. } => "Promise",
+                DirMsg::GiveUp { .. } => "GiveUp",
             },
             Msg::Pull(m) => match m {
                 PullMsg::Pull { .. } => "Pull",

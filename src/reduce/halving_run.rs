@@ -425,7 +425,7 @@ impl Reducer {
             } else {
                 // Nothing will make the target now: its readers that are no rank (they
                 // know no coordinator: the plan comes after the run) are told it is lost.
-                self.dir.give_up(&target);
+                self.dir.give_up(&target, coordinator);
             }
         }
     }
