@@ -814,6 +814,29 @@ fn a_stalled_chain_of_forwarded_readers_recovers() {
     );
 }
 
+/// A reader's get (its result and when it ended) was told `id` is lost, within 20 s of
+/// `killed` (the op timeout is 60 s).
+fn expect_lost(
+    k: usize,
+    h: std::thread::JoinHandle<(phalanx::Result<Vec<u8>>, Instant)>,
+    id: &ObjectId,
+    killed: Instant,
+) {
+    let (r, at) = h.join().unwrap();
+    match r {
+        Err(phalanx::Error::ObjectLost(got)) => assert_eq!(&got, id),
+        other => panic!(
+            "node {k}: expected ObjectLost, got {:?}",
+            other.map(|v| v.len())
+        ),
+    }
+    let took = at.duration_since(killed);
+    assert!(
+        took < Duration::from_secs(20),
+        "node {k} told after {took:?}"
+    );
+}
+
 /// Every copy of an object dies with its node: a get waiting for it, one pulling it when the
 /// source dies, and one asked after fail as `ObjectLost` once `lost_after` passed, long
 /// before the op timeout; a get of an object never put still waits; put again, the object
@@ -859,21 +882,9 @@ fn a_get_of_an_object_whose_every_copy_died_fails_as_lost() {
     let h4 = reader(4);
     let killed = Instant::now();
     c.node(victim).kill();
+    // (4 may read from 3's copy, which cannot complete either.)
     for (k, h) in [(3, h3), (4, h4)] {
-        let (r, at) = h.join().unwrap();
-        match r {
-            Err(Error::ObjectLost(got)) => assert_eq!(got, id),
-            // 4 may have finished from 3's copy... never: 3's copy could not complete.
-            other => panic!(
-                "node {k}: expected ObjectLost, got {:?}",
-                other.map(|v| v.len())
-            ),
-        }
-        let took = at.duration_since(killed);
-        assert!(
-            took < Duration::from_secs(20),
-            "node {k} was told after {took:?} (op timeout 60 s)"
-        );
+        expect_lost(k, h, &id, killed);
     }
     // Asked after: at once.
     let t = Instant::now();
@@ -1064,7 +1075,6 @@ fn targets_whose_coordinator_dies_before_any_copy_are_lost_to_their_readers() {
 /// resumed pull makes it an orphan there), not after the op timeout; put again, it is read.
 #[test]
 fn an_object_whose_only_copy_died_with_its_shard_is_lost() {
-    use phalanx::Error;
     let c = LocalCluster::start(
         5,
         NodeConfig {
@@ -1099,19 +1109,7 @@ fn an_object_whose_only_copy_died_with_its_shard_is_lost() {
     let killed = Instant::now();
     c.node(victim).kill();
     for (k, h) in [(3, h3), (4, h4)] {
-        let (r, at) = h.join().unwrap();
-        match r {
-            Err(Error::ObjectLost(got)) => assert_eq!(got, id),
-            other => panic!(
-                "node {k}: expected ObjectLost, got {:?}",
-                other.map(|v| v.len())
-            ),
-        }
-        let took = at.duration_since(killed);
-        assert!(
-            took < Duration::from_secs(20),
-            "node {k} told after {took:?}"
-        );
+        expect_lost(k, h, &id, killed);
     }
     c.node(4).put(id.clone(), &data).unwrap();
     assert!(c.node(2).get(id.clone()).unwrap() == data);
