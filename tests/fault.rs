@@ -814,6 +814,15 @@ fn a_stalled_chain_of_forwarded_readers_recovers() {
     );
 }
 
+/// A cluster of `n` nodes whose objects left without a copy are lost after 1 s.
+fn losing_after_1s(n: u32) -> LocalCluster {
+    let cfg = NodeConfig {
+        lost_after: Duration::from_secs(1),
+        ..cfg()
+    };
+    LocalCluster::start(n, cfg, tcp()).unwrap()
+}
+
 /// A reader's get (its result and when it ended) was told `id` is lost, within 20 s of
 /// `killed` (the op timeout is 60 s).
 fn expect_lost(
@@ -913,15 +922,7 @@ fn a_get_of_an_object_whose_every_copy_died_fails_as_lost() {
 #[test]
 fn a_reduce_whose_coordinator_dies_is_lost_to_its_readers_and_can_be_redone() {
     use phalanx::{DType, Error, ReduceOp, ReduceOptions};
-    let c = LocalCluster::start(
-        6,
-        NodeConfig {
-            lost_after: Duration::from_secs(1),
-            ..cfg()
-        },
-        tcp(),
-    )
-    .unwrap();
+    let c = losing_after_1s(6);
     // 32 MiB of i64: the chain streams the target for long enough that the coordinator's
     // death is known before the root could finish it, on a loaded host too.
     let elems = 4 << 20;
@@ -991,15 +992,7 @@ fn a_reduce_whose_coordinator_dies_is_lost_to_its_readers_and_can_be_redone() {
 #[test]
 fn targets_whose_coordinator_dies_before_any_copy_are_lost_to_their_readers() {
     use phalanx::{DType, Error, ReduceOp, ReduceOptions};
-    let c = LocalCluster::start(
-        4,
-        NodeConfig {
-            lost_after: Duration::from_secs(1),
-            ..cfg()
-        },
-        tcp(),
-    )
-    .unwrap();
+    let c = losing_after_1s(4);
     let victim = 0;
     let elems = 1 << 20; // 8 MiB: the allreduce's readers wait for its plan
     let reduced = name_on(c.node(1), "pr-out", 1);
@@ -1075,15 +1068,7 @@ fn targets_whose_coordinator_dies_before_any_copy_are_lost_to_their_readers() {
 /// resumed pull makes it an orphan there), not after the op timeout; put again, it is read.
 #[test]
 fn an_object_whose_only_copy_died_with_its_shard_is_lost() {
-    let c = LocalCluster::start(
-        5,
-        NodeConfig {
-            lost_after: Duration::from_secs(1),
-            ..cfg()
-        },
-        tcp(),
-    )
-    .unwrap();
+    let c = losing_after_1s(5);
     let victim = 1;
     let id = name_on(c.node(0), "lost-shard", victim as NodeId);
     let data = pattern(92);
@@ -1121,15 +1106,7 @@ fn an_object_whose_only_copy_died_with_its_shard_is_lost() {
 #[test]
 fn a_deferred_promise_makes_a_small_target_lost_when_its_coordinator_dies() {
     use phalanx::{DType, Error, ReduceOp};
-    let c = LocalCluster::start(
-        3,
-        NodeConfig {
-            lost_after: Duration::from_secs(1),
-            ..cfg()
-        },
-        tcp(),
-    )
-    .unwrap();
+    let c = losing_after_1s(3);
     let victim = 0;
     let target = name_on(c.node(1), "dp-out", 1);
     let here = name_on(c.node(1), "dp-in0", 2);
