@@ -104,6 +104,20 @@ def test_an_object_whose_every_copy_died_is_lost():
         assert np.array_equal(np.frombuffer(c[0].get("@0/lost/a"), np.float32), np.ones(4))
 
 
+def test_a_target_whose_coordinator_died_before_making_it_is_lost():
+    with phalanx.local_cluster(3, op_timeout=30.0, lost_after=0.5) as c:
+        # Node 2 coordinates a reduce that waits for an input never put; the target's entry
+        # lives on node 0 ("@0/..."), which hears the coordinator's promise to make it.
+        c[1].put("@0/fate/a", np.ones(1 << 10, np.float32))
+        c[2].reduce_start("@0/fate/sum", ["@0/fate/a", "@0/fate/b"], n=2, dtype="float32")
+        time.sleep(0.2)
+        c[2].kill()
+        t = time.monotonic()
+        with pytest.raises(phalanx.ObjectLost):
+            c[0].get("@0/fate/sum")
+        assert time.monotonic() - t < 10
+
+
 @pytest.mark.parametrize("kind,cls", [
     ("NotFound", phalanx.NotFound), ("ObjectLost", phalanx.ObjectLost),
     ("AlreadyExists", phalanx.AlreadyExists),
