@@ -1136,3 +1136,60 @@ fn a_deferred_promise_makes_a_small_target_lost_when_its_coordinator_dies() {
         killed.elapsed()
     );
 }
+
+/// A coordinator's promise follows its target's directory entry: the shard it was made to
+/// dies, the entry moves, the coordinator makes the promise again to the new owner, and when
+/// the coordinator dies in turn, readers asking the new owner are told the target is lost.
+#[test]
+fn a_promise_is_made_again_to_the_next_owner_of_its_entry() {
+    use phalanx::{DType, ReduceOp};
+    let c = losing_after_1s(4);
+    let (coordinator, shard, reader) = (0, 1, 3);
+    // Targets whose entries live on node 1; after its death each moves to node 0, 2 or 3.
+    let targets: Vec<ObjectId> = (0..8)
+        .map(|k| name_on(c.node(0), &format!("rp-out{k}"), shard as NodeId))
+        .collect();
+    for (k, t) in targets.iter().enumerate() {
+        // Waits for an input never put, held (as it would be) on another node.
+        let never = name_on(c.node(0), &format!("rp-in{k}"), 2);
+        let (n, t) = (c.node(coordinator).clone(), t.clone());
+        // Not joined: the coordinator is killed while it waits.
+        std::thread::spawn(move || n.reduce(t, &[never], 1, ReduceOp::Sum, DType::I64));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    c.node(shard).kill();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let moved = |k: usize| {
+        targets
+            .iter()
+            .all(|t| c.node(k).shard_of(t.clone()) != shard as NodeId)
+    };
+    while !(moved(coordinator) && moved(reader)) {
+        assert!(Instant::now() < deadline, "node 1's death never noticed");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The coordinator has made its promises again (it republishes as it learns of the death).
+    std::thread::sleep(Duration::from_millis(500));
+    let elsewhere: Vec<ObjectId> = targets
+        .iter()
+        .filter(|t| c.node(reader).shard_of((*t).clone()) != coordinator as NodeId)
+        .cloned()
+        .collect();
+    assert!(
+        !elsewhere.is_empty(),
+        "every entry moved to the coordinator"
+    );
+    let readers: Vec<_> = elsewhere
+        .iter()
+        .map(|t| {
+            let (n, t) = (c.node(reader).clone(), t.clone());
+            std::thread::spawn(move || (n.get(t), Instant::now()))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let killed = Instant::now();
+    c.node(coordinator).kill();
+    for (h, t) in readers.into_iter().zip(&elsewhere) {
+        expect_lost(reader, h, t, killed);
+    }
+}

@@ -401,6 +401,15 @@ impl DirClient {
             };
             let _ = self.rpc.send(self.shard_of(&id), msg);
         }
+        // The promises of operations still under way, to the entries' new owners.
+        let standing = self.promises.standing();
+        self.tell_promises(
+            standing
+                .into_iter()
+                .filter(|id| moved(id))
+                .map(|id| (id, true))
+                .collect(),
+        );
     }
 
     /// `peer` died: entries it owned move to the next node by HRW order.

@@ -81,6 +81,16 @@ impl Promises {
         tell
     }
 
+    /// The objects whose promises were sent and are not ended yet (to be made again to an
+    /// entry's next owner when directory ownership moves).
+    pub fn standing(&self) -> Vec<ObjectId> {
+        let s = self.state.lock().unwrap();
+        s.1.iter()
+            .filter(|p| p.sent)
+            .map(|p| p.id.clone())
+            .collect()
+    }
+
     /// The operation of promise `token` ended (`ok`: it made its object): a promise that was
     /// sent for a failed operation is taken back. Returns what to send.
     pub fn end(&self, token: u64, ok: bool) -> Tell {
@@ -117,6 +127,13 @@ mod tests {
         assert!(ps.due(t0 + PROMISE_AFTER * 3).is_empty(), "sent once");
         assert_eq!(ps.end(slow, false), vec![(x.clone(), false)]);
         assert!(ps.end(slow, false).is_empty(), "ended once");
+        // Standing while sent and not ended.
+        let (a, _) = ps.make(&x, true, true, t0);
+        let (y, _) = ps.make(&"y".into(), true, false, t0);
+        assert_eq!(ps.standing(), vec![x.clone()], "y is not sent yet");
+        ps.end(a, true);
+        ps.end(y, true);
+        assert!(ps.standing().is_empty());
         // Sent and ended well: nothing more (the shard drops it at the complete copy).
         let (good, _) = ps.make(&x, true, false, t0);
         ps.due(t0 + PROMISE_AFTER);
