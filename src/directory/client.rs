@@ -121,10 +121,10 @@ impl DirClient {
     /// Promises that this node will produce `id` (it coordinates the reduce into it): if
     /// it dies before any copy of `id` can complete, the readers of `id` are told it is lost
     /// (`Error::ObjectLost`) after the node's `lost_after`. Sent at once if `now_due`, else
-    /// once the operation has run for `PROMISE_AFTER` (`promises.rs`); `kept`: the caller
-    /// ends it with [`DirClient::end_promise`] and the token returned.
-    pub fn promise(&self, id: &ObjectId, kept: bool, now_due: bool) -> u64 {
-        let (token, tell) = self.promises.make(id, kept, now_due, Instant::now());
+    /// once the operation has run for `PROMISE_AFTER` (`promises.rs`); the caller ends it
+    /// with [`DirClient::end_promise`] and the token returned.
+    pub fn promise(&self, id: &ObjectId, now_due: bool) -> u64 {
+        let (token, tell) = self.promises.make(id, now_due, Instant::now());
         self.tell_promises(tell);
         token
     }

@@ -1,13 +1,16 @@
-//! This node's promises to produce objects (`DirMsg::Promise`), kept until they are due.
+//! This node's promises to produce objects (`DirMsg::Promise`), from the start of each
+//! operation to its end.
 //!
 //! A coordinator promises a reduce's target so that the target's readers are told it is
 //! lost if the coordinator dies before any copy of it exists. Most reduces of small objects
-//! end within a millisecond, and one message more on the way of each was measurable in
-//! the 64 KiB allreduce (5-7 % in three rounds of four on the 8 emulated hosts), so the
-//! promise of a small operation whose inputs are here is sent only once it has run for
-//! [`PROMISE_AFTER`] (the dispatcher's
-//! tick, every 50 ms, sends the due ones): an operation that ends sooner costs nothing, and a coordinator
-//! that dies within that time leaves its readers waiting as for an object never made.
+//! end within a millisecond, and one message more on the way of each was measurable in the
+//! 64 KiB allreduce (5-7 % in three rounds of four on the 8 emulated hosts), so the promise
+//! of a small operation whose inputs are here is sent only once it has run for
+//! [`PROMISE_AFTER`] (the dispatcher's tick, every 50 ms, sends the due ones): an operation
+//! that ends sooner costs nothing, and a coordinator that dies within that time leaves its
+//! readers waiting as for an object never made. Sent promises are made again to an entry's
+//! next owner when directory ownership moves ([`Promises::standing`]), and taken back when
+//! their operation fails.
 
 use crate::ObjectId;
 use std::sync::Mutex;
@@ -16,8 +19,8 @@ use std::time::{Duration, Instant};
 /// How long an operation runs before its promise is sent.
 pub const PROMISE_AFTER: Duration = Duration::from_millis(10);
 
-/// Most promises kept unsent at once (operations under way on this node); more are sent at
-/// once rather than kept.
+/// Most promises kept at once (operations under way on this node); more are sent at once
+/// and not kept.
 const PENDING_MAX: usize = 4096;
 
 #[derive(Debug)]
@@ -26,9 +29,6 @@ struct Pending {
     id: ObjectId,
     since: Instant,
     sent: bool,
-    /// Ended by [`Promises::end`] (the caller waits for the operation); else forgotten once
-    /// sent.
-    kept: bool,
 }
 
 /// What to tell the shards about this node's promises: `(object, promised)`.
@@ -41,16 +41,15 @@ pub struct Promises {
 }
 
 impl Promises {
-    /// Notes a promise to produce `id` from `now`; `kept`: ended by [`Promises::end`] with
-    /// the token returned; `now_due`: sent at once (an operation that will take long, or
-    /// whose length is unknown). Returns what to send now (also a promise when too many are
-    /// pending).
-    pub fn make(&self, id: &ObjectId, kept: bool, now_due: bool, now: Instant) -> (u64, Tell) {
+    /// Notes a promise to produce `id` from `now`, ended by [`Promises::end`] with the token
+    /// returned; `now_due`: sent at once (an operation that will take long, or whose length
+    /// is unknown). Returns what to send now (also a promise when too many are pending: it
+    /// is then not kept, nor ever taken back).
+    pub fn make(&self, id: &ObjectId, now_due: bool, now: Instant) -> (u64, Tell) {
         let mut s = self.state.lock().unwrap();
         s.0 += 1;
         let token = s.0;
-        let full = s.1.len() >= PENDING_MAX;
-        if full || (now_due && !kept) {
+        if s.1.len() >= PENDING_MAX {
             return (token, vec![(id.clone(), true)]);
         }
         s.1.push(Pending {
@@ -58,7 +57,6 @@ impl Promises {
             id: id.clone(),
             since: now,
             sent: now_due,
-            kept,
         });
         let tell = match now_due {
             true => vec![(id.clone(), true)],
@@ -67,17 +65,16 @@ impl Promises {
         (token, tell)
     }
 
-    /// The promises due at `now`, now marked sent (those not kept are forgotten).
+    /// The promises due at `now`, now marked sent.
     pub fn due(&self, now: Instant) -> Tell {
         let mut s = self.state.lock().unwrap();
         let mut tell = Vec::new();
-        s.1.retain_mut(|p| {
+        for p in s.1.iter_mut() {
             if !p.sent && now.saturating_duration_since(p.since) >= PROMISE_AFTER {
                 p.sent = true;
                 tell.push((p.id.clone(), true));
             }
-            !p.sent || p.kept
-        });
+        }
         tell
     }
 
@@ -115,40 +112,34 @@ mod tests {
         let ps = Promises::default();
         let t0 = Instant::now();
         let x: ObjectId = "x".into();
-        let (quick, now) = ps.make(&x, true, false, t0);
+        let (quick, now) = ps.make(&x, false, t0);
         assert!(now.is_empty());
         assert!(ps.due(t0 + PROMISE_AFTER / 2).is_empty(), "not due yet");
         // Ended before it was due: nothing was ever sent, nothing to take back.
         assert!(ps.end(quick, false).is_empty());
         assert!(ps.due(t0 + PROMISE_AFTER * 2).is_empty());
         // Due: sent once; failed afterwards: taken back.
-        let (slow, _) = ps.make(&x, true, false, t0);
+        let (slow, _) = ps.make(&x, false, t0);
         assert_eq!(ps.due(t0 + PROMISE_AFTER), vec![(x.clone(), true)]);
         assert!(ps.due(t0 + PROMISE_AFTER * 3).is_empty(), "sent once");
         assert_eq!(ps.end(slow, false), vec![(x.clone(), false)]);
         assert!(ps.end(slow, false).is_empty(), "ended once");
         // Standing while sent and not ended.
-        let (a, _) = ps.make(&x, true, true, t0);
-        let (y, _) = ps.make(&"y".into(), true, false, t0);
+        let (a, _) = ps.make(&x, true, t0);
+        let (y, _) = ps.make(&"y".into(), false, t0);
         assert_eq!(ps.standing(), vec![x.clone()], "y is not sent yet");
         ps.end(a, true);
         ps.end(y, true);
         assert!(ps.standing().is_empty());
         // Sent and ended well: nothing more (the shard drops it at the complete copy).
-        let (good, _) = ps.make(&x, true, false, t0);
+        let (good, _) = ps.make(&x, false, t0);
         ps.due(t0 + PROMISE_AFTER);
         assert!(ps.end(good, true).is_empty());
-        // Not kept: forgotten once sent.
-        ps.make(&x, false, false, t0);
-        assert_eq!(ps.due(t0 + PROMISE_AFTER).len(), 1);
-        assert!(ps.state.lock().unwrap().1.is_empty());
         // Due at once: sent now, and taken back if its operation fails.
-        let (long, now) = ps.make(&x, true, true, t0);
+        let (long, now) = ps.make(&x, true, t0);
         assert_eq!(now, vec![(x.clone(), true)]);
         assert!(ps.due(t0 + PROMISE_AFTER).is_empty(), "sent once");
         assert_eq!(ps.end(long, false), vec![(x.clone(), false)]);
-        let (_, now) = ps.make(&x, false, true, t0);
-        assert_eq!(now.len(), 1);
         assert!(ps.state.lock().unwrap().1.is_empty());
     }
 
@@ -157,12 +148,9 @@ mod tests {
         let ps = Promises::default();
         let t0 = Instant::now();
         for k in 0..PENDING_MAX {
-            assert!(ps
-                .make(&format!("o{k}").into(), true, false, t0)
-                .1
-                .is_empty());
+            assert!(ps.make(&format!("o{k}").into(), false, t0).1.is_empty());
         }
-        let (_, now) = ps.make(&"one-more".into(), true, false, t0);
+        let (_, now) = ps.make(&"one-more".into(), false, t0);
         assert_eq!(now, vec![("one-more".into(), true)]);
     }
 }

@@ -614,6 +614,7 @@ impl Node {
                     sources.len(),
                     (op, dtype),
                     o,
+                    None,
                 )
             })
             .collect::<Result<Vec<_>>>()?;

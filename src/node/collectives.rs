@@ -84,7 +84,7 @@ impl Node {
         }
         let mut ends = Ends {
             dir: &self.inner.dir,
-            token: self.inner.dir.promise(target, true, long),
+            token: self.inner.dir.promise(target, long),
             ok: false,
         };
         let r = make();
@@ -106,14 +106,19 @@ impl Node {
     ) -> Result<ReduceHandle> {
         let kind = (op, dtype);
         let target = target.into();
-        let handle = self
+        // Promised at once (a reduce started to run beside the caller's work), until the
+        // reduce ends; taken back if it fails, or if it cannot start.
+        let dir = self.inner.dir.clone();
+        let token = dir.promise(&target, true);
+        let ended = Box::new(move |ok| dir.end_promise(token, ok));
+        let r = self
             .inner
             .reducer
-            .start(target.clone(), sources, num_objects, kind, opts)?;
-        // Promised at once, for as long as this node lives (a failure seen through the
-        // handle leaves the promise: its readers then wait as for an object not made).
-        self.inner.dir.promise(&target, false, true);
-        Ok(handle)
+            .start(target, sources, num_objects, kind, opts, Some(ended));
+        if r.is_err() {
+            self.inner.dir.end_promise(token, false);
+        }
+        r
     }
 
     /// Gets several objects concurrently (a gather at this node). Every object is asked for

@@ -259,7 +259,8 @@ impl Reducer {
         self.coordinate_reduce(target, sources, num, kind, opts, hooks)
     }
 
-    /// Starts a reduce coordinated from this node on a thread of its own.
+    /// Starts a reduce coordinated from this node on a thread of its own; `ended`, if given,
+    /// is told on that thread whether the reduce made its target.
     pub fn start(
         self: &Arc<Self>,
         target: ObjectId,
@@ -267,6 +268,7 @@ impl Reducer {
         num: usize,
         kind: (ReduceOp, DType),
         opts: ReduceOptions,
+        ended: Option<Box<dyn FnOnce(bool) + Send>>,
     ) -> Result<ReduceHandle> {
         let me = self.clone();
         let (tx, rx): (Sender<Vec<ObjectId>>, _) = crossbeam_channel::bounded(1);
@@ -279,6 +281,9 @@ impl Reducer {
                 on_tree: None,
             };
             let r = me.coordinate_reduce(target, &sources, num, kind, &opts, hooks);
+            if let Some(ended) = ended {
+                ended(r.is_ok());
+            }
             // The handle may be gone: nobody waits for the result then.
             let _ = done_tx.send(r);
             flag.store(true, std::sync::atomic::Ordering::Release);
