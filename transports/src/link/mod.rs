@@ -28,7 +28,7 @@ pub use redial::DialFn;
 
 use crate::auth::{AuthConfig, Channel};
 use crate::{Event, NodeId, TransportError, PEER_LEFT};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -102,6 +102,9 @@ pub trait Link: Send + Sync + 'static {
     }
 }
 
+/// Longest a new link's `PeerUp` waits for the `PeerDown` of the link it replaces.
+const DOWN_TOLD_WAIT: Duration = Duration::from_millis(500);
+
 /// The links of one node, one per peer, with the node's event sink and counters.
 ///
 /// Contract:
@@ -127,6 +130,10 @@ pub struct LinkTable<C> {
     epoch: Instant,
     links: Mutex<HashMap<NodeId, Arc<C>>>,
     changed: Condvar,
+    /// Peers whose failed link was removed and whose `PeerDown` is not emitted yet: a new
+    /// link to such a peer waits for it (`down_told`), so that its `PeerUp` comes after.
+    downs_pending: Mutex<HashSet<NodeId>>,
+    down_told: Condvar,
     /// Set when shutdown starts: failures seen from then on are ours, not reported.
     leaving: AtomicBool,
     /// Set once the links are torn down: lookups fail, the transport's threads stop.
@@ -166,6 +173,8 @@ impl<C: Link> LinkTable<C> {
             epoch: Instant::now(),
             links: Mutex::new(HashMap::new()),
             changed: Condvar::new(),
+            downs_pending: Mutex::new(HashSet::new()),
+            down_told: Condvar::new(),
             leaving: AtomicBool::new(false),
             closing: AtomicBool::new(false),
             frozen: AtomicBool::new(false),
@@ -296,6 +305,18 @@ impl<C: Link> LinkTable<C> {
         if let Some(old) = &old {
             old.shut();
         }
+        // The old link failed just before (its `PeerDown` on its way on another thread):
+        // the caller's `PeerUp` must come after it. Bounded, should that thread be the one
+        // that waits (a handler that links the peer again as it hears of its death).
+        let deadline = Instant::now() + DOWN_TOLD_WAIT;
+        let mut pending = self.downs_pending.lock().unwrap();
+        while pending.contains(&peer) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            pending = self.down_told.wait_timeout(pending, left).unwrap().0;
+        }
         old
     }
 
@@ -307,12 +328,18 @@ impl<C: Link> LinkTable<C> {
         }
         link.stop();
         let peer = link.peer();
+        let reported = !self.leaving.load(Ordering::Acquire);
         let current = {
             let mut links = self.links.lock().unwrap();
             let current = links.get(&peer).is_some_and(|c| Arc::ptr_eq(c, link));
             if current {
                 links.remove(&peer);
                 self.changed.notify_all();
+                if reported {
+                    // Before the links are unlocked: a new link installed from now on
+                    // waits for this `PeerDown`.
+                    self.downs_pending.lock().unwrap().insert(peer);
+                }
             }
             current
         };
@@ -322,7 +349,7 @@ impl<C: Link> LinkTable<C> {
         } else if current {
             self.unlinked(peer);
         }
-        if current && !self.leaving.load(Ordering::Acquire) {
+        if current && reported {
             let (node, label) = (self.node, self.label);
             if reason == PEER_LEFT {
                 info!(node, peer, "{label} closed: {reason}");
@@ -335,6 +362,8 @@ impl<C: Link> LinkTable<C> {
                 }
             }
             self.report_down(peer, reason);
+            self.downs_pending.lock().unwrap().remove(&peer);
+            self.down_told.notify_all();
         }
         true
     }
