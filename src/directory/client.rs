@@ -125,7 +125,17 @@ impl DirClient {
     /// with [`DirClient::end_promise`] and the token returned.
     pub fn promise(&self, id: &ObjectId, now_due: bool) -> u64 {
         let (token, tell) = self.promises.make(id, now_due, Instant::now());
-        self.tell_promises(tell);
+        // Made at once: written by this (caller's) thread before the operation starts, so
+        // that a coordinator that dies right after it has still made it. Anything sent about
+        // it later (a take-back, through the dispatcher's queue) comes after.
+        for (id, promised) in tell {
+            let shard = self.shard_of(&id);
+            if shard != self.id {
+                let node = self.id;
+                let msg = Msg::Dir(DirMsg::Promise { id, node, promised });
+                let _ = self.rpc.send(shard, msg);
+            }
+        }
         token
     }
 
@@ -156,9 +166,8 @@ impl DirClient {
 
     /// Sends promises (or takes them back) without waiting, from any thread, all through the
     /// dispatcher's queue so that they reach a shard in the order they were made (a take-back
-    /// never overtakes its promise); no promise is sent where this node is the shard (it
-    /// would die with it: the entry's next owner learns only of copies, which their holders
-    /// republish, and promises are not republished).
+    /// never overtakes its promise, which was written before it or queued before it); no
+    /// promise is sent where this node is the shard (it would die with it).
     fn tell_promises(&self, tell: Tell) {
         for (id, promised) in tell {
             let shard = self.shard_of(&id);
