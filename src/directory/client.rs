@@ -131,12 +131,15 @@ impl DirClient {
         for (id, promised) in tell {
             let shard = self.shard_of(&id);
             if shard != self.id {
-                let node = self.id;
-                let msg = Msg::Dir(DirMsg::Promise { id, node, promised });
-                let _ = self.rpc.send(shard, msg);
+                let _ = self.rpc.send(shard, self.promise_msg(id, promised));
             }
         }
         token
+    }
+
+    fn promise_msg(&self, id: ObjectId, promised: bool) -> Msg {
+        let node = self.id;
+        Msg::Dir(DirMsg::Promise { id, node, promised })
     }
 
     /// The operation of promise `token` ended (`ok`: it made its object); a promise sent
@@ -174,8 +177,7 @@ impl DirClient {
             if shard == self.id && promised {
                 continue;
             }
-            let node = self.id;
-            let msg = Msg::Dir(DirMsg::Promise { id, node, promised });
+            let msg = self.promise_msg(id, promised);
             self.rpc.enqueue(Work::Send(shard, msg));
         }
     }

@@ -513,11 +513,7 @@ impl Shard {
                     }
                     return;
                 }
-                let complete = self
-                    .entries
-                    .get(&id)
-                    .is_some_and(|e| e.inline.is_some() || e.locs.values().any(|l| l.complete));
-                if complete || self.tombstones.contains(&id) {
+                if self.complete(&id) || self.tombstones.contains(&id) {
                     // Nothing left to promise; or deleted (a late promise of a reduce whose
                     // target was deleted as it ended): it stays deleted.
                     return;
@@ -558,13 +554,16 @@ impl Shard {
     /// orphan, unless it is complete somewhere, something else can produce it, or it was
     /// deleted (its readers are told "not found").
     fn orphan_given_up(&mut self, id: ObjectId, now: Instant) {
-        let complete = self
-            .entries
-            .get(&id)
-            .is_some_and(|e| e.inline.is_some() || e.locs.values().any(|l| l.complete));
-        if !complete && !self.producible(&id) && !self.tombstones.contains(&id) {
+        if !self.complete(&id) && !self.producible(&id) && !self.tombstones.contains(&id) {
             self.orphans.entry(id).or_insert(now);
         }
+    }
+
+    /// Whether `id` is complete somewhere (or inline here).
+    fn complete(&self, id: &ObjectId) -> bool {
+        self.entries
+            .get(id)
+            .is_some_and(|e| e.inline.is_some() || e.locs.values().any(|l| l.complete))
     }
 
     /// Whether some copy listed for `id` is or will be complete, or a live node promised to

@@ -241,22 +241,24 @@ impl Node {
         opts: &ReduceOptions,
     ) -> Result<(ObjectView, ReduceOutcome)> {
         let target = target.into();
-        self.promised(&target.clone(), sources, || {
-            self.allreduce_unpromised(target, sources, op, dtype, opts)
+        let size = self.input_size(sources);
+        self.promised(&target.clone(), size, || {
+            self.allreduce_unpromised(target, sources, size, op, dtype, opts)
         })
     }
 
-    /// [`Node::allreduce_view`] once the target is promised.
+    /// [`Node::allreduce_view`] once the target is promised (`size`: the inputs' size, if
+    /// one is here).
     fn allreduce_unpromised(
         &self,
         target: ObjectId,
         sources: &[ObjectId],
+        size: Option<u64>,
         op: ReduceOp,
         dtype: DType,
         opts: &ReduceOptions,
     ) -> Result<(ObjectView, ReduceOutcome)> {
         let min = self.inner.cfg.allreduce_partition_min;
-        let size = self.input_size(sources);
         let dynamic_only = !opts.required.is_empty() || opts.claims.is_some();
         if let Some(s) = size.filter(|&s| self.halving_size(s)) {
             // Halving and doubling if every input is there, each on its own node; else one
@@ -334,9 +336,10 @@ impl Node {
         if num >= sources.len() {
             return self.allreduce_view(target, sources, op, dtype, opts);
         }
-        self.promised(&target.clone(), sources, || {
+        let size = self.input_size(sources);
+        self.promised(&target.clone(), size, || {
             // Readers of an object this size wait for the plan: one tree.
-            if self.readers_wait_for_plan(self.input_size(sources)) {
+            if self.readers_wait_for_plan(size) {
                 self.put(plan_id(&target), &encode_plan(&[]))?;
             }
             self.allreduce_tree(target, sources, num, op, dtype, opts)

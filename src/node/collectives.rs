@@ -43,7 +43,7 @@ impl Node {
     ) -> Result<ReduceOutcome> {
         let kind = (op, dtype);
         let target = target.into();
-        self.promised(&target, sources, || {
+        self.promised(&target, self.input_size(sources), || {
             // A halving reduce when it can run; else (or abandoned) a tree.
             let num = match self.reduce_by_halving(&target, sources, num_objects, kind, opts)? {
                 Ok(outcome) => return Ok(outcome),
@@ -59,17 +59,16 @@ impl Node {
     /// produce it ([`DirClient::promise`](crate::directory::DirClient::promise)), taken back
     /// if `make` fails: readers of a target whose coordinator died, or gave up, before any
     /// copy of it could complete are told it is lost instead of waiting out their timeout.
+    /// `size`: the inputs' size if one is on this node ([`Node::input_size`]).
     pub(super) fn promised<T>(
         &self,
         target: &ObjectId,
-        sources: &[ObjectId],
+        size: Option<u64>,
         make: impl FnOnce() -> Result<T>,
     ) -> Result<T> {
         // Sent at once for an operation that may take long: large, or its inputs elsewhere
         // (its coordinator may wait for them); else after `PROMISE_AFTER`.
-        let long = self
-            .input_size(sources)
-            .is_none_or(|s| s >= PROMISE_NOW_FROM);
+        let long = size.is_none_or(|s| s >= PROMISE_NOW_FROM);
         /// Ends the promise however `make` ends: well, with an error, or a panic (taken back
         /// then too, and never left pending).
         struct Ends<'a> {
