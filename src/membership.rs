@@ -131,6 +131,24 @@ impl Membership {
         entry_owner(id, self.nodes, |n| n == self.id || !down.contains(&n))
     }
 
+    /// The node that would own the entry of `id` if this node died (`None`: no other node is
+    /// up).
+    pub fn next_shard_of(&self, id: &ObjectId) -> Option<NodeId> {
+        let down = self.down.lock().unwrap();
+        let alive = |n: NodeId| n != self.id && !down.contains(&n);
+        let n = entry_owner(id, self.nodes, alive);
+        alive(n).then_some(n)
+    }
+
+    /// Whether `peer`, now dead, was the next owner of the entry of `id` ([`Membership::next_shard_of`])
+    /// until it died.
+    pub fn next_owner_before_death(&self, id: &ObjectId, peer: NodeId) -> bool {
+        let down = self.down.lock().unwrap();
+        entry_owner(id, self.nodes, |n| {
+            n != self.id && (n == peer || !down.contains(&n))
+        }) == peer
+    }
+
     /// The node holding the entry of `id` while every node is alive.
     pub fn home_shard(&self, id: &ObjectId) -> NodeId {
         entry_owner(id, self.nodes, |_| true)
@@ -293,6 +311,45 @@ mod tests {
         assert!(m.mark_up(3));
         let after: Vec<NodeId> = ids.iter().map(|i| m.shard_of(i)).collect();
         assert_eq!(after, before);
+    }
+
+    #[test]
+    fn the_next_owner_of_an_entry_is_who_owns_it_once_its_owner_died() {
+        let ids: Vec<ObjectId> = (0..200)
+            .map(|i| ObjectId::new(format!("o{i}")))
+            .chain([ObjectId::homed(2, "h"), ObjectId::homed(4, "h")])
+            .collect();
+        let me = 2;
+        let m = Membership::new(me, 5, []);
+        m.mark_down(4);
+        let mut own = 0;
+        for id in &ids {
+            let next = m.next_shard_of(id).expect("others are up");
+            assert!(next != me && next != 4, "{id}: {next}");
+            if m.shard_of(id) != me {
+                continue;
+            }
+            own += 1;
+            // What every other node computes once this one is down too.
+            let other = Membership::new(0, 5, []);
+            other.mark_down(4);
+            other.mark_down(me);
+            assert_eq!(other.shard_of(id), next, "{id}");
+        }
+        assert!(own > 10, "node {me} owns {own} of {}", ids.len());
+        // The next owner dies: who had been it is known, and the one after it takes over.
+        let next: Vec<Option<NodeId>> = ids.iter().map(|id| m.next_shard_of(id)).collect();
+        m.mark_down(1);
+        for (id, &n) in ids.iter().zip(&next) {
+            assert_eq!(m.next_owner_before_death(id, 1), n == Some(1), "{id}");
+            let now = m.next_shard_of(id).unwrap();
+            assert!(now != 1 && (n == Some(1) || Some(now) == n), "{id}: {now}");
+        }
+        // Alone: no next owner.
+        let m = Membership::new(1, 2, []);
+        assert!(m.next_shard_of(&ids[0]).is_some());
+        m.mark_down(0);
+        assert_eq!(m.next_shard_of(&ids[0]), None);
     }
 
     #[test]

@@ -1062,6 +1062,82 @@ fn targets_whose_coordinator_dies_before_any_copy_are_lost_to_their_readers() {
     assert!(c.node(2).get(reduced).unwrap() == sum_of(&all));
 }
 
+/// A coordinator that owns its targets' directory entries itself keeps its promises at the
+/// entries' next owner (at its own shard they would die with it): killed before any copy of
+/// a target exists, its readers, who ask the next owner once it is gone, are told the
+/// targets are lost within about `lost_after`; without the kept promise they waited for
+/// their op timeout.
+#[test]
+fn a_coordinator_that_owns_its_targets_entries_leaves_its_promises_with_the_next_owner() {
+    use phalanx::{DType, Error, ReduceOp, ReduceOptions};
+    let c = losing_after_1s(4);
+    let victim = 0;
+    let elems = 1 << 20; // 8 MiB: the allreduce's readers wait for its plan
+    let reduced = name_on(c.node(1), "ob-out", victim as NodeId);
+    let allreduced = name_on(c.node(1), "ob-all", victim as NodeId);
+    // Never put: the coordinator waits for them.
+    let ids: Vec<ObjectId> = (0..2)
+        .map(|k| name_on(c.node(1), &format!("ob-in{k}"), 3))
+        .collect();
+    let handle = c
+        .node(victim)
+        .reduce_start(
+            reduced.clone(),
+            ids.clone(),
+            2,
+            ReduceOp::Sum,
+            DType::I64,
+            ReduceOptions::default(),
+        )
+        .unwrap();
+    let coordinator = c.node(victim).clone();
+    let (a_ids, a_target) = (ids.clone(), allreduced.clone());
+    std::thread::spawn(move || {
+        coordinator
+            .allreduce_view(
+                a_target,
+                &a_ids,
+                ReduceOp::Sum,
+                DType::I64,
+                &Default::default(),
+            )
+            .map(|_| ())
+    });
+    let readers: Vec<_> = [(2, reduced.clone(), false), (3, allreduced.clone(), true)]
+        .into_iter()
+        .map(|(k, id, all)| {
+            let n = c.node(k).clone();
+            std::thread::spawn(move || match all {
+                true => n.allreduce_read(id, (elems * 8) as u64).map(|v| v.len()),
+                false => n.get(id).map(|v| v.len()),
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(50));
+    let killed = Instant::now();
+    c.node(victim).kill();
+    drop(handle);
+    for (r, id) in readers.into_iter().zip([&reduced, &allreduced]) {
+        match r.join().unwrap() {
+            Err(Error::ObjectLost(lost)) => assert_eq!(&lost, id),
+            other => panic!("{id}: expected ObjectLost, got {other:?}"),
+        }
+    }
+    let took = killed.elapsed();
+    assert!(took < Duration::from_secs(20), "told after {took:?}");
+    // Made again by a survivor once the inputs are there, and read.
+    let data: Vec<Vec<u8>> = (0..2).map(|k| i64_input(k + 3, elems)).collect();
+    for k in 0..2 {
+        c.node(k + 1).put(ids[k].clone(), &data[k]).unwrap();
+    }
+    let chain = ReduceOptions::default();
+    c.node(1)
+        .reduce_with(reduced.clone(), &ids, 2, ReduceOp::Sum, DType::I64, &chain)
+        .unwrap();
+    let all: Vec<&Vec<u8>> = data.iter().collect();
+    assert!(c.node(2).get(reduced).unwrap() == sum_of(&all));
+}
+
 /// The only copy of an object dies with the node that was also its directory shard: the
 /// entry's next owner never heard of the object, yet a reader pulling it when its source
 /// died, and a reader waiting meanwhile, are told it is lost within about `lost_after` (the
@@ -1102,13 +1178,21 @@ fn an_object_whose_only_copy_died_with_its_shard_is_lost() {
 
 /// The coordinator of a small reduce whose inputs are on its own node (its promise is
 /// deferred: most such reduces end within a millisecond) waits for one more input and dies
-/// 300 ms in: the promise went out meanwhile, so the target's reader is told it is lost.
+/// 300 ms in: the promise went out meanwhile, so the target's reader is told it is lost;
+/// whether the target's entry is on another node or on the coordinator's own (the promise
+/// then kept by the entry's next owner).
 #[test]
 fn a_deferred_promise_makes_a_small_target_lost_when_its_coordinator_dies() {
+    for shard in [1, 0] {
+        a_deferred_promise_with_the_entry_on(shard);
+    }
+}
+
+fn a_deferred_promise_with_the_entry_on(shard: NodeId) {
     use phalanx::{DType, Error, ReduceOp};
     let c = losing_after_1s(3);
     let victim = 0;
-    let target = name_on(c.node(1), "dp-out", 1);
+    let target = name_on(c.node(1), "dp-out", shard);
     let here = name_on(c.node(1), "dp-in0", 2);
     let never = name_on(c.node(1), "dp-in1", 2);
     c.node(victim)

@@ -129,24 +129,36 @@ impl DirClient {
         // that a coordinator that dies right after it has still made it. Anything sent about
         // it later (a take-back, through the dispatcher's queue) comes after.
         for (id, promised) in tell {
-            let shard = self.shard_of(&id);
-            if shard != self.id {
-                let _ = self.rpc.send(shard, self.promise_msg(id, promised));
+            if let Some((to, msg)) = self.promise_to(id, promised) {
+                let _ = self.rpc.send(to, msg);
             }
         }
         token
     }
 
-    fn promise_msg(&self, id: ObjectId, promised: bool) -> Msg {
+    /// Where a promise of `id` (or its take-back) goes, and the message: to the entry's
+    /// owner; or, if that is this node (the promise would die with it), to the entry's next
+    /// owner, which keeps it aside (`DirMsg::PromiseBackup`). `None`: nobody to tell.
+    fn promise_to(&self, id: ObjectId, promised: bool) -> Option<(NodeId, Msg)> {
         let node = self.id;
-        Msg::Dir(DirMsg::Promise { id, node, promised })
+        let shard = self.shard_of(&id);
+        if shard != node {
+            return Some((shard, Msg::Dir(DirMsg::Promise { id, node, promised })));
+        }
+        let next = self.members.next_shard_of(&id)?;
+        Some((next, Msg::Dir(DirMsg::PromiseBackup { id, node, promised })))
     }
 
     /// The operation of promise `token` ended (`ok`: it made its object); a promise sent
-    /// for an operation that failed is taken back.
+    /// for an operation that failed is taken back, and one kept by the entry's next owner
+    /// (this node owns the entry) is taken back either way.
     pub fn end_promise(&self, token: u64, ok: bool) {
-        let tell = self.promises.end(token, ok);
-        self.tell_promises(tell);
+        let Some(id) = self.promises.end(token) else {
+            return;
+        };
+        if !ok || self.shard_of(&id) == self.id {
+            self.tell_promises(vec![(id, false)]);
+        }
     }
 
     /// Tells the shard of `id` that this node will not produce it after all: it was a rank
@@ -169,16 +181,13 @@ impl DirClient {
 
     /// Sends promises (or takes them back) without waiting, from any thread, all through the
     /// dispatcher's queue so that they reach a shard in the order they were made (a take-back
-    /// never overtakes its promise, which was written before it or queued before it); no
-    /// promise is sent where this node is the shard (it would die with it).
+    /// never overtakes its promise, which was written before it or queued before it); where
+    /// this node owns the entry, to the entry's next owner ([`DirClient::promise_to`]).
     fn tell_promises(&self, tell: Tell) {
         for (id, promised) in tell {
-            let shard = self.shard_of(&id);
-            if shard == self.id && promised {
-                continue;
+            if let Some((to, msg)) = self.promise_to(id, promised) {
+                self.rpc.enqueue(Work::Send(to, msg));
             }
-            let msg = self.promise_msg(id, promised);
-            self.rpc.enqueue(Work::Send(shard, msg));
         }
     }
 
@@ -426,6 +435,17 @@ impl DirClient {
     /// `peer` died: entries it owned move to the next node by HRW order.
     pub fn republish_after_death(&self, peer: NodeId) {
         self.republish(|id| self.members.owned_by_before_death(id, peer));
+        // The promises `peer` kept for entries this node owns, to their next owner now.
+        let kept_there = self
+            .promises
+            .standing()
+            .into_iter()
+            .filter(|id| {
+                self.shard_of(id) == self.id && self.members.next_owner_before_death(id, peer)
+            })
+            .map(|id| (id, true))
+            .collect();
+        self.tell_promises(kept_there);
     }
 
     /// `peer` rejoined: entries it owns come back to it.

@@ -10,7 +10,9 @@
 //! that ends sooner costs nothing, and a coordinator that dies within that time leaves its
 //! readers waiting as for an object never made. Sent promises are made again to an entry's
 //! next owner when directory ownership moves ([`Promises::standing`]), and taken back when
-//! their operation fails.
+//! their operation fails. A node that owns the entry of its target itself sends the promise
+//! to the entry's next owner instead (`DirMsg::PromiseBackup`), and takes it back there when
+//! the operation ends.
 
 use crate::ObjectId;
 use std::sync::Mutex;
@@ -88,18 +90,15 @@ impl Promises {
             .collect()
     }
 
-    /// The operation of promise `token` ended (`ok`: it made its object): a promise that was
-    /// sent for a failed operation is taken back. Returns what to send.
-    pub fn end(&self, token: u64, ok: bool) -> Tell {
+    /// The operation of promise `token` ended (`ok`: it made its object). Returns the
+    /// object if its promise was sent, for the caller to take back where it must be: at the
+    /// shard if the operation failed (a complete copy ends it there otherwise), and at the
+    /// entry's next owner, which keeps the promises of a shard's own operations, either way.
+    pub fn end(&self, token: u64) -> Option<ObjectId> {
         let mut s = self.state.lock().unwrap();
-        let Some(i) = s.1.iter().position(|p| p.token == token) else {
-            return Vec::new();
-        };
+        let i = s.1.iter().position(|p| p.token == token)?;
         let p = s.1.swap_remove(i);
-        match p.sent && !ok {
-            true => vec![(p.id, false)],
-            false => Vec::new(),
-        }
+        p.sent.then_some(p.id)
     }
 }
 
@@ -108,7 +107,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_promise_is_sent_once_due_and_taken_back_only_if_sent_and_failed() {
+    fn a_promise_is_sent_once_due_and_ended_only_if_sent() {
         let ps = Promises::default();
         let t0 = Instant::now();
         let x: ObjectId = "x".into();
@@ -116,30 +115,26 @@ mod tests {
         assert!(now.is_empty());
         assert!(ps.due(t0 + PROMISE_AFTER / 2).is_empty(), "not due yet");
         // Ended before it was due: nothing was ever sent, nothing to take back.
-        assert!(ps.end(quick, false).is_empty());
+        assert_eq!(ps.end(quick), None);
         assert!(ps.due(t0 + PROMISE_AFTER * 2).is_empty());
         // Due: sent once; failed afterwards: taken back.
         let (slow, _) = ps.make(&x, false, t0);
         assert_eq!(ps.due(t0 + PROMISE_AFTER), vec![(x.clone(), true)]);
         assert!(ps.due(t0 + PROMISE_AFTER * 3).is_empty(), "sent once");
-        assert_eq!(ps.end(slow, false), vec![(x.clone(), false)]);
-        assert!(ps.end(slow, false).is_empty(), "ended once");
+        assert_eq!(ps.end(slow), Some(x.clone()));
+        assert_eq!(ps.end(slow), None, "ended once");
         // Standing while sent and not ended.
         let (a, _) = ps.make(&x, true, t0);
         let (y, _) = ps.make(&"y".into(), false, t0);
         assert_eq!(ps.standing(), vec![x.clone()], "y is not sent yet");
-        ps.end(a, true);
-        ps.end(y, true);
+        assert_eq!(ps.end(a), Some(x.clone()));
+        assert_eq!(ps.end(y), None, "never sent");
         assert!(ps.standing().is_empty());
-        // Sent and ended well: nothing more (the shard drops it at the complete copy).
-        let (good, _) = ps.make(&x, false, t0);
-        ps.due(t0 + PROMISE_AFTER);
-        assert!(ps.end(good, true).is_empty());
         // Due at once: sent now, and taken back if its operation fails.
         let (long, now) = ps.make(&x, true, t0);
         assert_eq!(now, vec![(x.clone(), true)]);
         assert!(ps.due(t0 + PROMISE_AFTER).is_empty(), "sent once");
-        assert_eq!(ps.end(long, false), vec![(x.clone(), false)]);
+        assert_eq!(ps.end(long), Some(x.clone()));
         assert!(ps.state.lock().unwrap().1.is_empty());
     }
 

@@ -111,7 +111,16 @@ pub struct Shard {
     give_up_order: VecDeque<ObjectId>,
     /// Nodes this shard has seen die.
     seen_down: HashSet<NodeId>,
+    /// Promises of nodes that own their objects' entries themselves, kept here as the
+    /// entries' next owner (`DirMsg::PromiseBackup`): by object, the promiser, until it takes
+    /// the promise back or dies (then the object is an orphan here). At most `BACKUPS`,
+    /// oldest dropped.
+    backups: HashMap<ObjectId, NodeId>,
+    backup_order: VecDeque<ObjectId>,
 }
+
+/// Promises a shard keeps for the entries it would own if their owners died.
+const BACKUPS: usize = 1 << 12;
 
 /// Give-ups a shard keeps for coordinators it has not seen die yet.
 const GIVE_UPS: usize = 1 << 12;
@@ -231,6 +240,7 @@ impl Shard {
             | DirMsg::PutInline { node, .. }
             | DirMsg::Withdraw { node, .. }
             | DirMsg::Promise { node, .. }
+            | DirMsg::PromiseBackup { node, .. }
             | DirMsg::GiveUp { node, .. } => Some(*node),
             DirMsg::Claim { receiver, .. } | DirMsg::TransferDone { receiver, .. } => {
                 Some(*receiver)
@@ -531,6 +541,30 @@ impl Shard {
                     e.lost = false;
                 }
             }
+            DirMsg::PromiseBackup { id, node, promised } => {
+                if !promised {
+                    if self.backups.get(&id) == Some(&node) {
+                        self.backups.remove(&id);
+                    }
+                    return;
+                }
+                if self.backup_order.len() >= 2 * BACKUPS {
+                    // Take-backs leave their names in the order: drop them now and then.
+                    let kept = &self.backups;
+                    self.backup_order.retain(|id| kept.contains_key(id));
+                }
+                if self.backups.len() >= BACKUPS && !self.backups.contains_key(&id) {
+                    // The oldest goes; a name already taken back is skipped over.
+                    while let Some(old) = self.backup_order.pop_front() {
+                        if self.backups.remove(&old).is_some() {
+                            break;
+                        }
+                    }
+                }
+                if self.backups.insert(id.clone(), node).is_none() {
+                    self.backup_order.push_back(id);
+                }
+            }
             DirMsg::GiveUp {
                 id, coordinator, ..
             } => {
@@ -594,10 +628,23 @@ impl Shard {
         for p in self.promises.values() {
             peers.extend(p.iter().copied());
         }
+        peers.extend(self.backups.values().copied());
     }
 
     pub fn node_down(&mut self, node: NodeId, now: Instant, out: &mut Out) {
         self.seen_down.insert(node);
+        // The objects `node` promised while it owned their entries: this shard owns them
+        // now, and knows of them only from the promise.
+        let promised: Vec<ObjectId> = self
+            .backups
+            .iter()
+            .filter(|&(_, &p)| p == node)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in promised {
+            self.backups.remove(&id);
+            self.orphan_given_up(id, now);
+        }
         let given_up: Vec<ObjectId> = self
             .give_ups
             .iter()
@@ -1883,6 +1930,97 @@ mod tests {
         let out = publish(&mut s, 4, true);
         assert_eq!(located(&out, 3), src(4));
         assert!(tick(&mut s, late).is_empty());
+    }
+
+    /// A coordinator that owns its target's entry keeps its promise at the entry's next
+    /// owner: if it dies before taking it back, the object is an orphan there, lost after
+    /// the grace unless a complete copy is republished; taken back, or deleted, it is not.
+    #[test]
+    fn a_promise_kept_for_the_owner_of_its_entry_loses_the_object_when_the_owner_dies() {
+        let t0 = Instant::now();
+        let late = t0 + Duration::from_secs(10);
+        let backup = |s: &mut Shard, node: NodeId, id: &str, promised: bool| {
+            let id = id.into();
+            let msg = DirMsg::PromiseBackup { id, node, promised };
+            s.handle(node, msg, &mut Vec::new());
+        };
+        // The promiser dies; its readers come here, before or after the death.
+        let mut s = Shard::new();
+        backup(&mut s, 7, "x", true);
+        let mut peers = std::collections::HashSet::new();
+        s.peers_depended_on(&mut peers);
+        assert!(
+            peers.contains(&7),
+            "the promiser's death must be noticed here"
+        );
+        assert!(
+            locate(&mut s, 3, vec![]).is_empty(),
+            "waits: nothing is lost yet"
+        );
+        assert!(tick(&mut s, late).is_empty());
+        down(&mut s, 7, t0);
+        assert!(tick(&mut s, t0).is_empty(), "within the grace");
+        let out = tick(&mut s, late);
+        assert_eq!(located(&out, 3), Located::Lost);
+        assert_eq!(located(&locate(&mut s, 4, vec![]), 4), Located::Lost);
+        // A complete copy republished within the grace: found, not lost.
+        let mut s = Shard::new();
+        backup(&mut s, 7, "x", true);
+        assert!(locate(&mut s, 3, vec![]).is_empty());
+        down(&mut s, 7, t0);
+        assert_eq!(located(&publish(&mut s, 4, true), 3), src(4));
+        assert!(tick(&mut s, late).is_empty());
+        // Taken back (the operation ended): the promiser's death loses nothing.
+        let mut s = Shard::new();
+        backup(&mut s, 7, "x", true);
+        backup(&mut s, 7, "x", false);
+        assert!(locate(&mut s, 3, vec![]).is_empty());
+        down(&mut s, 7, t0);
+        assert!(tick(&mut s, late).is_empty());
+        // Only the promiser takes its promise back; a forgery on its behalf is ignored.
+        let mut s = Shard::new();
+        backup(&mut s, 7, "x", true);
+        backup(&mut s, 6, "x", false);
+        let forged = DirMsg::PromiseBackup {
+            id: "x".into(),
+            node: 7,
+            promised: false,
+        };
+        s.handle(5, forged, &mut Vec::new());
+        assert!(locate(&mut s, 3, vec![]).is_empty());
+        down(&mut s, 7, t0);
+        assert_eq!(located(&tick(&mut s, late), 3), Located::Lost);
+        // Another node's death loses nothing; a deleted object stays deleted.
+        let mut s = Shard::new();
+        backup(&mut s, 7, "x", true);
+        backup(&mut s, 7, "y", true);
+        down(&mut s, 6, t0);
+        assert!(locate(&mut s, 3, vec![]).is_empty());
+        assert!(tick(&mut s, late).is_empty());
+        let del = DirMsg::Delete {
+            rid: 1,
+            id: "x".into(),
+        };
+        s.handle(1, del, &mut Vec::new());
+        down(&mut s, 7, t0);
+        let out = tick(&mut s, late);
+        assert!(out.iter().all(|(to, _)| *to != 3), "x was deleted: {out:?}");
+        assert!(s.entries.get(&ObjectId::from("y")).is_some_and(|e| e.lost));
+        // Bounded: the oldest are dropped, and take-backs leave nothing behind.
+        let mut s = Shard::new();
+        for k in 0..3 * BACKUPS {
+            backup(&mut s, 7, &format!("t{k}"), true);
+            backup(&mut s, 7, &format!("t{k}"), false);
+        }
+        assert!(s.backups.is_empty() && s.backup_order.len() <= 2 * BACKUPS);
+        for k in 0..BACKUPS + 10 {
+            backup(&mut s, 7, &format!("o{k}"), true);
+        }
+        assert_eq!(s.backups.len(), BACKUPS);
+        assert!(!s.backups.contains_key(&ObjectId::from("o0")));
+        assert!(s
+            .backups
+            .contains_key(&ObjectId::from(format!("o{}", BACKUPS + 9))));
     }
 
     /// A rank of a run whose coordinator died gives the target up: lost after the grace once

@@ -150,6 +150,16 @@ pub enum DirMsg {
         node: NodeId,
         coordinator: NodeId,
     },
+    /// A [`DirMsg::Promise`] of a node that owns the entry of `id` itself (its promise would
+    /// die with it), sent to the entry's next owner, which keeps it aside: if `node` dies
+    /// before taking it back, `id` is an orphan there, lost after the grace unless a holder
+    /// republishes a complete copy. `promised` false: taken back (the operation ended, well
+    /// or not).
+    PromiseBackup {
+        id: ObjectId,
+        node: NodeId,
+        promised: bool,
+    },
 }
 
 impl DirMsg {
@@ -168,7 +178,8 @@ impl DirMsg {
             | DirMsg::Delete { id, .. }
             | DirMsg::Reset { id, .. }
             | DirMsg::Promise { id, .. }
-            | DirMsg::GiveUp { id, .. } => id,
+            | DirMsg::GiveUp { id, .. }
+            | DirMsg::PromiseBackup { id, .. } => id,
         }
     }
 }

@@ -93,6 +93,7 @@ impl Msg {
                 DirMsg::Reset { .. } => "Reset",
                 DirMsg::Promise { .. } => "Promise",
                 DirMsg::GiveUp { .. } => "GiveUp",
+                DirMsg::PromiseBackup { .. } => "PromiseBackup",
             },
             Msg::Pull(m) => match m {
                 PullMsg::Pull { .. } => "Pull",
