@@ -1176,6 +1176,44 @@ fn an_object_whose_only_copy_died_with_its_shard_is_lost() {
     assert!(c.node(2).get(id.clone()).unwrap() == data);
 }
 
+/// Objects whose only copies died with the node that also owned their directory entries,
+/// while nobody was reading them: the node had told the entries' next owner of its copies,
+/// so readers who come afterwards (asking that node) are told they are lost within about
+/// `lost_after`, a small (inline) object and a large one alike; a large one that a reader
+/// had pulled (and so holds a copy of) is read from that copy. Without the node's word they
+/// waited for their op timeout.
+#[test]
+fn objects_whose_only_copy_died_idle_with_their_shard_are_lost() {
+    let c = losing_after_1s(4);
+    let victim = 1;
+    let small = name_on(c.node(0), "idle-small", victim as NodeId);
+    let large = name_on(c.node(0), "idle-large", victim as NodeId);
+    let copied = name_on(c.node(0), "idle-copied", victim as NodeId);
+    let (s_data, l_data) = (pattern(7)[..1000].to_vec(), pattern(5));
+    c.node(victim).put(small.clone(), &s_data).unwrap();
+    c.node(victim).put(large.clone(), &l_data).unwrap();
+    c.node(victim).put(copied.clone(), &l_data).unwrap();
+    assert!(c.node(3).get(copied.clone()).unwrap() == l_data);
+    // The next owners are told after 10 ms, by a tick every 50 ms.
+    std::thread::sleep(Duration::from_millis(300));
+    let killed = Instant::now();
+    c.node(victim).kill();
+    let readers: Vec<_> = [(0, &small), (2, &large)]
+        .into_iter()
+        .map(|(k, id)| {
+            let (n, id) = (c.node(k).clone(), id.clone());
+            std::thread::spawn(move || (n.get(id), Instant::now()))
+        })
+        .collect();
+    for ((k, id), h) in [(0, &small), (2, &large)].into_iter().zip(readers) {
+        expect_lost(k, h, id, killed);
+    }
+    assert!(c.node(2).get(copied).unwrap() == l_data);
+    // Put again, read as any object.
+    c.node(0).put(large.clone(), &l_data).unwrap();
+    assert!(c.node(2).get(large).unwrap() == l_data);
+}
+
 /// The coordinator of a small reduce whose inputs are on its own node (its promise is
 /// deferred: most such reduces end within a millisecond) waits for one more input and dies
 /// 300 ms in: the promise went out meanwhile, so the target's reader is told it is lost;

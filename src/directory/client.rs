@@ -2,6 +2,7 @@
 //! the entry now (placement follows membership), and a dead shard is waited out or tolerated
 //! where the operation allows it.
 
+use super::held::Held;
 use super::promises::{Promises, Tell};
 use super::NO_REPLY;
 use crate::config::INLINE_LIMIT;
@@ -9,7 +10,7 @@ use crate::hop::hop;
 use crate::membership::Membership;
 use crate::protocol::{DirMsg, Located, Msg, ObjectInfo, Reply, StoreMsg};
 use crate::rpc::{unexpected_reply, Rpc, Work};
-use crate::store::Store;
+use crate::store::{CopyStatus, Store};
 use crate::{Error, ObjectId, Result};
 use crossbeam_channel::Sender;
 use phalanx_transport::NodeId;
@@ -32,6 +33,9 @@ pub(crate) struct DirClient {
     store: Arc<Store>,
     /// This node's promises to produce objects, sent once due.
     promises: Promises,
+    /// This node's complete copies of objects whose entries it owns, told to the entries'
+    /// next owners once due.
+    held: Held,
 }
 
 impl DirClient {
@@ -42,6 +46,7 @@ impl DirClient {
             members,
             store,
             promises: Promises::default(),
+            held: Held::default(),
         }
     }
 
@@ -65,6 +70,7 @@ impl DirClient {
     /// Announces a local copy (partial or complete) to the object's directory shard.
     pub fn publish(&self, id: &ObjectId, size: u64, complete: bool) -> Result<()> {
         hop!(self.id, "publish", complete = complete);
+        self.note_held(id, complete);
         let r = self
             .rpc
             .send(self.shard_of(id), self.publish_msg(id, size, complete));
@@ -85,8 +91,17 @@ impl DirClient {
     /// keeps its place before this node's later messages to the shard.
     pub fn publish_without_blocking(&self, id: &ObjectId, size: u64, complete: bool) {
         hop!(self.id, "publish", complete = complete);
+        self.note_held(id, complete);
         let msg = self.publish_msg(id, size, complete);
         self.rpc.send_without_blocking(self.shard_of(id), msg);
+    }
+
+    /// A complete copy of an object whose entry is here is told to the entry's next owner
+    /// once it has been here a while (`held.rs`).
+    fn note_held(&self, id: &ObjectId, complete: bool) {
+        if complete && self.shard_of(id) == self.id {
+            self.held.note(id, Instant::now());
+        }
     }
 
     fn publish_msg(&self, id: &ObjectId, size: u64, complete: bool) -> Msg {
@@ -106,6 +121,7 @@ impl DirClient {
     pub fn put_inline(&self, id: &ObjectId, data: &[u8]) -> Result<()> {
         debug_assert!((data.len() as u64) < INLINE_LIMIT);
         hop!(self.id, "put inline", len = data.len() as u64);
+        self.note_held(id, true);
         let r = self.rpc.send(
             self.shard_of(id),
             DirMsg::PutInline {
@@ -138,7 +154,7 @@ impl DirClient {
 
     /// Where a promise of `id` (or its take-back) goes, and the message: to the entry's
     /// owner; or, if that is this node (the promise would die with it), to the entry's next
-    /// owner, which keeps it aside (`DirMsg::PromiseBackup`). `None`: nobody to tell.
+    /// owner, which keeps it aside (`DirMsg::Backup`). `None`: nobody to tell.
     fn promise_to(&self, id: ObjectId, promised: bool) -> Option<(NodeId, Msg)> {
         let node = self.id;
         let shard = self.shard_of(&id);
@@ -146,7 +162,16 @@ impl DirClient {
             return Some((shard, Msg::Dir(DirMsg::Promise { id, node, promised })));
         }
         let next = self.members.next_shard_of(&id)?;
-        Some((next, Msg::Dir(DirMsg::PromiseBackup { id, node, promised })))
+        let (copy, kept) = (false, promised);
+        Some((
+            next,
+            Msg::Dir(DirMsg::Backup {
+                id,
+                node,
+                copy,
+                kept,
+            }),
+        ))
     }
 
     /// The operation of promise `token` ended (`ok`: it made its object); a promise sent
@@ -173,10 +198,37 @@ impl DirClient {
         self.rpc.enqueue(Work::Send(self.shard_of(id), msg));
     }
 
-    /// Sends the promises now due (from the dispatcher's tick).
+    /// Sends the promises now due, and tells the entries' next owners of the copies held
+    /// long enough, or takes back what was told of copies gone (from the dispatcher's tick).
     pub fn promise_tick(&self) {
         let tell = self.promises.due(Instant::now());
         self.tell_promises(tell);
+        let held = |id: &ObjectId| {
+            self.shard_of(id) == self.id
+                && self
+                    .store
+                    .info(id)
+                    .is_some_and(|i| i.status == CopyStatus::Complete)
+        };
+        let tell = self.held.tick(Instant::now(), held);
+        self.tell_held(tell);
+    }
+
+    /// Tells the entries' next owners of copies held here, or takes them back, through the
+    /// dispatcher's queue.
+    fn tell_held(&self, tell: super::held::Tell) {
+        for (id, kept) in tell {
+            if let Some(next) = self.members.next_shard_of(&id) {
+                let (node, copy) = (self.id, true);
+                let msg = Msg::Dir(DirMsg::Backup {
+                    id,
+                    node,
+                    copy,
+                    kept,
+                });
+                self.rpc.enqueue(Work::Send(next, msg));
+            }
+        }
     }
 
     /// Sends promises (or takes them back) without waiting, from any thread, all through the
@@ -420,6 +472,8 @@ impl DirClient {
                 },
             };
             let _ = self.rpc.send(self.shard_of(&id), msg);
+            // An entry that came here: its next owner is told of this copy in turn.
+            self.note_held(&id, complete);
         }
         // The promises of operations still under way, to the entries' new owners.
         let standing = self.promises.standing();
@@ -446,6 +500,17 @@ impl DirClient {
             .map(|id| (id, true))
             .collect();
         self.tell_promises(kept_there);
+        // And the copies it was told of.
+        let told = self
+            .held
+            .told()
+            .into_iter()
+            .filter(|id| {
+                self.shard_of(id) == self.id && self.members.next_owner_before_death(id, peer)
+            })
+            .map(|id| (id, true))
+            .collect();
+        self.tell_held(told);
     }
 
     /// `peer` rejoined: entries it owns come back to it.

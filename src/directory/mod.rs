@@ -2,6 +2,7 @@
 //! and every subsystem reaches the shards through the client.
 
 mod client;
+mod held;
 mod promises;
 mod shard;
 

@@ -11,7 +11,7 @@
 //! readers waiting as for an object never made. Sent promises are made again to an entry's
 //! next owner when directory ownership moves ([`Promises::standing`]), and taken back when
 //! their operation fails. A node that owns the entry of its target itself sends the promise
-//! to the entry's next owner instead (`DirMsg::PromiseBackup`), and takes it back there when
+//! to the entry's next owner instead (`DirMsg::Backup`), and takes it back there when
 //! the operation ends.
 
 use crate::ObjectId;

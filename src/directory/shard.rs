@@ -111,15 +111,15 @@ pub struct Shard {
     give_up_order: VecDeque<ObjectId>,
     /// Nodes this shard has seen die.
     seen_down: HashSet<NodeId>,
-    /// Promises of nodes that own their objects' entries themselves, kept here as the
-    /// entries' next owner (`DirMsg::PromiseBackup`): by object, the promiser, until it takes
-    /// the promise back or dies (then the object is an orphan here). At most `BACKUPS`,
-    /// oldest dropped.
-    backups: HashMap<ObjectId, NodeId>,
-    backup_order: VecDeque<ObjectId>,
+    /// Promises and complete copies of nodes that own their objects' entries themselves,
+    /// kept here as the entries' next owner (`DirMsg::Backup`): by object and kind (copy or
+    /// not), the node, until it takes it back or dies (then the object is an orphan here). At
+    /// most `BACKUPS`, oldest dropped.
+    backups: HashMap<(ObjectId, bool), NodeId>,
+    backup_order: VecDeque<(ObjectId, bool)>,
 }
 
-/// Promises a shard keeps for the entries it would own if their owners died.
+/// Promises and copies a shard keeps for the entries it would own if their owners died.
 const BACKUPS: usize = 1 << 12;
 
 /// Give-ups a shard keeps for coordinators it has not seen die yet.
@@ -240,7 +240,7 @@ impl Shard {
             | DirMsg::PutInline { node, .. }
             | DirMsg::Withdraw { node, .. }
             | DirMsg::Promise { node, .. }
-            | DirMsg::PromiseBackup { node, .. }
+            | DirMsg::Backup { node, .. }
             | DirMsg::GiveUp { node, .. } => Some(*node),
             DirMsg::Claim { receiver, .. } | DirMsg::TransferDone { receiver, .. } => {
                 Some(*receiver)
@@ -541,19 +541,25 @@ impl Shard {
                     e.lost = false;
                 }
             }
-            DirMsg::PromiseBackup { id, node, promised } => {
-                if !promised {
-                    if self.backups.get(&id) == Some(&node) {
-                        self.backups.remove(&id);
+            DirMsg::Backup {
+                id,
+                node,
+                copy,
+                kept,
+            } => {
+                let key = (id, copy);
+                if !kept {
+                    if self.backups.get(&key) == Some(&node) {
+                        self.backups.remove(&key);
                     }
                     return;
                 }
                 if self.backup_order.len() >= 2 * BACKUPS {
                     // Take-backs leave their names in the order: drop them now and then.
                     let kept = &self.backups;
-                    self.backup_order.retain(|id| kept.contains_key(id));
+                    self.backup_order.retain(|k| kept.contains_key(k));
                 }
-                if self.backups.len() >= BACKUPS && !self.backups.contains_key(&id) {
+                if self.backups.len() >= BACKUPS && !self.backups.contains_key(&key) {
                     // The oldest goes; a name already taken back is skipped over.
                     while let Some(old) = self.backup_order.pop_front() {
                         if self.backups.remove(&old).is_some() {
@@ -561,8 +567,8 @@ impl Shard {
                         }
                     }
                 }
-                if self.backups.insert(id.clone(), node).is_none() {
-                    self.backup_order.push_back(id);
+                if self.backups.insert(key.clone(), node).is_none() {
+                    self.backup_order.push_back(key);
                 }
             }
             DirMsg::GiveUp {
@@ -633,17 +639,17 @@ impl Shard {
 
     pub fn node_down(&mut self, node: NodeId, now: Instant, out: &mut Out) {
         self.seen_down.insert(node);
-        // The objects `node` promised while it owned their entries: this shard owns them
-        // now, and knows of them only from the promise.
-        let promised: Vec<ObjectId> = self
+        // The objects `node` promised, or held, while it owned their entries: this shard
+        // owns them now, and knows of them only from that.
+        let backed: Vec<(ObjectId, bool)> = self
             .backups
             .iter()
             .filter(|&(_, &p)| p == node)
-            .map(|(id, _)| id.clone())
+            .map(|(k, _)| k.clone())
             .collect();
-        for id in promised {
-            self.backups.remove(&id);
-            self.orphan_given_up(id, now);
+        for key in backed {
+            self.backups.remove(&key);
+            self.orphan_given_up(key.0, now);
         }
         let given_up: Vec<ObjectId> = self
             .give_ups
@@ -1932,16 +1938,23 @@ mod tests {
         assert!(tick(&mut s, late).is_empty());
     }
 
-    /// A coordinator that owns its target's entry keeps its promise at the entry's next
-    /// owner: if it dies before taking it back, the object is an orphan there, lost after
-    /// the grace unless a complete copy is republished; taken back, or deleted, it is not.
+    /// A node that owns an object's entry keeps its promise to produce it, or its word that
+    /// it holds a copy, at the entry's next owner: if it dies before taking it back, the
+    /// object is an orphan there, lost after the grace unless a complete copy is
+    /// republished; taken back, or deleted, it is not.
     #[test]
-    fn a_promise_kept_for_the_owner_of_its_entry_loses_the_object_when_the_owner_dies() {
+    fn what_the_next_owner_of_an_entry_keeps_loses_the_object_when_its_owner_dies() {
         let t0 = Instant::now();
         let late = t0 + Duration::from_secs(10);
-        let backup = |s: &mut Shard, node: NodeId, id: &str, promised: bool| {
+        let backup = |s: &mut Shard, node: NodeId, id: &str, kept: bool| {
             let id = id.into();
-            let msg = DirMsg::PromiseBackup { id, node, promised };
+            let copy = false;
+            let msg = DirMsg::Backup {
+                id,
+                node,
+                copy,
+                kept,
+            };
             s.handle(node, msg, &mut Vec::new());
         };
         // The promiser dies; its readers come here, before or after the death.
@@ -1981,10 +1994,11 @@ mod tests {
         let mut s = Shard::new();
         backup(&mut s, 7, "x", true);
         backup(&mut s, 6, "x", false);
-        let forged = DirMsg::PromiseBackup {
+        let forged = DirMsg::Backup {
             id: "x".into(),
             node: 7,
-            promised: false,
+            copy: false,
+            kept: false,
         };
         s.handle(5, forged, &mut Vec::new());
         assert!(locate(&mut s, 3, vec![]).is_empty());
@@ -2006,6 +2020,31 @@ mod tests {
         let out = tick(&mut s, late);
         assert!(out.iter().all(|(to, _)| *to != 3), "x was deleted: {out:?}");
         assert!(s.entries.get(&ObjectId::from("y")).is_some_and(|e| e.lost));
+        // A copy told and a promise are kept apart: taking the promise back (its operation
+        // ended well, making the copy) leaves the copy's word, and the object is lost with
+        // its holder.
+        let mut s = Shard::new();
+        backup(&mut s, 7, "x", true);
+        let copy = |kept| DirMsg::Backup {
+            id: "x".into(),
+            node: 7,
+            copy: true,
+            kept,
+        };
+        s.handle(7, copy(true), &mut Vec::new());
+        backup(&mut s, 7, "x", false);
+        assert!(locate(&mut s, 3, vec![]).is_empty());
+        down(&mut s, 7, t0);
+        assert_eq!(located(&tick(&mut s, late), 3), Located::Lost);
+        // ... and taking both back loses nothing.
+        let mut s = Shard::new();
+        backup(&mut s, 7, "x", true);
+        s.handle(7, copy(true), &mut Vec::new());
+        s.handle(7, copy(false), &mut Vec::new());
+        backup(&mut s, 7, "x", false);
+        assert!(locate(&mut s, 3, vec![]).is_empty());
+        down(&mut s, 7, t0);
+        assert!(tick(&mut s, late).is_empty());
         // Bounded: the oldest are dropped, and take-backs leave nothing behind.
         let mut s = Shard::new();
         for k in 0..3 * BACKUPS {
@@ -2017,10 +2056,9 @@ mod tests {
             backup(&mut s, 7, &format!("o{k}"), true);
         }
         assert_eq!(s.backups.len(), BACKUPS);
-        assert!(!s.backups.contains_key(&ObjectId::from("o0")));
-        assert!(s
-            .backups
-            .contains_key(&ObjectId::from(format!("o{}", BACKUPS + 9))));
+        assert!(!s.backups.contains_key(&("o0".into(), false)));
+        let newest = (ObjectId::from(format!("o{}", BACKUPS + 9)), false);
+        assert!(s.backups.contains_key(&newest));
     }
 
     /// A rank of a run whose coordinator died gives the target up: lost after the grace once

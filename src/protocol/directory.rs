@@ -150,15 +150,17 @@ pub enum DirMsg {
         node: NodeId,
         coordinator: NodeId,
     },
-    /// A [`DirMsg::Promise`] of a node that owns the entry of `id` itself (its promise would
-    /// die with it), sent to the entry's next owner, which keeps it aside: if `node` dies
+    /// What a node that owns the entry of `id` itself tells the entry's next owner, since the
+    /// entry dies with it: that it will produce `id` (a [`DirMsg::Promise`]), or with `copy`
+    /// that it holds a complete copy of it. The next owner keeps it aside; if `node` dies
     /// before taking it back, `id` is an orphan there, lost after the grace unless a holder
-    /// republishes a complete copy. `promised` false: taken back (the operation ended, well
-    /// or not).
-    PromiseBackup {
+    /// republishes a complete copy. `kept` false: taken back (the operation ended, well or
+    /// not; the copy is gone, or the entry moved).
+    Backup {
         id: ObjectId,
         node: NodeId,
-        promised: bool,
+        copy: bool,
+        kept: bool,
     },
 }
 
@@ -179,7 +181,7 @@ impl DirMsg {
             | DirMsg::Reset { id, .. }
             | DirMsg::Promise { id, .. }
             | DirMsg::GiveUp { id, .. }
-            | DirMsg::PromiseBackup { id, .. } => id,
+            | DirMsg::Backup { id, .. } => id,
         }
     }
 }

@@ -93,7 +93,7 @@ impl Msg {
                 DirMsg::Reset { .. } => "Reset",
                 DirMsg::Promise { .. } => "Promise",
                 DirMsg::GiveUp { .. } => "GiveUp",
-                DirMsg::PromiseBackup { .. } => "PromiseBackup",
+                DirMsg::Backup { .. } => "Backup",
             },
             Msg::Pull(m) => match m {
                 PullMsg::Pull { .. } => "Pull",
