@@ -2,7 +2,7 @@
 //! the entry now (placement follows membership), and a dead shard is waited out or tolerated
 //! where the operation allows it.
 
-use super::held::Held;
+use super::held::{Held, Standing};
 use super::promises::{Promises, Tell};
 use super::NO_REPLY;
 use crate::config::INLINE_LIMIT;
@@ -199,18 +199,25 @@ impl DirClient {
     }
 
     /// Sends the promises now due, and tells the entries' next owners of the copies held
-    /// long enough, or takes back what was told of copies gone (from the dispatcher's tick).
-    pub fn promise_tick(&self) {
+    /// long enough, or takes back what was told of copies gone or no longer the only ones
+    /// (from the dispatcher's tick). `only_here(id)`: this node's shard lists no other
+    /// complete copy of `id`.
+    pub fn promise_tick(&self, only_here: impl Fn(&ObjectId) -> bool) {
         let tell = self.promises.due(Instant::now());
         self.tell_promises(tell);
-        let held = |id: &ObjectId| {
-            self.shard_of(id) == self.id
+        let look = |id: &ObjectId| {
+            let here = self.shard_of(id) == self.id
                 && self
                     .store
                     .info(id)
-                    .is_some_and(|i| i.status == CopyStatus::Complete)
+                    .is_some_and(|i| i.status == CopyStatus::Complete);
+            match (here, here && only_here(id)) {
+                (false, _) => Standing::Gone,
+                (true, false) => Standing::Shared,
+                (true, true) => Standing::Only,
+            }
         };
-        let tell = self.held.tick(Instant::now(), held);
+        let tell = self.held.tick(Instant::now(), look);
         self.tell_held(tell);
     }
 

@@ -9,11 +9,13 @@
 //! inputs and intermediates of a collective), so a copy is told only once it has been here
 //! for [`HELD_AFTER`] (the dispatcher's tick, every 50 ms, sends the due ones): a copy
 //! dropped sooner costs nothing, and a node that dies that soon after making it leaves its
-//! readers waiting as before. The same tick takes back what was told for a copy that is gone
-//! (deleted, evicted) or whose entry moved elsewhere.
+//! readers waiting as before. Only a copy that is the only complete one the entry lists is
+//! told (another holder republishes its own when this node dies): the same tick takes back
+//! what was told of a copy that is gone (deleted, evicted), whose entry moved elsewhere, or
+//! that another node now holds too.
 
 use crate::ObjectId;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -27,6 +29,17 @@ const HELD_MAX: usize = 4096;
 struct Since {
     at: Instant,
     told: bool,
+}
+
+/// Where a copy noted here stands, for [`Held::tick`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// Dropped, or its entry is no longer this node's.
+    Gone,
+    /// Another node's complete copy is listed too.
+    Shared,
+    /// The only complete copy the entry lists.
+    Only,
 }
 
 /// What the tick must send: `(object, kept)`: told (`true`) or taken back.
@@ -52,21 +65,31 @@ impl Held {
         }
     }
 
-    /// At `now`: the copies due to be told, and the ones told whose copy is gone or whose
-    /// entry is no longer this node's (`held(id)` false), taken back; the latter and the
-    /// untold ones gone are forgotten.
-    pub fn tick(&self, now: Instant, held: impl Fn(&ObjectId) -> bool) -> Tell {
-        // Asked with no lock of ours held (`held` looks at the store and the membership).
+    /// At `now`: the copies due to be told, and the ones told that need not be any more,
+    /// taken back. `look(id)` says where each stands: gone (dropped, or its entry is no
+    /// longer this node's: forgotten), shared (another node's complete copy is listed too:
+    /// its word is not needed, nor sent, but the copy is still tracked) or the only one.
+    pub fn tick(&self, now: Instant, look: impl Fn(&ObjectId) -> Standing) -> Tell {
+        // Looked at with no lock of ours held (`look` asks the store, the membership and
+        // the shard).
         let ids: Vec<ObjectId> = self.copies.lock().unwrap().keys().cloned().collect();
-        let gone: HashSet<ObjectId> = ids.into_iter().filter(|id| !held(id)).collect();
+        let looks: HashMap<ObjectId, Standing> = ids
+            .into_iter()
+            .map(|id| {
+                let s = look(&id);
+                (id, s)
+            })
+            .collect();
         let mut c = self.copies.lock().unwrap();
         let mut tell = Vec::new();
         c.retain(|id, s| {
-            if gone.contains(id) {
+            let standing = looks.get(id).copied().unwrap_or(Standing::Only);
+            if standing != Standing::Only {
                 if s.told {
+                    s.told = false;
                     tell.push((id.clone(), false));
                 }
-                return false;
+                return standing == Standing::Shared;
             }
             if !s.told && now.saturating_duration_since(s.at) >= HELD_AFTER {
                 s.told = true;
@@ -93,26 +116,39 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_copy_is_told_once_due_and_taken_back_once_gone() {
+    fn a_copy_is_told_once_due_while_it_is_the_only_one_and_taken_back_once_not() {
+        use Standing::*;
         let h = Held::default();
         let t0 = Instant::now();
         let (x, y): (ObjectId, ObjectId) = ("x".into(), "y".into());
         h.note(&x, t0);
         h.note(&y, t0);
         h.note(&x, t0 + HELD_AFTER); // noted once
-        assert!(h.tick(t0 + HELD_AFTER / 2, |_| true).is_empty(), "not due");
-        // y is gone before it was due: never told, nothing to take back.
-        let tell = h.tick(t0 + HELD_AFTER, |id| *id != y);
-        assert_eq!(tell, vec![(x.clone(), true)]);
+        assert!(h.tick(t0 + HELD_AFTER / 2, |_| Only).is_empty(), "not due");
+        // y is gone before it was due: never told, nothing to take back, forgotten.
+        let look = |id: &ObjectId| if *id == y { Gone } else { Only };
+        assert_eq!(h.tick(t0 + HELD_AFTER, look), vec![(x.clone(), true)]);
         assert!(
-            h.tick(t0 + HELD_AFTER * 3, |_| true).is_empty(),
+            h.tick(t0 + HELD_AFTER * 3, |_| Only).is_empty(),
             "told once"
         );
         assert_eq!(h.told(), vec![x.clone()]);
-        // x gone (or its entry moved): taken back once, then forgotten.
-        assert_eq!(h.tick(t0 + HELD_AFTER * 4, |_| false), vec![(x, false)]);
-        assert!(h.tick(t0 + HELD_AFTER * 5, |_| false).is_empty());
+        // Another node holds x too: taken back, still tracked, told again once it is the
+        // only one again.
+        assert_eq!(
+            h.tick(t0 + HELD_AFTER * 4, |_| Shared),
+            vec![(x.clone(), false)]
+        );
+        assert!(h.tick(t0 + HELD_AFTER * 5, |_| Shared).is_empty());
         assert!(h.told().is_empty());
+        assert_eq!(
+            h.tick(t0 + HELD_AFTER * 6, |_| Only),
+            vec![(x.clone(), true)]
+        );
+        // x gone (or its entry moved): taken back once, then forgotten.
+        assert_eq!(h.tick(t0 + HELD_AFTER * 7, |_| Gone), vec![(x, false)]);
+        assert!(h.tick(t0 + HELD_AFTER * 8, |_| Only).is_empty());
+        assert!(h.copies.lock().unwrap().is_empty());
         // Bounded.
         for k in 0..HELD_MAX + 5 {
             h.note(&format!("o{k}").into(), t0);

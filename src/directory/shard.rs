@@ -599,6 +599,14 @@ impl Shard {
         }
     }
 
+    /// Whether no node but `node` is listed with a complete copy of `id` (an entry this shard
+    /// does not have: false): what would die with `node` if it is this shard's.
+    pub fn only_copy_on(&self, id: &ObjectId, node: NodeId) -> bool {
+        self.entries
+            .get(id)
+            .is_some_and(|e| e.locs.iter().all(|(&n, l)| n == node || !l.complete))
+    }
+
     /// Whether `id` is complete somewhere (or inline here).
     fn complete(&self, id: &ObjectId) -> bool {
         self.entries
@@ -2020,6 +2028,21 @@ mod tests {
         let out = tick(&mut s, late);
         assert!(out.iter().all(|(to, _)| *to != 3), "x was deleted: {out:?}");
         assert!(s.entries.get(&ObjectId::from("y")).is_some_and(|e| e.lost));
+        // What the owner asks before it tells: is its copy the only complete one listed?
+        let mut s = Shard::new();
+        assert!(
+            !s.only_copy_on(&"x".into(), 1),
+            "an entry this shard does not have"
+        );
+        publish(&mut s, 1, true);
+        assert!(s.only_copy_on(&"x".into(), 1));
+        publish(&mut s, 2, false);
+        assert!(
+            s.only_copy_on(&"x".into(), 1),
+            "a partial copy dies with its source"
+        );
+        publish(&mut s, 2, true);
+        assert!(!s.only_copy_on(&"x".into(), 1));
         // A copy told and a promise are kept apart: taking the promise back (its operation
         // ended well, making the copy) leaves the copy's word, and the object is lost with
         // its holder.

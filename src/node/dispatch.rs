@@ -54,7 +54,9 @@ impl Inner {
                 }
                 self.reducer.halving_tick();
                 self.shard_tick();
-                self.dir.promise_tick();
+                let me = self.id;
+                self.dir
+                    .promise_tick(|id| self.shard.lock().unwrap().only_copy_on(id, me));
                 next_tick = Instant::now() + TICK;
             }
             let Some(w) = w else { continue };
