@@ -1214,6 +1214,60 @@ fn objects_whose_only_copy_died_idle_with_their_shard_are_lost() {
     assert!(c.node(2).get(large).unwrap() == l_data);
 }
 
+/// The word about an only copy follows the entry's next owner: that node dies (the word
+/// moves to the one after it) and comes back (the word moves back to it); when the holder
+/// then dies, the object's readers, who ask whoever owns the entry then, are told it is
+/// lost. Without the moves, the node that has the word is not the one asked, and the
+/// readers wait for their op timeout.
+#[test]
+fn the_word_about_an_only_copy_follows_the_next_owner_of_its_entry() {
+    let mut c = losing_after_1s(5);
+    let victim = 1;
+    let data = pattern(11);
+    let made = |c: &LocalCluster, round: usize| -> (ObjectId, NodeId) {
+        let id = name_on(c.node(0), &format!("follow{round}"), victim as NodeId);
+        let next = c.node(victim).next_shard_of(id.clone()).unwrap();
+        c.node(victim).put(id.clone(), &data).unwrap();
+        (id, next)
+    };
+    let wait_down = |c: &LocalCluster, by: usize, peer: NodeId, down: bool| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while c.node(by).believes_down(peer) != down {
+            assert!(
+                Instant::now() < deadline,
+                "{by} never saw {peer} down={down}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // The word moves at the holder's next tick (every 50 ms).
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let (a, next) = made(&c, 1);
+    std::thread::sleep(Duration::from_millis(300));
+    // The next owner dies before the holder: the word moves on to the one after it.
+    c.node(next as usize).kill();
+    wait_down(&c, victim, next, true);
+    let after = c.node(victim).next_shard_of(a.clone()).unwrap();
+    assert!(after != next && after != victim as NodeId);
+    // It comes back: the word moves back to it.
+    c.restart(next as usize, cfg(), tcp()).unwrap();
+    wait_down(&c, victim, next, false);
+    assert_eq!(c.node(victim).next_shard_of(a.clone()), Some(next));
+    // An object made since, told to it at once.
+    let (b, next_b) = made(&c, 2);
+    std::thread::sleep(Duration::from_millis(300));
+    let killed = Instant::now();
+    c.node(victim).kill();
+    for (id, owner) in [(&a, next), (&b, next_b)] {
+        let reader = (0..5)
+            .find(|&k| k != victim && k != owner as usize)
+            .unwrap();
+        let (n, id2) = (c.node(reader).clone(), id.clone());
+        let h = std::thread::spawn(move || (n.get(id2), Instant::now()));
+        expect_lost(reader, h, id, killed);
+    }
+}
+
 /// The coordinator of a small reduce whose inputs are on its own node (its promise is
 /// deferred: most such reduces end within a millisecond) waits for one more input and dies
 /// 300 ms in: the promise went out meanwhile, so the target's reader is told it is lost;

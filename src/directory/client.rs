@@ -3,7 +3,7 @@
 //! where the operation allows it.
 
 use super::held::{Held, Standing};
-use super::promises::{Promises, Tell};
+use super::promises::{Promises, Sent};
 use super::NO_REPLY;
 use crate::config::INLINE_LIMIT;
 use crate::hop::hop;
@@ -14,6 +14,7 @@ use crate::store::{CopyStatus, Store};
 use crate::{Error, ObjectId, Result};
 use crossbeam_channel::Sender;
 use phalanx_transport::NodeId;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tracing::warn;
@@ -36,6 +37,8 @@ pub(crate) struct DirClient {
     /// This node's complete copies of objects whose entries it owns, told to the entries'
     /// next owners once due.
     held: Held,
+    /// `Membership::changes` at the last look at the held copies.
+    held_changes: AtomicU64,
 }
 
 impl DirClient {
@@ -47,6 +50,7 @@ impl DirClient {
             store,
             promises: Promises::default(),
             held: Held::default(),
+            held_changes: AtomicU64::new(u64::MAX),
         }
     }
 
@@ -138,51 +142,77 @@ impl DirClient {
     /// it dies before any copy of `id` can complete, the readers of `id` are told it is lost
     /// (`Error::ObjectLost`) after the node's `lost_after`. Sent at once if `now_due`, else
     /// once the operation has run for `PROMISE_AFTER` (`promises.rs`); the caller ends it
-    /// with [`DirClient::end_promise`] and the token returned.
-    pub fn promise(&self, id: &ObjectId, now_due: bool) -> u64 {
-        let (token, tell) = self.promises.make(id, now_due, Instant::now());
+    /// with [`DirClient::end_promise`] and the token returned (`None`: too many promises
+    /// pending, this one is sent at once to the shard if that is another node, and not kept).
+    pub fn promise(&self, id: &ObjectId, now_due: bool) -> Option<u64> {
+        let token = self.promises.make(id, now_due, Instant::now());
         // Made at once: written by this (caller's) thread before the operation starts, so
         // that a coordinator that dies right after it has still made it. Anything sent about
         // it later (a take-back, through the dispatcher's queue) comes after.
-        for (id, promised) in tell {
-            if let Some((to, msg)) = self.promise_to(id, promised) {
-                let _ = self.rpc.send(to, msg);
+        match token {
+            Some(t) if now_due => {
+                let sent = self.promise_dest(id);
+                if let Some(to) = sent {
+                    let _ = self.rpc.send(to.to, self.promise_msg(id.clone(), to, true));
+                }
+                self.promises.sent(t, sent);
+            }
+            Some(_) => {}
+            // Not kept, so never taken back: only where a complete copy ends it.
+            None => {
+                if let Some(to) = self.promise_dest(id).filter(|d| !d.backup) {
+                    let _ = self.rpc.send(to.to, self.promise_msg(id.clone(), to, true));
+                }
             }
         }
         token
     }
 
-    /// Where a promise of `id` (or its take-back) goes, and the message: to the entry's
-    /// owner; or, if that is this node (the promise would die with it), to the entry's next
-    /// owner, which keeps it aside (`DirMsg::Backup`). `None`: nobody to tell.
-    fn promise_to(&self, id: ObjectId, promised: bool) -> Option<(NodeId, Msg)> {
-        let node = self.id;
-        let shard = self.shard_of(&id);
-        if shard != node {
-            return Some((shard, Msg::Dir(DirMsg::Promise { id, node, promised })));
+    /// Where a promise of `id` belongs now: the entry's owner; or, if that is this node (the
+    /// promise would die with it), the entry's next owner, which keeps it aside
+    /// (`DirMsg::Backup`). `None`: nobody to tell.
+    fn promise_dest(&self, id: &ObjectId) -> Option<Sent> {
+        let shard = self.shard_of(id);
+        if shard != self.id {
+            return Some(Sent {
+                to: shard,
+                backup: false,
+            });
         }
-        let next = self.members.next_shard_of(&id)?;
-        let (copy, kept) = (false, promised);
-        Some((
-            next,
-            Msg::Dir(DirMsg::Backup {
+        let next = self.members.next_shard_of(id)?;
+        Some(Sent {
+            to: next,
+            backup: true,
+        })
+    }
+
+    /// The message that makes (`kept`) or takes back a promise of `id` at `to`.
+    fn promise_msg(&self, id: ObjectId, to: Sent, kept: bool) -> Msg {
+        let node = self.id;
+        Msg::Dir(match to.backup {
+            false => DirMsg::Promise {
                 id,
                 node,
-                copy,
+                promised: kept,
+            },
+            true => DirMsg::Backup {
+                id,
+                node,
+                copy: false,
                 kept,
-            }),
-        ))
+            },
+        })
     }
 
     /// The operation of promise `token` ended (`ok`: it made its object); a promise sent
-    /// for an operation that failed is taken back, and one kept by the entry's next owner
-    /// (this node owns the entry) is taken back either way.
-    pub fn end_promise(&self, token: u64, ok: bool) {
-        let Some(id) = self.promises.end(token) else {
+    /// for an operation that failed is taken back where it went, and one kept by the
+    /// entry's next owner is taken back either way.
+    pub fn end_promise(&self, token: Option<u64>, ok: bool) {
+        let Some((id, sent)) = token.and_then(|t| self.promises.end(t)) else {
             return;
         };
-        if !ok || self.shard_of(&id) == self.id {
-            self.tell_promises(vec![(id, false)]);
+        if !ok || sent.backup {
+            self.send_queued(sent.to, self.promise_msg(id, sent, false));
         }
     }
 
@@ -198,15 +228,38 @@ impl DirClient {
         self.rpc.enqueue(Work::Send(self.shard_of(id), msg));
     }
 
-    /// Sends the promises now due, and tells the entries' next owners of the copies held
-    /// long enough, or takes back what was told of copies gone or no longer the only ones
-    /// (from the dispatcher's tick). `only_here(id)`: this node's shard lists no other
-    /// complete copy of `id`.
+    /// From the dispatcher's tick: sends the promises now due, and moves the ones standing
+    /// whose place membership changed (taken back where they went, unless that node is
+    /// down, and made where they belong now); tells the entries' next owners of the copies
+    /// held long enough, and takes back, or moves, what was told (`held.rs`).
+    /// `only_here(id)`: this node's shard lists no other complete copy of `id`.
     pub fn promise_tick(&self, only_here: impl Fn(&ObjectId) -> bool) {
-        let tell = self.promises.due(Instant::now());
-        self.tell_promises(tell);
-        let look = |id: &ObjectId| {
-            let here = self.shard_of(id) == self.id
+        for (token, id) in self.promises.due(Instant::now()) {
+            let sent = self.promise_dest(&id);
+            if let Some(to) = sent {
+                self.send_queued(to.to, self.promise_msg(id, to, true));
+            }
+            self.promises.sent(token, sent);
+        }
+        for (token, id, was) in self.promises.standing() {
+            let now = self.promise_dest(&id);
+            if now == Some(was) {
+                continue;
+            }
+            self.send_queued(was.to, self.promise_msg(id.clone(), was, false));
+            if let Some(to) = now {
+                self.send_queued(to.to, self.promise_msg(id, to, true));
+            }
+            self.promises.sent(token, now);
+        }
+        // Placement is recomputed only when membership changed since the last tick: a copy
+        // told under the same membership is still this node's entry, with the same next
+        // owner.
+        let changes = self.members.changes();
+        let placed = self.held_changes.swap(changes, Ordering::AcqRel) == changes;
+        let look = |id: &ObjectId, told: Option<NodeId>| {
+            let known = told.filter(|_| placed);
+            let here = (known.is_some() || self.shard_of(id) == self.id)
                 && self
                     .store
                     .info(id)
@@ -214,39 +267,26 @@ impl DirClient {
             match (here, here && only_here(id)) {
                 (false, _) => Standing::Gone,
                 (true, false) => Standing::Shared,
-                (true, true) => Standing::Only,
+                (true, true) => Standing::Only(known.or_else(|| self.members.next_shard_of(id))),
             }
         };
-        let tell = self.held.tick(Instant::now(), look);
-        self.tell_held(tell);
-    }
-
-    /// Tells the entries' next owners of copies held here, or takes them back, through the
-    /// dispatcher's queue.
-    fn tell_held(&self, tell: super::held::Tell) {
-        for (id, kept) in tell {
-            if let Some(next) = self.members.next_shard_of(&id) {
-                let (node, copy) = (self.id, true);
-                let msg = Msg::Dir(DirMsg::Backup {
-                    id,
-                    node,
-                    copy,
-                    kept,
-                });
-                self.rpc.enqueue(Work::Send(next, msg));
-            }
+        for (id, to, kept) in self.held.tick(Instant::now(), look) {
+            let (node, copy) = (self.id, true);
+            let msg = Msg::Dir(DirMsg::Backup {
+                id,
+                node,
+                copy,
+                kept,
+            });
+            self.send_queued(to, msg);
         }
     }
 
-    /// Sends promises (or takes them back) without waiting, from any thread, all through the
-    /// dispatcher's queue so that they reach a shard in the order they were made (a take-back
-    /// never overtakes its promise, which was written before it or queued before it); where
-    /// this node owns the entry, to the entry's next owner ([`DirClient::promise_to`]).
-    fn tell_promises(&self, tell: Tell) {
-        for (id, promised) in tell {
-            if let Some((to, msg)) = self.promise_to(id, promised) {
-                self.rpc.enqueue(Work::Send(to, msg));
-            }
+    /// Sends through the dispatcher's queue (so that what this node says about one object
+    /// reaches a node in the order it was said), except to a node believed down.
+    fn send_queued(&self, to: NodeId, msg: Msg) {
+        if to == self.id || !self.members.is_down(to) {
+            self.rpc.enqueue(Work::Send(to, msg));
         }
     }
 
@@ -482,42 +522,13 @@ impl DirClient {
             // An entry that came here: its next owner is told of this copy in turn.
             self.note_held(&id, complete);
         }
-        // The promises of operations still under way, to the entries' new owners.
-        let standing = self.promises.standing();
-        self.tell_promises(
-            standing
-                .into_iter()
-                .filter(|id| moved(id))
-                .map(|id| (id, true))
-                .collect(),
-        );
+        // The promises of operations still under way follow at the next tick
+        // (`promise_tick`), as do the copies told to entries' next owners.
     }
 
     /// `peer` died: entries it owned move to the next node by HRW order.
     pub fn republish_after_death(&self, peer: NodeId) {
         self.republish(|id| self.members.owned_by_before_death(id, peer));
-        // The promises `peer` kept for entries this node owns, to their next owner now.
-        let kept_there = self
-            .promises
-            .standing()
-            .into_iter()
-            .filter(|id| {
-                self.shard_of(id) == self.id && self.members.next_owner_before_death(id, peer)
-            })
-            .map(|id| (id, true))
-            .collect();
-        self.tell_promises(kept_there);
-        // And the copies it was told of.
-        let told = self
-            .held
-            .told()
-            .into_iter()
-            .filter(|id| {
-                self.shard_of(id) == self.id && self.members.next_owner_before_death(id, peer)
-            })
-            .map(|id| (id, true))
-            .collect();
-        self.tell_held(told);
     }
 
     /// `peer` rejoined: entries it owns come back to it.

@@ -12,9 +12,11 @@
 //! readers waiting as before. Only a copy that is the only complete one the entry lists is
 //! told (another holder republishes its own when this node dies): the same tick takes back
 //! what was told of a copy that is gone (deleted, evicted), whose entry moved elsewhere, or
-//! that another node now holds too.
+//! that another node now holds too; and it moves what was told when membership changes the
+//! entry's next owner (taken back where it went, told to the new one).
 
 use crate::ObjectId;
+use phalanx_transport::NodeId;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -28,7 +30,8 @@ const HELD_MAX: usize = 4096;
 #[derive(Debug)]
 struct Since {
     at: Instant,
-    told: bool,
+    /// The node told of it, if any.
+    told: Option<NodeId>,
 }
 
 /// Where a copy noted here stands, for [`Held::tick`].
@@ -38,12 +41,14 @@ pub enum Standing {
     Gone,
     /// Another node's complete copy is listed too.
     Shared,
-    /// The only complete copy the entry lists.
-    Only,
+    /// The only complete copy the entry lists; the entry's next owner now (`None`: no
+    /// other node is up).
+    Only(Option<NodeId>),
 }
 
-/// What the tick must send: `(object, kept)`: told (`true`) or taken back.
-pub type Tell = Vec<(ObjectId, bool)>;
+/// What the tick must send: `(object, node, kept)`: `node` told of the copy (`true`) or
+/// told to forget it.
+pub type Tell = Vec<(ObjectId, NodeId, bool)>;
 
 #[derive(Debug, Default)]
 pub struct Held {
@@ -59,55 +64,55 @@ impl Held {
                 id.clone(),
                 Since {
                     at: now,
-                    told: false,
+                    told: None,
                 },
             );
         }
     }
 
-    /// At `now`: the copies due to be told, and the ones told that need not be any more,
-    /// taken back. `look(id)` says where each stands: gone (dropped, or its entry is no
-    /// longer this node's: forgotten), shared (another node's complete copy is listed too:
-    /// its word is not needed, nor sent, but the copy is still tracked) or the only one.
-    pub fn tick(&self, now: Instant, look: impl Fn(&ObjectId) -> Standing) -> Tell {
+    /// At `now`: what to tell and to take back, from where each copy stands (`look`, given
+    /// the node told so far): a
+    /// copy gone is taken back where it was told and forgotten; one shared is taken back
+    /// but still tracked; the only one, once due, is told to the entry's next owner, and
+    /// moved there (taken back from the node told before) when that changed.
+    pub fn tick(&self, now: Instant, look: impl Fn(&ObjectId, Option<NodeId>) -> Standing) -> Tell {
         // Looked at with no lock of ours held (`look` asks the store, the membership and
-        // the shard).
-        let ids: Vec<ObjectId> = self.copies.lock().unwrap().keys().cloned().collect();
+        // the shard), with the node told so far.
+        let ids: Vec<(ObjectId, Option<NodeId>)> = {
+            let c = self.copies.lock().unwrap();
+            c.iter().map(|(id, s)| (id.clone(), s.told)).collect()
+        };
         let looks: HashMap<ObjectId, Standing> = ids
             .into_iter()
-            .map(|id| {
-                let s = look(&id);
+            .map(|(id, told)| {
+                let s = look(&id, told);
                 (id, s)
             })
             .collect();
         let mut c = self.copies.lock().unwrap();
         let mut tell = Vec::new();
         c.retain(|id, s| {
-            let standing = looks.get(id).copied().unwrap_or(Standing::Only);
-            if standing != Standing::Only {
-                if s.told {
-                    s.told = false;
-                    tell.push((id.clone(), false));
+            // Noted since the look: looked at next time.
+            let Some(&standing) = looks.get(id) else {
+                return true;
+            };
+            let want = match standing {
+                Standing::Only(next) if now.saturating_duration_since(s.at) >= HELD_AFTER => next,
+                Standing::Only(_) => return true,
+                Standing::Gone | Standing::Shared => None,
+            };
+            if s.told != want {
+                if let Some(old) = s.told {
+                    tell.push((id.clone(), old, false));
                 }
-                return standing == Standing::Shared;
+                if let Some(new) = want {
+                    tell.push((id.clone(), new, true));
+                }
+                s.told = want;
             }
-            if !s.told && now.saturating_duration_since(s.at) >= HELD_AFTER {
-                s.told = true;
-                tell.push((id.clone(), true));
-            }
-            true
+            standing != Standing::Gone
         });
         tell
-    }
-
-    /// The copies told (to be told again to an entry's new next owner when the one that
-    /// had them dies).
-    pub fn told(&self) -> Vec<ObjectId> {
-        let c = self.copies.lock().unwrap();
-        c.iter()
-            .filter(|(_, s)| s.told)
-            .map(|(id, _)| id.clone())
-            .collect()
     }
 }
 
@@ -116,7 +121,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_copy_is_told_once_due_while_it_is_the_only_one_and_taken_back_once_not() {
+    fn a_copy_is_told_once_due_while_it_is_the_only_one_and_moved_or_taken_back() {
         use Standing::*;
         let h = Held::default();
         let t0 = Instant::now();
@@ -124,30 +129,50 @@ mod tests {
         h.note(&x, t0);
         h.note(&y, t0);
         h.note(&x, t0 + HELD_AFTER); // noted once
-        assert!(h.tick(t0 + HELD_AFTER / 2, |_| Only).is_empty(), "not due");
-        // y is gone before it was due: never told, nothing to take back, forgotten.
-        let look = |id: &ObjectId| if *id == y { Gone } else { Only };
-        assert_eq!(h.tick(t0 + HELD_AFTER, look), vec![(x.clone(), true)]);
         assert!(
-            h.tick(t0 + HELD_AFTER * 3, |_| Only).is_empty(),
+            h.tick(t0 + HELD_AFTER / 2, |_, _| Only(Some(3))).is_empty(),
+            "not due"
+        );
+        // y is gone before it was due: never told, nothing to take back, forgotten.
+        let look = |id: &ObjectId, _| if *id == y { Gone } else { Only(Some(3)) };
+        assert_eq!(h.tick(t0 + HELD_AFTER, look), vec![(x.clone(), 3, true)]);
+        assert!(
+            h.tick(t0 + HELD_AFTER * 3, |_, _| Only(Some(3))).is_empty(),
             "told once"
         );
-        assert_eq!(h.told(), vec![x.clone()]);
+        // The next owner changed: taken back there, told to the new one.
+        assert_eq!(
+            h.tick(t0 + HELD_AFTER * 4, |_, _| Only(Some(5))),
+            vec![(x.clone(), 3, false), (x.clone(), 5, true)]
+        );
         // Another node holds x too: taken back, still tracked, told again once it is the
         // only one again.
         assert_eq!(
-            h.tick(t0 + HELD_AFTER * 4, |_| Shared),
-            vec![(x.clone(), false)]
+            h.tick(t0 + HELD_AFTER * 5, |_, _| Shared),
+            vec![(x.clone(), 5, false)]
         );
-        assert!(h.tick(t0 + HELD_AFTER * 5, |_| Shared).is_empty());
-        assert!(h.told().is_empty());
+        assert!(h.tick(t0 + HELD_AFTER * 6, |_, _| Shared).is_empty());
         assert_eq!(
-            h.tick(t0 + HELD_AFTER * 6, |_| Only),
-            vec![(x.clone(), true)]
+            h.tick(t0 + HELD_AFTER * 7, |_, _| Only(Some(5))),
+            vec![(x.clone(), 5, true)]
+        );
+        // Nobody else up: taken back, nothing told.
+        assert_eq!(
+            h.tick(t0 + HELD_AFTER * 8, |_, _| Only(None)),
+            vec![(x.clone(), 5, false)]
+        );
+        assert_eq!(
+            h.tick(t0 + HELD_AFTER * 9, |_, _| Only(Some(5))),
+            vec![(x.clone(), 5, true)]
         );
         // x gone (or its entry moved): taken back once, then forgotten.
-        assert_eq!(h.tick(t0 + HELD_AFTER * 7, |_| Gone), vec![(x, false)]);
-        assert!(h.tick(t0 + HELD_AFTER * 8, |_| Only).is_empty());
+        assert_eq!(
+            h.tick(t0 + HELD_AFTER * 10, |_, _| Gone),
+            vec![(x, 5, false)]
+        );
+        assert!(h
+            .tick(t0 + HELD_AFTER * 11, |_, _| Only(Some(5)))
+            .is_empty());
         assert!(h.copies.lock().unwrap().is_empty());
         // Bounded.
         for k in 0..HELD_MAX + 5 {

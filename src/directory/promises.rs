@@ -11,30 +11,37 @@
 //! readers waiting as for an object never made. Sent promises are made again to an entry's
 //! next owner when directory ownership moves ([`Promises::standing`]), and taken back when
 //! their operation fails. A node that owns the entry of its target itself sends the promise
-//! to the entry's next owner instead (`DirMsg::Backup`), and takes it back there when
-//! the operation ends.
+//! to the entry's next owner instead (`DirMsg::Backup`), and takes it back there when the
+//! operation ends. Each promise remembers where it went: it is taken back there, and moved
+//! (taken back there, made where it now belongs) when membership changes where it belongs.
 
 use crate::ObjectId;
+use phalanx_transport::NodeId;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// How long an operation runs before its promise is sent.
 pub const PROMISE_AFTER: Duration = Duration::from_millis(10);
 
-/// Most promises kept at once (operations under way on this node); more are sent at once
-/// and not kept.
+/// Most promises kept at once (operations under way on this node); more are not kept.
 const PENDING_MAX: usize = 4096;
+
+/// Where a promise went: to the entry's owner, or (`backup`) to its next owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sent {
+    pub to: NodeId,
+    pub backup: bool,
+}
 
 #[derive(Debug)]
 struct Pending {
     token: u64,
     id: ObjectId,
-    since: Instant,
-    sent: bool,
+    /// Deferred: due at this instant (`None`: sent, or being sent, at once).
+    due: Option<Instant>,
+    /// Where it went, once sent (`None` also when there was nobody to send it to).
+    sent: Option<Sent>,
 }
-
-/// What to tell the shards about this node's promises: `(object, promised)`.
-pub type Tell = Vec<(ObjectId, bool)>;
 
 /// The promises of one node, not yet sent or not yet ended.
 #[derive(Debug, Default)]
@@ -43,62 +50,66 @@ pub struct Promises {
 }
 
 impl Promises {
-    /// Notes a promise to produce `id` from `now`, ended by [`Promises::end`] with the token
-    /// returned; `now_due`: sent at once (an operation that will take long, or whose length
-    /// is unknown). Returns what to send now (also a promise when too many are pending: it
-    /// is then not kept, nor ever taken back).
-    pub fn make(&self, id: &ObjectId, now_due: bool, now: Instant) -> (u64, Tell) {
+    /// Notes a promise to produce `id` from `now`, sent at once by the caller if `now_due`
+    /// (an operation that will take long, or whose length is unknown), else once due.
+    /// Returns its token, for [`Promises::sent`] and [`Promises::end`]; `None`: too many are
+    /// pending, so it is not kept.
+    pub fn make(&self, id: &ObjectId, now_due: bool, now: Instant) -> Option<u64> {
         let mut s = self.state.lock().unwrap();
+        if s.1.len() >= PENDING_MAX {
+            return None;
+        }
         s.0 += 1;
         let token = s.0;
-        if s.1.len() >= PENDING_MAX {
-            return (token, vec![(id.clone(), true)]);
-        }
         s.1.push(Pending {
             token,
             id: id.clone(),
-            since: now,
-            sent: now_due,
+            due: (!now_due).then_some(now + PROMISE_AFTER),
+            sent: None,
         });
-        let tell = match now_due {
-            true => vec![(id.clone(), true)],
-            false => Vec::new(),
-        };
-        (token, tell)
+        Some(token)
     }
 
-    /// The promises due at `now`, now marked sent.
-    pub fn due(&self, now: Instant) -> Tell {
+    /// The promises due at `now`, no longer deferred: the caller sends them and says where
+    /// ([`Promises::sent`]).
+    pub fn due(&self, now: Instant) -> Vec<(u64, ObjectId)> {
         let mut s = self.state.lock().unwrap();
-        let mut tell = Vec::new();
+        let mut due = Vec::new();
         for p in s.1.iter_mut() {
-            if !p.sent && now.saturating_duration_since(p.since) >= PROMISE_AFTER {
-                p.sent = true;
-                tell.push((p.id.clone(), true));
+            if p.due.is_some_and(|d| now >= d) {
+                p.due = None;
+                due.push((p.token, p.id.clone()));
             }
         }
-        tell
+        due
     }
 
-    /// The objects whose promises were sent and are not ended yet (to be made again to an
-    /// entry's next owner when directory ownership moves).
-    pub fn standing(&self) -> Vec<ObjectId> {
+    /// Promise `token` went to `sent` (if it is still kept).
+    pub fn sent(&self, token: u64, sent: Option<Sent>) {
+        let mut s = self.state.lock().unwrap();
+        if let Some(p) = s.1.iter_mut().find(|p| p.token == token) {
+            p.sent = sent;
+        }
+    }
+
+    /// The promises sent and not ended, and where each went (to be moved when membership
+    /// changes where it belongs).
+    pub fn standing(&self) -> Vec<(u64, ObjectId, Sent)> {
         let s = self.state.lock().unwrap();
         s.1.iter()
-            .filter(|p| p.sent)
-            .map(|p| p.id.clone())
+            .filter_map(|p| Some((p.token, p.id.clone(), p.sent?)))
             .collect()
     }
 
-    /// The operation of promise `token` ended (`ok`: it made its object). Returns the
-    /// object if its promise was sent, for the caller to take back where it must be: at the
-    /// shard if the operation failed (a complete copy ends it there otherwise), and at the
-    /// entry's next owner, which keeps the promises of a shard's own operations, either way.
-    pub fn end(&self, token: u64) -> Option<ObjectId> {
+    /// The operation of promise `token` ended: the object and where its promise went, if
+    /// it was sent, for the caller to take it back there (a failed operation's at its
+    /// shard; one kept by an entry's next owner either way: a complete copy ends a promise
+    /// only at the shard).
+    pub fn end(&self, token: u64) -> Option<(ObjectId, Sent)> {
         let mut s = self.state.lock().unwrap();
         let i = s.1.iter().position(|p| p.token == token)?;
         let p = s.1.swap_remove(i);
-        p.sent.then_some(p.id)
+        Some((p.id, p.sent?))
     }
 }
 
@@ -107,45 +118,51 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_promise_is_sent_once_due_and_ended_only_if_sent() {
+    fn a_promise_is_sent_once_due_and_remembers_where_it_went() {
         let ps = Promises::default();
         let t0 = Instant::now();
         let x: ObjectId = "x".into();
-        let (quick, now) = ps.make(&x, false, t0);
-        assert!(now.is_empty());
+        let at = |to| Some(Sent { to, backup: false });
+        let quick = ps.make(&x, false, t0).unwrap();
         assert!(ps.due(t0 + PROMISE_AFTER / 2).is_empty(), "not due yet");
         // Ended before it was due: nothing was ever sent, nothing to take back.
         assert_eq!(ps.end(quick), None);
         assert!(ps.due(t0 + PROMISE_AFTER * 2).is_empty());
-        // Due: sent once; failed afterwards: taken back.
-        let (slow, _) = ps.make(&x, false, t0);
-        assert_eq!(ps.due(t0 + PROMISE_AFTER), vec![(x.clone(), true)]);
-        assert!(ps.due(t0 + PROMISE_AFTER * 3).is_empty(), "sent once");
-        assert_eq!(ps.end(slow), Some(x.clone()));
+        // Due: handed out once; ended: where it went.
+        let slow = ps.make(&x, false, t0).unwrap();
+        assert_eq!(ps.due(t0 + PROMISE_AFTER), vec![(slow, x.clone())]);
+        assert!(ps.due(t0 + PROMISE_AFTER * 3).is_empty(), "handed out once");
+        ps.sent(slow, at(3));
+        assert_eq!(ps.standing(), vec![(slow, x.clone(), at(3).unwrap())]);
+        // Moved: remembered where it went last.
+        ps.sent(slow, at(4));
+        assert_eq!(ps.end(slow), Some((x.clone(), at(4).unwrap())));
         assert_eq!(ps.end(slow), None, "ended once");
-        // Standing while sent and not ended.
-        let (a, _) = ps.make(&x, true, t0);
-        let (y, _) = ps.make(&"y".into(), false, t0);
-        assert_eq!(ps.standing(), vec![x.clone()], "y is not sent yet");
-        assert_eq!(ps.end(a), Some(x.clone()));
-        assert_eq!(ps.end(y), None, "never sent");
-        assert!(ps.standing().is_empty());
-        // Due at once: sent now, and taken back if its operation fails.
-        let (long, now) = ps.make(&x, true, t0);
-        assert_eq!(now, vec![(x.clone(), true)]);
-        assert!(ps.due(t0 + PROMISE_AFTER).is_empty(), "sent once");
-        assert_eq!(ps.end(long), Some(x.clone()));
+        // At once: never handed out by `due`; standing once sent.
+        let long = ps.make(&x, true, t0).unwrap();
+        let y = ps.make(&"y".into(), false, t0).unwrap();
+        assert!(ps.due(t0).is_empty());
+        assert!(ps.standing().is_empty(), "nothing sent yet");
+        let backup = Sent {
+            to: 5,
+            backup: true,
+        };
+        ps.sent(long, Some(backup));
+        assert_eq!(ps.standing(), vec![(long, x.clone(), backup)]);
+        assert_eq!(ps.end(long), Some((x.clone(), backup)));
+        // Nobody to send it to: nothing to take back.
+        ps.sent(y, None);
+        assert_eq!(ps.end(y), None);
         assert!(ps.state.lock().unwrap().1.is_empty());
     }
 
     #[test]
-    fn too_many_pending_promises_are_sent_at_once() {
+    fn too_many_pending_promises_are_not_kept() {
         let ps = Promises::default();
         let t0 = Instant::now();
         for k in 0..PENDING_MAX {
-            assert!(ps.make(&format!("o{k}").into(), false, t0).1.is_empty());
+            assert!(ps.make(&format!("o{k}").into(), false, t0).is_some());
         }
-        let (_, now) = ps.make(&"one-more".into(), false, t0);
-        assert_eq!(now, vec![("one-more".into(), true)]);
+        assert_eq!(ps.make(&"one-more".into(), true, t0), None);
     }
 }

@@ -115,8 +115,11 @@ pub struct Shard {
     /// kept here as the entries' next owner (`DirMsg::Backup`): by object and kind (copy or
     /// not), the node, until it takes it back or dies (then the object is an orphan here). At
     /// most `BACKUPS`, oldest dropped.
-    backups: HashMap<(ObjectId, bool), NodeId>,
-    backup_order: VecDeque<(ObjectId, bool)>,
+    backups: HashMap<(ObjectId, bool), (NodeId, u64)>,
+    /// The backups in the order they came, each with the number it came under (a name told
+    /// again after a take-back comes again: its older place is skipped).
+    backup_order: VecDeque<((ObjectId, bool), u64)>,
+    backups_made: u64,
 }
 
 /// Promises and copies a shard keeps for the entries it would own if their owners died.
@@ -549,27 +552,35 @@ impl Shard {
             } => {
                 let key = (id, copy);
                 if !kept {
-                    if self.backups.get(&key) == Some(&node) {
+                    if self.backups.get(&key).is_some_and(|&(n, _)| n == node) {
                         self.backups.remove(&key);
                     }
                     return;
                 }
                 if self.backup_order.len() >= 2 * BACKUPS {
-                    // Take-backs leave their names in the order: drop them now and then.
+                    // Take-backs leave their places in the order: drop them now and then.
                     let kept = &self.backups;
-                    self.backup_order.retain(|k| kept.contains_key(k));
+                    self.backup_order
+                        .retain(|(k, made)| kept.get(k).is_some_and(|&(_, m)| m == *made));
                 }
                 if self.backups.len() >= BACKUPS && !self.backups.contains_key(&key) {
-                    // The oldest goes; a name already taken back is skipped over.
-                    while let Some(old) = self.backup_order.pop_front() {
-                        if self.backups.remove(&old).is_some() {
+                    // The oldest goes; a place taken back or come again is skipped over.
+                    while let Some((old, made)) = self.backup_order.pop_front() {
+                        if self.backups.get(&old).is_some_and(|&(_, m)| m == made) {
+                            self.backups.remove(&old);
                             break;
                         }
                     }
                 }
-                if self.backups.insert(key.clone(), node).is_none() {
-                    self.backup_order.push_back(key);
+                if let Some((n, _)) = self.backups.get_mut(&key) {
+                    // Told again: the same place in the order.
+                    *n = node;
+                    return;
                 }
+                self.backups_made += 1;
+                let made = self.backups_made;
+                self.backups.insert(key.clone(), (node, made));
+                self.backup_order.push_back((key, made));
             }
             DirMsg::GiveUp {
                 id, coordinator, ..
@@ -642,22 +653,47 @@ impl Shard {
         for p in self.promises.values() {
             peers.extend(p.iter().copied());
         }
-        peers.extend(self.backups.values().copied());
     }
 
-    pub fn node_down(&mut self, node: NodeId, now: Instant, out: &mut Out) {
+    /// `node` died. `moved_here(id)`: the entry of `id` was `node`'s and is this shard's
+    /// now.
+    pub fn node_down(
+        &mut self,
+        node: NodeId,
+        now: Instant,
+        moved_here: &dyn Fn(&ObjectId) -> bool,
+        out: &mut Out,
+    ) {
         self.seen_down.insert(node);
-        // The objects `node` promised, or held, while it owned their entries: this shard
-        // owns them now, and knows of them only from that.
+        // The objects `node` promised, or held, while it owned their entries: if this shard
+        // owns them now, it knows of them only from that. (Told by a node that did not own
+        // the entry, or kept here when this shard is not the next owner: dropped.)
         let backed: Vec<(ObjectId, bool)> = self
             .backups
             .iter()
-            .filter(|&(_, &p)| p == node)
+            .filter(|&(_, &(p, _))| p == node)
             .map(|(k, _)| k.clone())
             .collect();
         for key in backed {
             self.backups.remove(&key);
-            self.orphan_given_up(key.0, now);
+            if moved_here(&key.0) {
+                self.orphan_given_up(key.0, now);
+            }
+        }
+        // An entry found lost here while this shard owned it before, and owned by `node`
+        // since: what this shard knows of it is old, so its holders get the grace again
+        // to republish it.
+        let stale: Vec<ObjectId> = self
+            .entries
+            .iter()
+            .filter(|(id, e)| e.lost && moved_here(id))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in stale {
+            if let Some(e) = self.entries.get_mut(&id) {
+                e.lost = false;
+            }
+            self.orphans.entry(id).or_insert(now);
         }
         let given_up: Vec<ObjectId> = self
             .give_ups
@@ -1200,7 +1236,7 @@ mod tests {
         // A pending claim dies with its source, and with a delete.
         let mut other = Shard::new();
         claim(&mut other, 4, 1, 9);
-        other.node_down(4, Instant::now(), &mut Vec::new());
+        other.node_down(4, Instant::now(), &|_| true, &mut Vec::new());
         publish(&mut other, 4, true);
         assert_eq!(
             other.info(&"x".into()).unwrap().locations[0].serving,
@@ -1302,7 +1338,7 @@ mod tests {
         locate(&mut s, 2, vec![]); // 2 <- 1
                                    // 0 dies: 1 must not be sent to 2, whose bytes come from 1.
         let mut out = Vec::new();
-        s.node_down(0, Instant::now(), &mut out);
+        s.node_down(0, Instant::now(), &|_| true, &mut out);
         assert!(out.is_empty());
         // A fresh get from a listed node is told to use its local copy...
         assert_eq!(located(&locate(&mut s, 1, vec![]), 1), Located::Local);
@@ -1655,7 +1691,7 @@ mod tests {
 
     fn down(s: &mut Shard, node: NodeId, at: Instant) -> Out {
         let mut out = Vec::new();
-        s.node_down(node, at, &mut out);
+        s.node_down(node, at, &|_| true, &mut out);
         out
     }
 
@@ -1968,12 +2004,6 @@ mod tests {
         // The promiser dies; its readers come here, before or after the death.
         let mut s = Shard::new();
         backup(&mut s, 7, "x", true);
-        let mut peers = std::collections::HashSet::new();
-        s.peers_depended_on(&mut peers);
-        assert!(
-            peers.contains(&7),
-            "the promiser's death must be noticed here"
-        );
         assert!(
             locate(&mut s, 3, vec![]).is_empty(),
             "waits: nothing is lost yet"
@@ -2068,6 +2098,38 @@ mod tests {
         assert!(locate(&mut s, 3, vec![]).is_empty());
         down(&mut s, 7, t0);
         assert!(tick(&mut s, late).is_empty());
+        // Kept here though the entry did not move here (told by a node that did not own it,
+        // or this shard is not the next owner any more): dropped, nothing lost.
+        let mut s = Shard::new();
+        backup(&mut s, 7, "x", true);
+        assert!(locate(&mut s, 3, vec![]).is_empty());
+        s.node_down(7, t0, &|_| false, &mut Vec::new());
+        assert!(s.backups.is_empty());
+        assert!(tick(&mut s, late).is_empty());
+        // A lost entry left here from when this shard owned it before: when the entry moves
+        // here again, its holders get the grace again (a republish finds it), and only then
+        // is it lost again.
+        let mut s = Shard::new();
+        backup(&mut s, 7, "x", true);
+        down(&mut s, 7, t0);
+        tick(&mut s, late);
+        assert_eq!(located(&locate(&mut s, 3, vec![]), 3), Located::Lost);
+        let later = late + Duration::from_secs(1);
+        s.node_down(6, later, &|id| id.as_str() == "x", &mut Vec::new());
+        assert!(
+            locate(&mut s, 4, vec![]).is_empty(),
+            "waits: the grace again"
+        );
+        assert!(tick(&mut s, later).is_empty());
+        assert_eq!(located(&publish(&mut s, 5, true), 4), src(5));
+        let mut s2 = Shard::new();
+        backup(&mut s2, 7, "x", true);
+        down(&mut s2, 7, t0);
+        tick(&mut s2, late);
+        s2.node_down(6, later, &|_| true, &mut Vec::new());
+        assert!(locate(&mut s2, 4, vec![]).is_empty());
+        let out = tick(&mut s2, later + Duration::from_secs(10));
+        assert_eq!(located(&out, 4), Located::Lost, "nobody republished it");
         // Bounded: the oldest are dropped, and take-backs leave nothing behind.
         let mut s = Shard::new();
         for k in 0..3 * BACKUPS {
@@ -2075,6 +2137,23 @@ mod tests {
             backup(&mut s, 7, &format!("t{k}"), false);
         }
         assert!(s.backups.is_empty() && s.backup_order.len() <= 2 * BACKUPS);
+        // Told, taken back and told again: one place in the order, the newest.
+        let mut s = Shard::new();
+        backup(&mut s, 7, "a", true);
+        backup(&mut s, 7, "a", false);
+        backup(&mut s, 7, "b", true);
+        backup(&mut s, 7, "a", true);
+        backup(&mut s, 7, "a", true);
+        for k in 0..BACKUPS - 2 {
+            backup(&mut s, 7, &format!("f{k}"), true);
+        }
+        backup(&mut s, 7, "last", true);
+        assert!(
+            !s.backups.contains_key(&("b".into(), false)),
+            "b was the oldest"
+        );
+        assert!(s.backups.contains_key(&("a".into(), false)));
+        assert_eq!(s.backups.len(), BACKUPS);
         for k in 0..BACKUPS + 10 {
             backup(&mut s, 7, &format!("o{k}"), true);
         }

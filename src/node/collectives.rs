@@ -73,7 +73,7 @@ impl Node {
         /// then too, and never left pending).
         struct Ends<'a> {
             dir: &'a crate::directory::DirClient,
-            token: u64,
+            token: Option<u64>,
             ok: bool,
         }
         impl Drop for Ends<'_> {

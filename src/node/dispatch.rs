@@ -211,10 +211,15 @@ impl Inner {
             warn!(node = self.id, peer, "peer down: {reason}");
         }
         let mut out = Vec::new();
+        // `peer` is marked down already: its entries' owners are recomputed without it.
+        let (me, members) = (self.id, &self.members);
+        let moved_here = |id: &crate::ObjectId| {
+            members.owned_by_before_death(id, peer) && members.shard_of(id) == me
+        };
         self.shard
             .lock()
             .unwrap()
-            .node_down(peer, Instant::now(), &mut out);
+            .node_down(peer, Instant::now(), &moved_here, &mut out);
         for (to, m) in out {
             self.rpc.enqueue(Work::Send(to, m));
         }

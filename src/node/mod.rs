@@ -304,6 +304,13 @@ impl Node {
         self.inner.members.shard_of(&id.into())
     }
 
+    /// The node that would hold the directory entry of `id` if this node died (`None`: no
+    /// other node is up): where this node keeps its word about the objects whose entries it
+    /// holds itself (README, "Fault tolerance").
+    pub fn next_shard_of(&self, id: impl Into<ObjectId>) -> Option<NodeId> {
+        self.inner.members.next_shard_of(&id.into())
+    }
+
     /// The node that holds the directory entry of `id` while every node is alive: its home
     /// ([`ObjectId::homed`]) or, for other names, by highest-random-weight hashing, so that
     /// node keeps the entry for as long as it lives, whoever else dies: unlike
