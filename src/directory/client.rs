@@ -74,10 +74,9 @@ impl DirClient {
     /// Announces a local copy (partial or complete) to the object's directory shard.
     pub fn publish(&self, id: &ObjectId, size: u64, complete: bool) -> Result<()> {
         hop!(self.id, "publish", complete = complete);
-        self.note_held(id, complete);
-        let r = self
-            .rpc
-            .send(self.shard_of(id), self.publish_msg(id, size, complete));
+        let shard = self.shard_of(id);
+        self.note_held(id, shard, complete);
+        let r = self.rpc.send(shard, self.publish_msg(id, size, complete));
         self.tolerate_shard_down(id, r)
     }
 
@@ -95,15 +94,16 @@ impl DirClient {
     /// keeps its place before this node's later messages to the shard.
     pub fn publish_without_blocking(&self, id: &ObjectId, size: u64, complete: bool) {
         hop!(self.id, "publish", complete = complete);
-        self.note_held(id, complete);
+        let shard = self.shard_of(id);
+        self.note_held(id, shard, complete);
         let msg = self.publish_msg(id, size, complete);
-        self.rpc.send_without_blocking(self.shard_of(id), msg);
+        self.rpc.send_without_blocking(shard, msg);
     }
 
-    /// A complete copy of an object whose entry is here is told to the entry's next owner
-    /// once it has been here a while (`held.rs`).
-    fn note_held(&self, id: &ObjectId, complete: bool) {
-        if complete && self.shard_of(id) == self.id {
+    /// A complete copy of an object whose entry is here (`shard`: the entry's owner) is told
+    /// to the entry's next owner once it has been here a while (`held.rs`).
+    fn note_held(&self, id: &ObjectId, shard: NodeId, complete: bool) {
+        if complete && shard == self.id {
             self.held.note(id, Instant::now());
         }
     }
@@ -125,9 +125,10 @@ impl DirClient {
     pub fn put_inline(&self, id: &ObjectId, data: &[u8]) -> Result<()> {
         debug_assert!((data.len() as u64) < INLINE_LIMIT);
         hop!(self.id, "put inline", len = data.len() as u64);
-        self.note_held(id, true);
+        let shard = self.shard_of(id);
+        self.note_held(id, shard, true);
         let r = self.rpc.send(
-            self.shard_of(id),
+            shard,
             DirMsg::PutInline {
                 rid: NO_REPLY,
                 id: id.clone(),
@@ -518,9 +519,10 @@ impl DirClient {
                     complete,
                 },
             };
-            let _ = self.rpc.send(self.shard_of(&id), msg);
+            let shard = self.shard_of(&id);
+            let _ = self.rpc.send(shard, msg);
             // An entry that came here: its next owner is told of this copy in turn.
-            self.note_held(&id, complete);
+            self.note_held(&id, shard, complete);
         }
         // The promises of operations still under way follow at the next tick
         // (`promise_tick`), as do the copies told to entries' next owners.
