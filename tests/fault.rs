@@ -991,12 +991,33 @@ fn a_reduce_whose_coordinator_dies_is_lost_to_its_readers_and_can_be_redone() {
 /// survivor.
 #[test]
 fn targets_whose_coordinator_dies_before_any_copy_are_lost_to_their_readers() {
+    // The targets' entries on other nodes; killed 5 ms in: before a deferred promise would
+    // go out (the promises of operations whose inputs are not on the coordinator's node go
+    // out at once).
+    coordinator_dies_before_any_copy((1, 2), Duration::from_millis(5));
+}
+
+/// A coordinator that owns its targets' directory entries itself keeps its promises at the
+/// entries' next owner (at its own shard they would die with it): killed before any copy of
+/// a target exists, its readers, who ask the next owner once it is gone, are told the
+/// targets are lost within about `lost_after`; without the kept promise they waited for
+/// their op timeout.
+#[test]
+fn a_coordinator_that_owns_its_targets_entries_leaves_its_promises_with_the_next_owner() {
+    coordinator_dies_before_any_copy((0, 0), Duration::from_millis(50));
+}
+
+/// Node 0 coordinates a reduce and an 8 MiB allreduce whose targets' entries are on
+/// `shards`, waiting for inputs never put, and is killed `after` they start; the targets'
+/// readers on nodes 2 and 3 are told they are lost within 20 s (the op timeout is 60 s),
+/// and a survivor makes the reduce's target again.
+fn coordinator_dies_before_any_copy(shards: (NodeId, NodeId), after: Duration) {
     use phalanx::{DType, Error, ReduceOp, ReduceOptions};
     let c = losing_after_1s(4);
     let victim = 0;
     let elems = 1 << 20; // 8 MiB: the allreduce's readers wait for its plan
-    let reduced = name_on(c.node(1), "pr-out", 1);
-    let allreduced = name_on(c.node(1), "pa-out", 2);
+    let reduced = name_on(c.node(1), "pr-out", shards.0);
+    let allreduced = name_on(c.node(1), "pa-out", shards.1);
     let ids: Vec<ObjectId> = (0..2)
         .map(|k| name_on(c.node(1), &format!("pr-in{k}"), 3))
         .collect();
@@ -1035,9 +1056,7 @@ fn targets_whose_coordinator_dies_before_any_copy_are_lost_to_their_readers() {
             })
         })
         .collect();
-    // Killed 5 ms in: before a deferred promise would go out (the promises of operations
-    // whose inputs are not on the coordinator's node go out at once).
-    std::thread::sleep(Duration::from_millis(5));
+    std::thread::sleep(after);
     let killed = Instant::now();
     c.node(victim).kill();
     drop(handle);
@@ -1051,82 +1070,6 @@ fn targets_whose_coordinator_dies_before_any_copy_are_lost_to_their_readers() {
     assert!(took < Duration::from_secs(20), "told after {took:?}");
     // Made again by a survivor once the inputs are there.
     let data: Vec<Vec<u8>> = (0..2).map(|k| i64_input(k + 7, elems)).collect();
-    for k in 0..2 {
-        c.node(k + 1).put(ids[k].clone(), &data[k]).unwrap();
-    }
-    let chain = ReduceOptions::default();
-    c.node(1)
-        .reduce_with(reduced.clone(), &ids, 2, ReduceOp::Sum, DType::I64, &chain)
-        .unwrap();
-    let all: Vec<&Vec<u8>> = data.iter().collect();
-    assert!(c.node(2).get(reduced).unwrap() == sum_of(&all));
-}
-
-/// A coordinator that owns its targets' directory entries itself keeps its promises at the
-/// entries' next owner (at its own shard they would die with it): killed before any copy of
-/// a target exists, its readers, who ask the next owner once it is gone, are told the
-/// targets are lost within about `lost_after`; without the kept promise they waited for
-/// their op timeout.
-#[test]
-fn a_coordinator_that_owns_its_targets_entries_leaves_its_promises_with_the_next_owner() {
-    use phalanx::{DType, Error, ReduceOp, ReduceOptions};
-    let c = losing_after_1s(4);
-    let victim = 0;
-    let elems = 1 << 20; // 8 MiB: the allreduce's readers wait for its plan
-    let reduced = name_on(c.node(1), "ob-out", victim as NodeId);
-    let allreduced = name_on(c.node(1), "ob-all", victim as NodeId);
-    // Never put: the coordinator waits for them.
-    let ids: Vec<ObjectId> = (0..2)
-        .map(|k| name_on(c.node(1), &format!("ob-in{k}"), 3))
-        .collect();
-    let handle = c
-        .node(victim)
-        .reduce_start(
-            reduced.clone(),
-            ids.clone(),
-            2,
-            ReduceOp::Sum,
-            DType::I64,
-            ReduceOptions::default(),
-        )
-        .unwrap();
-    let coordinator = c.node(victim).clone();
-    let (a_ids, a_target) = (ids.clone(), allreduced.clone());
-    std::thread::spawn(move || {
-        coordinator
-            .allreduce_view(
-                a_target,
-                &a_ids,
-                ReduceOp::Sum,
-                DType::I64,
-                &Default::default(),
-            )
-            .map(|_| ())
-    });
-    let readers: Vec<_> = [(2, reduced.clone(), false), (3, allreduced.clone(), true)]
-        .into_iter()
-        .map(|(k, id, all)| {
-            let n = c.node(k).clone();
-            std::thread::spawn(move || match all {
-                true => n.allreduce_read(id, (elems * 8) as u64).map(|v| v.len()),
-                false => n.get(id).map(|v| v.len()),
-            })
-        })
-        .collect();
-    std::thread::sleep(Duration::from_millis(50));
-    let killed = Instant::now();
-    c.node(victim).kill();
-    drop(handle);
-    for (r, id) in readers.into_iter().zip([&reduced, &allreduced]) {
-        match r.join().unwrap() {
-            Err(Error::ObjectLost(lost)) => assert_eq!(&lost, id),
-            other => panic!("{id}: expected ObjectLost, got {other:?}"),
-        }
-    }
-    let took = killed.elapsed();
-    assert!(took < Duration::from_secs(20), "told after {took:?}");
-    // Made again by a survivor once the inputs are there, and read.
-    let data: Vec<Vec<u8>> = (0..2).map(|k| i64_input(k + 3, elems)).collect();
     for k in 0..2 {
         c.node(k + 1).put(ids[k].clone(), &data[k]).unwrap();
     }
