@@ -235,29 +235,30 @@ impl DirClient {
     /// held long enough, and takes back, or moves, what was told (`held.rs`).
     /// `only_here(id)`: this node's shard lists no other complete copy of `id`.
     pub fn promise_tick(&self, only_here: impl Fn(&ObjectId) -> bool) {
+        // Placement is recomputed only when membership changed since the last tick: a word
+        // sent under the same membership still belongs where it went.
+        let changes = self.members.changes();
+        let placed = self.held_changes.swap(changes, Ordering::AcqRel) == changes;
         for (token, id) in self.promises.due(Instant::now()) {
             let sent = self.promise_dest(&id);
             if let Some(to) = sent {
-                self.send_queued(to.to, self.promise_msg(id, to, true));
+                self.send_queued(to.to, self.promise_msg(id.clone(), to, true));
             }
-            self.promises.sent(token, sent);
+            self.recorded(token, id, sent);
         }
-        for (token, id, was) in self.promises.standing() {
-            let now = self.promise_dest(&id);
-            if now == Some(was) {
-                continue;
+        if !placed {
+            for (token, id, was) in self.promises.standing() {
+                let now = self.promise_dest(&id);
+                if now == Some(was) {
+                    continue;
+                }
+                self.send_queued(was.to, self.promise_msg(id.clone(), was, false));
+                if let Some(to) = now {
+                    self.send_queued(to.to, self.promise_msg(id.clone(), to, true));
+                }
+                self.recorded(token, id, now);
             }
-            self.send_queued(was.to, self.promise_msg(id.clone(), was, false));
-            if let Some(to) = now {
-                self.send_queued(to.to, self.promise_msg(id, to, true));
-            }
-            self.promises.sent(token, now);
         }
-        // Placement is recomputed only when membership changed since the last tick: a copy
-        // told under the same membership is still this node's entry, with the same next
-        // owner.
-        let changes = self.members.changes();
-        let placed = self.held_changes.swap(changes, Ordering::AcqRel) == changes;
         let look = |id: &ObjectId, told: Option<NodeId>| {
             let known = told.filter(|_| placed);
             let here = (known.is_some() || self.shard_of(id) == self.id)
@@ -280,6 +281,16 @@ impl DirClient {
                 kept,
             });
             self.send_queued(to, msg);
+        }
+    }
+
+    /// Records where promise `token` of `id` went; if its operation ended meanwhile (its
+    /// caller found nothing to take back), takes it back there at once, after it.
+    fn recorded(&self, token: u64, id: ObjectId, sent: Option<Sent>) {
+        if !self.promises.sent(token, sent) {
+            if let Some(to) = sent {
+                self.send_queued(to.to, self.promise_msg(id, to, false));
+            }
         }
     }
 
@@ -536,6 +547,10 @@ impl DirClient {
     /// `peer` rejoined: entries it owns come back to it.
     pub fn republish_after_rejoin(&self, peer: NodeId) {
         self.republish(|id| self.shard_of(id) == peer);
+        // What `peer` was told, it may have lost (restarted, or dropped with the link): told
+        // again at the next tick, wherever it belongs then.
+        self.promises.resend_to(peer, Instant::now());
+        self.held.resend_to(peer);
     }
 }
 

@@ -70,6 +70,17 @@ impl Held {
         }
     }
 
+    /// The copies told to `peer`, which may have lost the word (it restarted, or its link
+    /// dropped): told again at the next tick, wherever they belong then.
+    pub fn resend_to(&self, peer: NodeId) {
+        let mut c = self.copies.lock().unwrap();
+        for s in c.values_mut() {
+            if s.told == Some(peer) {
+                s.told = None;
+            }
+        }
+    }
+
     /// At `now`: what to tell and to take back, from where each copy stands (`look`, given
     /// the node told so far): a
     /// copy gone is taken back where it was told and forgotten; one shared is taken back
@@ -161,6 +172,12 @@ mod tests {
             h.tick(t0 + HELD_AFTER * 8, |_, _| Only(None)),
             vec![(x.clone(), 5, false)]
         );
+        assert_eq!(
+            h.tick(t0 + HELD_AFTER * 9, |_, _| Only(Some(5))),
+            vec![(x.clone(), 5, true)]
+        );
+        // Node 5 restarted (or its link dropped): told again.
+        h.resend_to(5);
         assert_eq!(
             h.tick(t0 + HELD_AFTER * 9, |_, _| Only(Some(5))),
             vec![(x.clone(), 5, true)]

@@ -84,11 +84,28 @@ impl Promises {
         due
     }
 
-    /// Promise `token` went to `sent` (if it is still kept).
-    pub fn sent(&self, token: u64, sent: Option<Sent>) {
+    /// Promise `token` went to `sent`. False: it is not kept (its operation ended
+    /// meanwhile), so the caller takes back what it just sent.
+    pub fn sent(&self, token: u64, sent: Option<Sent>) -> bool {
         let mut s = self.state.lock().unwrap();
-        if let Some(p) = s.1.iter_mut().find(|p| p.token == token) {
-            p.sent = sent;
+        match s.1.iter_mut().find(|p| p.token == token) {
+            Some(p) => {
+                p.sent = sent;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The promises sent to `peer`, which may have lost them (it restarted, or its link
+    /// dropped), are due again at `now`: sent again wherever they belong then.
+    pub fn resend_to(&self, peer: NodeId, now: Instant) {
+        let mut s = self.state.lock().unwrap();
+        for p in s.1.iter_mut() {
+            if p.sent.is_some_and(|to| to.to == peer) {
+                p.sent = None;
+                p.due = Some(now);
+            }
         }
     }
 
@@ -151,8 +168,23 @@ mod tests {
         assert_eq!(ps.standing(), vec![(long, x.clone(), backup)]);
         assert_eq!(ps.end(long), Some((x.clone(), backup)));
         // Nobody to send it to: nothing to take back.
-        ps.sent(y, None);
+        assert!(ps.sent(y, None));
         assert_eq!(ps.end(y), None);
+        // Sent after its operation ended (the tick raced the end): not kept, so the sender
+        // takes it back.
+        let raced = ps.make(&x, false, t0).unwrap();
+        assert_eq!(ps.due(t0 + PROMISE_AFTER), vec![(raced, x.clone())]);
+        assert_eq!(ps.end(raced), None);
+        assert!(!ps.sent(raced, at(3)));
+        // The node it went to restarted: due again, and sent wherever it belongs then.
+        let again = ps.make(&x, true, t0).unwrap();
+        let other = ps.make(&"z".into(), true, t0).unwrap();
+        assert!(ps.sent(again, at(3)) && ps.sent(other, at(4)));
+        ps.resend_to(3, t0);
+        assert_eq!(ps.due(t0), vec![(again, x.clone())]);
+        assert_eq!(ps.standing(), vec![(other, "z".into(), at(4).unwrap())]);
+        ps.end(again);
+        ps.end(other);
         assert!(ps.state.lock().unwrap().1.is_empty());
     }
 

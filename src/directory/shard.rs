@@ -667,18 +667,17 @@ impl Shard {
         self.seen_down.insert(node);
         // The objects `node` promised, or held, while it owned their entries: if this shard
         // owns them now, it knows of them only from that. (Told by a node that did not own
-        // the entry, or kept here when this shard is not the next owner: dropped.)
-        let backed: Vec<(ObjectId, bool)> = self
+        // the entry, or kept here when this shard is not the next owner: nothing.) The words
+        // stay until taken back or crowded out: a node believed dead that was not (its link
+        // dropped, a false suspicion) does not know to tell them again.
+        let backed: Vec<ObjectId> = self
             .backups
             .iter()
-            .filter(|&(_, &(p, _))| p == node)
-            .map(|(k, _)| k.clone())
+            .filter(|&(k, &(p, _))| p == node && moved_here(&k.0))
+            .map(|(k, _)| k.0.clone())
             .collect();
-        for key in backed {
-            self.backups.remove(&key);
-            if moved_here(&key.0) {
-                self.orphan_given_up(key.0, now);
-            }
+        for id in backed {
+            self.orphan_given_up(id, now);
         }
         // An entry found lost here while this shard owned it before, and owned by `node`
         // since: what this shard knows of it is old, so its holders get the grace again
@@ -2100,13 +2099,31 @@ mod tests {
         backup(&mut s, 7, "x", false);
         assert_eq!(heard(s), None);
         // Kept here though the entry did not move here (told by a node that did not own it,
-        // or this shard is not the next owner any more): dropped, nothing lost.
+        // or this shard is not the next owner any more): nothing lost.
         let mut s = Shard::new();
         backup(&mut s, 7, "x", true);
         assert!(locate(&mut s, 3, vec![]).is_empty());
         s.node_down(7, t0, &|_| false, &mut Vec::new());
-        assert!(s.backups.is_empty());
         assert!(tick(&mut s, late).is_empty());
+        // The words outlive a death that was not one (a dropped link, a false suspicion):
+        // when the node dies for real later, they still count.
+        let mut s = Shard::new();
+        backup(&mut s, 7, "x", true);
+        down(&mut s, 7, t0);
+        let out = tick(&mut s, late);
+        assert!(out.is_empty(), "nobody waited");
+        assert_eq!(s.backups.len(), 1);
+        publish(&mut s, 7, true); // it was alive after all, and its copy is listed again
+        let del = DirMsg::Withdraw {
+            id: "x".into(),
+            node: 7,
+        };
+        s.handle(7, del, &mut Vec::new());
+        assert!(locate(&mut s, 3, vec![]).is_empty());
+        let later = late + Duration::from_secs(1);
+        s.node_down(7, later, &|_| true, &mut Vec::new());
+        let out = tick(&mut s, later + Duration::from_secs(10));
+        assert_eq!(located(&out, 3), Located::Lost);
         // A lost entry left here from when this shard owned it before: when the entry moves
         // here again, its holders get the grace again (a republish finds it), and only then
         // is it lost again.
