@@ -1157,6 +1157,37 @@ fn objects_whose_only_copy_died_idle_with_their_shard_are_lost() {
     assert!(c.node(2).get(large).unwrap() == l_data);
 }
 
+/// The node that owns an object's entry pulled a copy of it; the object's producer dies, so
+/// that copy is the only one, and the owner tells the entry's next owner of it; then the
+/// owner dies too: the object's readers are told it is lost (without the word: their op
+/// timeout).
+#[test]
+fn an_only_copy_the_entry_owner_pulled_is_told_to_the_next_owner() {
+    let c = losing_after_1s(4);
+    let (owner, producer) = (1, 2);
+    let id = name_on(c.node(0), "pulled", owner as NodeId);
+    let data = pattern(13);
+    c.node(producer).put(id.clone(), &data).unwrap();
+    assert!(c.node(owner).get(id.clone()).unwrap() == data);
+    c.node(producer).kill();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !c.node(owner).believes_down(producer as NodeId) {
+        assert!(
+            Instant::now() < deadline,
+            "the producer's death was never seen"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The owner's copy is the only one now: told at its next ticks.
+    std::thread::sleep(Duration::from_millis(300));
+    let killed = Instant::now();
+    c.node(owner).kill();
+    let reader = c.node(3).clone();
+    let (r, id2) = (reader, id.clone());
+    let h = std::thread::spawn(move || (r.get(id2), Instant::now()));
+    expect_lost(3, h, &id, killed);
+}
+
 /// The word about an only copy follows the entry's next owner: that node dies (the word
 /// moves to the one after it) and comes back (the word moves back to it); when the holder
 /// then dies, the object's readers, who ask whoever owns the entry then, are told it is

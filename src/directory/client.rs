@@ -394,6 +394,7 @@ impl DirClient {
 
     /// Releases the source of an assignment (and, if `ok`, marks our copy complete).
     pub fn transfer_done(&self, shard: NodeId, id: &ObjectId, src: NodeId, token: u64, ok: bool) {
+        self.note_held(id, shard, ok);
         let _ = self
             .rpc
             .send(shard, self.transfer_done_msg(id, src, token, ok));
@@ -409,6 +410,7 @@ impl DirClient {
         token: u64,
         ok: bool,
     ) {
+        self.note_held(id, shard, ok);
         let msg = self.transfer_done_msg(id, src, token, ok);
         self.rpc.send_without_blocking(shard, msg);
     }

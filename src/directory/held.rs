@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 /// How long a copy is here before its next owner is told.
 pub const HELD_AFTER: Duration = Duration::from_millis(10);
 
-/// Most copies tracked at once; more are not told (their objects are covered as before).
+/// Most copies tracked at once (see [`Held::note`]).
 const HELD_MAX: usize = 4096;
 
 #[derive(Debug)]
@@ -56,18 +56,34 @@ pub struct Held {
 }
 
 impl Held {
-    /// This node published a complete copy of `id`, whose entry it owns, at `now`.
+    /// This node has a complete copy of `id`, whose entry it owns, from `now` (it published
+    /// it, or pulled it). With `HELD_MAX` tracked, the oldest copy not told (held elsewhere
+    /// too, or not due yet) makes room; with every one told, it is not tracked.
     pub fn note(&self, id: &ObjectId, now: Instant) {
         let mut c = self.copies.lock().unwrap();
-        if c.len() < HELD_MAX && !c.contains_key(id) {
-            c.insert(
-                id.clone(),
-                Since {
-                    at: now,
-                    told: None,
-                },
-            );
+        if c.contains_key(id) {
+            return;
         }
+        if c.len() >= HELD_MAX {
+            let oldest = c
+                .iter()
+                .filter(|(_, s)| s.told.is_none())
+                .min_by_key(|(_, s)| s.at)
+                .map(|(id, _)| id.clone());
+            match oldest {
+                Some(o) => {
+                    c.remove(&o);
+                }
+                None => return,
+            }
+        }
+        c.insert(
+            id.clone(),
+            Since {
+                at: now,
+                told: None,
+            },
+        );
     }
 
     /// The copies told to `peer`, which may have lost the word (it restarted, or its link
@@ -191,10 +207,24 @@ mod tests {
             .tick(t0 + HELD_AFTER * 11, |_, _| Only(Some(5)))
             .is_empty());
         assert!(h.copies.lock().unwrap().is_empty());
-        // Bounded.
-        for k in 0..HELD_MAX + 5 {
-            h.note(&format!("o{k}").into(), t0);
+        // Bounded: a copy not told makes room for a new one, the oldest first; told ones
+        // stay.
+        for k in 0..HELD_MAX {
+            h.note(&format!("o{k}").into(), t0 + Duration::from_nanos(k as u64));
         }
-        assert_eq!(h.copies.lock().unwrap().len(), HELD_MAX);
+        let told = |id: &ObjectId, _| match id.as_str() {
+            "o0" | "o1" => Only(Some(2)),
+            _ => Shared,
+        };
+        assert_eq!(h.tick(t0 + HELD_AFTER * 2, told).len(), 2);
+        h.note(&"new".into(), t0);
+        let c = h.copies.lock().unwrap();
+        assert_eq!(c.len(), HELD_MAX);
+        assert!(c.contains_key(&ObjectId::from("o0")) && c.contains_key(&ObjectId::from("o1")));
+        assert!(
+            !c.contains_key(&ObjectId::from("o2")),
+            "the oldest not told made room"
+        );
+        assert!(c.contains_key(&ObjectId::from("new")));
     }
 }
