@@ -846,6 +846,20 @@ fn expect_lost(
     );
 }
 
+/// Waits (at most 20 s) until the shard of node `k` keeps at least `n` words for entries it
+/// would own if their owners died (told at the owners' ticks, every 50 ms).
+fn wait_words(c: &LocalCluster, k: NodeId, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while c.node(k as usize).kept_words() < n {
+        assert!(
+            Instant::now() < deadline,
+            "node {k} keeps {} words, not {n}",
+            c.node(k as usize).kept_words()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Every copy of an object dies with its node: a get waiting for it, one pulling it when the
 /// source dies, and one asked after fail as `ObjectLost` once `lost_after` passed, long
 /// before the op timeout; a get of an object never put still waits; put again, the object
@@ -1138,7 +1152,15 @@ fn objects_whose_only_copy_died_idle_with_their_shard_are_lost() {
     c.node(victim).put(copied.clone(), &l_data).unwrap();
     assert!(c.node(3).get(copied.clone()).unwrap() == l_data);
     // The next owners are told after 10 ms, by a tick every 50 ms.
-    std::thread::sleep(Duration::from_millis(300));
+    let mut told = std::collections::HashMap::new();
+    for id in [&small, &large] {
+        *told
+            .entry(c.node(victim).next_shard_of(id.clone()).unwrap())
+            .or_insert(0) += 1;
+    }
+    for (&k, &n) in &told {
+        wait_words(&c, k, n);
+    }
     let killed = Instant::now();
     c.node(victim).kill();
     let readers: Vec<_> = [(0, &small), (2, &large)]
@@ -1179,7 +1201,7 @@ fn an_only_copy_the_entry_owner_pulled_is_told_to_the_next_owner() {
         std::thread::sleep(Duration::from_millis(10));
     }
     // The owner's copy is the only one now: told at its next ticks.
-    std::thread::sleep(Duration::from_millis(300));
+    wait_words(&c, c.node(owner).next_shard_of(id.clone()).unwrap(), 1);
     let killed = Instant::now();
     c.node(owner).kill();
     let reader = c.node(3).clone();
@@ -1213,23 +1235,23 @@ fn the_word_about_an_only_copy_follows_the_next_owner_of_its_entry() {
             );
             std::thread::sleep(Duration::from_millis(10));
         }
-        // The word moves at the holder's next tick (every 50 ms).
-        std::thread::sleep(Duration::from_millis(300));
     };
     let (a, next) = made(&c, 1);
-    std::thread::sleep(Duration::from_millis(300));
+    wait_words(&c, next, 1);
     // The next owner dies before the holder: the word moves on to the one after it.
     c.node(next as usize).kill();
     wait_down(&c, victim, next, true);
     let after = c.node(victim).next_shard_of(a.clone()).unwrap();
     assert!(after != next && after != victim as NodeId);
-    // It comes back: the word moves back to it.
+    wait_words(&c, after, 1);
+    // It comes back (empty): the word moves back to it.
     c.restart(next as usize, cfg(), tcp()).unwrap();
     wait_down(&c, victim, next, false);
     assert_eq!(c.node(victim).next_shard_of(a.clone()), Some(next));
-    // An object made since, told to it at once.
+    wait_words(&c, next, 1);
+    // An object made since, told to its next owner.
     let (b, next_b) = made(&c, 2);
-    std::thread::sleep(Duration::from_millis(300));
+    wait_words(&c, next_b, if next_b == next { 2 } else { 1 });
     let killed = Instant::now();
     c.node(victim).kill();
     for (id, owner) in [(&a, next), (&b, next_b)] {

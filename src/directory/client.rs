@@ -246,18 +246,23 @@ impl DirClient {
             }
             self.recorded(token, id, sent);
         }
-        if !placed {
-            for (token, id, was) in self.promises.standing() {
-                let now = self.promise_dest(&id);
-                if now == Some(was) {
-                    continue;
-                }
-                self.send_queued(was.to, self.promise_msg(id.clone(), was, false));
-                if let Some(to) = now {
-                    self.send_queued(to.to, self.promise_msg(id.clone(), to, true));
-                }
-                self.recorded(token, id, now);
+        for (token, id, was, resend) in self.promises.standing() {
+            if placed && !resend {
+                continue;
             }
+            let now = self.promise_dest(&id);
+            if now == Some(was) {
+                if resend {
+                    self.send_queued(was.to, self.promise_msg(id.clone(), was, true));
+                    self.recorded(token, id, now);
+                }
+                continue;
+            }
+            self.send_queued(was.to, self.promise_msg(id.clone(), was, false));
+            if let Some(to) = now {
+                self.send_queued(to.to, self.promise_msg(id.clone(), to, true));
+            }
+            self.recorded(token, id, now);
         }
         let look = |id: &ObjectId, told: Option<NodeId>| {
             let known = told.filter(|_| placed);
@@ -551,7 +556,7 @@ impl DirClient {
         self.republish(|id| self.shard_of(id) == peer);
         // What `peer` was told, it may have lost (restarted, or dropped with the link): told
         // again at the next tick, wherever it belongs then.
-        self.promises.resend_to(peer, Instant::now());
+        self.promises.resend_to(peer);
         self.held.resend_to(peer);
     }
 }

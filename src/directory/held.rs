@@ -32,6 +32,8 @@ struct Since {
     at: Instant,
     /// The node told of it, if any.
     told: Option<NodeId>,
+    /// That node may have lost the word (restarted, or its link dropped): told again.
+    resend: bool,
 }
 
 /// Where a copy noted here stands, for [`Held::tick`].
@@ -57,31 +59,21 @@ pub struct Held {
 
 impl Held {
     /// This node has a complete copy of `id`, whose entry it owns, from `now` (it published
-    /// it, or pulled it). With `HELD_MAX` tracked, the oldest copy not told (held elsewhere
-    /// too, or not due yet) makes room; with every one told, it is not tracked.
+    /// it, or pulled it). Past `HELD_MAX`, up to twice that are noted and the tick drops the
+    /// oldest copies not told (noting runs on transport threads: no scan here); with the
+    /// table full of told copies, a new one is not tracked.
     pub fn note(&self, id: &ObjectId, now: Instant) {
         let mut c = self.copies.lock().unwrap();
-        if c.contains_key(id) {
+        if c.len() >= 2 * HELD_MAX || c.contains_key(id) {
             return;
         }
-        if c.len() >= HELD_MAX {
-            let oldest = c
-                .iter()
-                .filter(|(_, s)| s.told.is_none())
-                .min_by_key(|(_, s)| s.at)
-                .map(|(id, _)| id.clone());
-            match oldest {
-                Some(o) => {
-                    c.remove(&o);
-                }
-                None => return,
-            }
-        }
+        let told = None;
         c.insert(
             id.clone(),
             Since {
                 at: now,
-                told: None,
+                told,
+                resend: false,
             },
         );
     }
@@ -92,7 +84,7 @@ impl Held {
         let mut c = self.copies.lock().unwrap();
         for s in c.values_mut() {
             if s.told == Some(peer) {
-                s.told = None;
+                s.resend = true;
             }
         }
     }
@@ -136,9 +128,28 @@ impl Held {
                     tell.push((id.clone(), new, true));
                 }
                 s.told = want;
+            } else if s.resend {
+                if let Some(to) = want {
+                    tell.push((id.clone(), to, true));
+                }
             }
+            s.resend = false;
             standing != Standing::Gone
         });
+        // Over the bound: the oldest copies not told go (the told ones are needed to take
+        // their words back).
+        if c.len() > HELD_MAX {
+            let mut untold: Vec<(Instant, ObjectId)> = c
+                .iter()
+                .filter(|(_, s)| s.told.is_none())
+                .map(|(id, s)| (s.at, id.clone()))
+                .collect();
+            untold.sort();
+            let over = c.len() - HELD_MAX;
+            for (_, id) in untold.into_iter().take(over) {
+                c.remove(&id);
+            }
+        }
         tell
     }
 }
@@ -207,24 +218,36 @@ mod tests {
             .tick(t0 + HELD_AFTER * 11, |_, _| Only(Some(5)))
             .is_empty());
         assert!(h.copies.lock().unwrap().is_empty());
-        // Bounded: a copy not told makes room for a new one, the oldest first; told ones
-        // stay.
-        for k in 0..HELD_MAX {
+        // Bounded: past the bound the tick drops the oldest copies not told; told ones stay.
+        for k in 0..HELD_MAX + 10 {
             h.note(&format!("o{k}").into(), t0 + Duration::from_nanos(k as u64));
         }
+        assert_eq!(
+            h.copies.lock().unwrap().len(),
+            HELD_MAX + 10,
+            "noted, trimmed later"
+        );
         let told = |id: &ObjectId, _| match id.as_str() {
             "o0" | "o1" => Only(Some(2)),
             _ => Shared,
         };
         assert_eq!(h.tick(t0 + HELD_AFTER * 2, told).len(), 2);
-        h.note(&"new".into(), t0);
         let c = h.copies.lock().unwrap();
         assert_eq!(c.len(), HELD_MAX);
         assert!(c.contains_key(&ObjectId::from("o0")) && c.contains_key(&ObjectId::from("o1")));
         assert!(
             !c.contains_key(&ObjectId::from("o2")),
-            "the oldest not told made room"
+            "the oldest not told went"
         );
-        assert!(c.contains_key(&ObjectId::from("new")));
+        assert!(c.contains_key(&ObjectId::from(format!("o{}", HELD_MAX + 9))));
+        drop(c);
+        for k in 0..3 * HELD_MAX {
+            h.note(&format!("p{k}").into(), t0);
+        }
+        assert_eq!(
+            h.copies.lock().unwrap().len(),
+            2 * HELD_MAX,
+            "noting is bounded too"
+        );
     }
 }

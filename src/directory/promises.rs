@@ -41,6 +41,8 @@ struct Pending {
     due: Option<Instant>,
     /// Where it went, once sent (`None` also when there was nobody to send it to).
     sent: Option<Sent>,
+    /// Where it went may have lost it (restarted, or its link dropped): sent again.
+    resend: bool,
 }
 
 /// The promises of one node, not yet sent or not yet ended.
@@ -66,6 +68,7 @@ impl Promises {
             id: id.clone(),
             due: (!now_due).then_some(now + PROMISE_AFTER),
             sent: None,
+            resend: false,
         });
         Some(token)
     }
@@ -91,6 +94,7 @@ impl Promises {
         match s.1.iter_mut().find(|p| p.token == token) {
             Some(p) => {
                 p.sent = sent;
+                p.resend = false;
                 true
             }
             None => false,
@@ -98,23 +102,23 @@ impl Promises {
     }
 
     /// The promises sent to `peer`, which may have lost them (it restarted, or its link
-    /// dropped), are due again at `now`: sent again wherever they belong then.
-    pub fn resend_to(&self, peer: NodeId, now: Instant) {
+    /// dropped), are to be sent again ([`Promises::standing`] says so); until then they are
+    /// still taken back there.
+    pub fn resend_to(&self, peer: NodeId) {
         let mut s = self.state.lock().unwrap();
         for p in s.1.iter_mut() {
             if p.sent.is_some_and(|to| to.to == peer) {
-                p.sent = None;
-                p.due = Some(now);
+                p.resend = true;
             }
         }
     }
 
-    /// The promises sent and not ended, and where each went (to be moved when membership
-    /// changes where it belongs).
-    pub fn standing(&self) -> Vec<(u64, ObjectId, Sent)> {
+    /// The promises sent and not ended, where each went, and whether it is to be sent again
+    /// (to be moved when membership changes where it belongs, or sent again).
+    pub fn standing(&self) -> Vec<(u64, ObjectId, Sent, bool)> {
         let s = self.state.lock().unwrap();
         s.1.iter()
-            .filter_map(|p| Some((p.token, p.id.clone(), p.sent?)))
+            .filter_map(|p| Some((p.token, p.id.clone(), p.sent?, p.resend)))
             .collect()
     }
 
@@ -150,7 +154,10 @@ mod tests {
         assert_eq!(ps.due(t0 + PROMISE_AFTER), vec![(slow, x.clone())]);
         assert!(ps.due(t0 + PROMISE_AFTER * 3).is_empty(), "handed out once");
         ps.sent(slow, at(3));
-        assert_eq!(ps.standing(), vec![(slow, x.clone(), at(3).unwrap())]);
+        assert_eq!(
+            ps.standing(),
+            vec![(slow, x.clone(), at(3).unwrap(), false)]
+        );
         // Moved: remembered where it went last.
         ps.sent(slow, at(4));
         assert_eq!(ps.end(slow), Some((x.clone(), at(4).unwrap())));
@@ -165,7 +172,7 @@ mod tests {
             backup: true,
         };
         ps.sent(long, Some(backup));
-        assert_eq!(ps.standing(), vec![(long, x.clone(), backup)]);
+        assert_eq!(ps.standing(), vec![(long, x.clone(), backup, false)]);
         assert_eq!(ps.end(long), Some((x.clone(), backup)));
         // Nobody to send it to: nothing to take back.
         assert!(ps.sent(y, None));
@@ -180,10 +187,21 @@ mod tests {
         let again = ps.make(&x, true, t0).unwrap();
         let other = ps.make(&"z".into(), true, t0).unwrap();
         assert!(ps.sent(again, at(3)) && ps.sent(other, at(4)));
-        ps.resend_to(3, t0);
-        assert_eq!(ps.due(t0), vec![(again, x.clone())]);
-        assert_eq!(ps.standing(), vec![(other, "z".into(), at(4).unwrap())]);
-        ps.end(again);
+        ps.resend_to(3);
+        let mut st = ps.standing();
+        st.sort_by_key(|s| s.0);
+        let z: ObjectId = "z".into();
+        assert_eq!(
+            st,
+            vec![
+                (again, x.clone(), at(3).unwrap(), true),
+                (other, z.clone(), at(4).unwrap(), false)
+            ]
+        );
+        // Until sent again, it is still taken back where it went; once sent, no more resend.
+        assert!(ps.sent(again, at(3)));
+        assert!(ps.standing().iter().all(|s| !s.3));
+        assert_eq!(ps.end(again), Some((x.clone(), at(3).unwrap())));
         ps.end(other);
         assert!(ps.state.lock().unwrap().1.is_empty());
     }

@@ -610,6 +610,11 @@ impl Shard {
         }
     }
 
+    /// How many words this shard keeps for entries it would own if their owners died.
+    pub fn backups_kept(&self) -> usize {
+        self.backups.len()
+    }
+
     /// Whether no node but `node` is listed with a complete copy of `id` (an entry this shard
     /// does not have: false): what would die with `node` if it is this shard's.
     pub fn only_copy_on(&self, id: &ObjectId, node: NodeId) -> bool {

@@ -370,6 +370,12 @@ impl Node {
         self.inner.store.free_bytes()
     }
 
+    /// Test hook: how many words this node's shard keeps for entries it would own if their
+    /// owners died (promises and only copies, `DirMsg::Backup`).
+    pub fn kept_words(&self) -> usize {
+        self.inner.shard.lock().unwrap().backups_kept()
+    }
+
     /// Test hook: arms a fault that kills this node at a chosen byte offset of a transfer it
     /// serves.
     pub fn inject_fault(&self, plan: FaultPlan) {
