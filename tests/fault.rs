@@ -849,14 +849,20 @@ fn expect_lost(
 /// Waits (at most 20 s) until the shard of node `k` keeps at least `n` words for entries it
 /// would own if their owners died (told at the owners' ticks, every 50 ms).
 fn wait_words(c: &LocalCluster, k: NodeId, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while c.node(k as usize).kept_words() < n {
-        assert!(
-            Instant::now() < deadline,
-            "node {k} keeps {} words, not {n}",
-            c.node(k as usize).kept_words()
-        );
-        std::thread::sleep(Duration::from_millis(10));
+    let kept = || c.node(k as usize).kept_words();
+    wait_for(Duration::from_secs(20), Duration::from_millis(10), || {
+        (kept() >= n)
+            .then_some(())
+            .ok_or_else(|| format!("node {k} keeps {} words, not {n}", kept()))
+    });
+}
+
+/// Polls `ready` every `every` until it is `Ok`; fails with its last complaint after `within`.
+fn wait_for(within: Duration, every: Duration, mut ready: impl FnMut() -> Result<(), String>) {
+    let deadline = Instant::now() + within;
+    while let Err(why) = ready() {
+        assert!(Instant::now() < deadline, "{why}");
+        std::thread::sleep(every);
     }
 }
 
@@ -1118,11 +1124,12 @@ fn an_object_whose_only_copy_died_with_its_shard_is_lost() {
         std::thread::spawn(move || (n.get(id), Instant::now()))
     };
     let h3 = reader(3);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !c.node(victim).fault_fired() {
-        assert!(Instant::now() < deadline, "node 3 never pulled 8 MiB");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_for(Duration::from_secs(30), Duration::from_millis(1), || {
+        c.node(victim)
+            .fault_fired()
+            .then_some(())
+            .ok_or_else(|| "node 3 never pulled 8 MiB".into())
+    });
     let h4 = reader(4);
     let killed = Instant::now();
     c.node(victim).kill();
@@ -1192,14 +1199,12 @@ fn an_only_copy_the_entry_owner_pulled_is_told_to_the_next_owner() {
     c.node(producer).put(id.clone(), &data).unwrap();
     assert!(c.node(owner).get(id.clone()).unwrap() == data);
     c.node(producer).kill();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !c.node(owner).believes_down(producer as NodeId) {
-        assert!(
-            Instant::now() < deadline,
-            "the producer's death was never seen"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for(Duration::from_secs(20), Duration::from_millis(10), || {
+        c.node(owner)
+            .believes_down(producer as NodeId)
+            .then_some(())
+            .ok_or_else(|| "the producer's death was never seen".into())
+    });
     // The owner's copy is the only one now: told at its next ticks.
     wait_words(&c, c.node(owner).next_shard_of(id.clone()).unwrap(), 1);
     let killed = Instant::now();
@@ -1227,14 +1232,11 @@ fn the_word_about_an_only_copy_follows_the_next_owner_of_its_entry() {
         (id, next)
     };
     let wait_down = |c: &LocalCluster, by: usize, peer: NodeId, down: bool| {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while c.node(by).believes_down(peer) != down {
-            assert!(
-                Instant::now() < deadline,
-                "{by} never saw {peer} down={down}"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_for(Duration::from_secs(20), Duration::from_millis(10), || {
+            (c.node(by).believes_down(peer) == down)
+                .then_some(())
+                .ok_or_else(|| format!("{by} never saw {peer} down={down}"))
+        })
     };
     let (a, next) = made(&c, 1);
     wait_words(&c, next, 1);

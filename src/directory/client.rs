@@ -37,8 +37,9 @@ pub(crate) struct DirClient {
     /// This node's complete copies of objects whose entries it owns, told to the entries'
     /// next owners once due.
     held: Held,
-    /// `Membership::changes` at the last look at the held copies.
-    held_changes: AtomicU64,
+    /// `Membership::changes` when the tick last placed the promises and held copies (their
+    /// destinations are recomputed only when it moved).
+    placed_under: AtomicU64,
 }
 
 impl DirClient {
@@ -50,7 +51,7 @@ impl DirClient {
             store,
             promises: Promises::default(),
             held: Held::default(),
-            held_changes: AtomicU64::new(u64::MAX),
+            placed_under: AtomicU64::new(u64::MAX),
         }
     }
 
@@ -238,7 +239,7 @@ impl DirClient {
         // Placement is recomputed only when membership changed since the last tick: a word
         // sent under the same membership still belongs where it went.
         let changes = self.members.changes();
-        let placed = self.held_changes.swap(changes, Ordering::AcqRel) == changes;
+        let placed = self.placed_under.swap(changes, Ordering::AcqRel) == changes;
         for (token, id) in self.promises.due(Instant::now()) {
             let sent = self.promise_dest(&id);
             if let Some(to) = sent {
