@@ -165,6 +165,9 @@ pub struct ClusterConfig {
     pub heartbeat_ms: Option<u64>,
     pub connect_timeout_s: Option<u64>,
     pub socket_buffer: Option<usize>,
+    /// TCP: bytes a link's socket holds written and not yet sent (`TCP_NOTSENT_LOWAT`; 0: the
+    /// system's). Default [`TcpConfig::NOTSENT_LOWAT`].
+    pub tcp_notsent_lowat: Option<usize>,
     pub huge_pages: Option<bool>,
     /// Verbs device name (transport = "rdma").
     pub device: Option<String>,
@@ -334,6 +337,7 @@ impl ClusterConfig {
             // Its processes start one by one: a peer may not listen yet.
             startup_grace: connect_timeout,
             socket_buffer: self.socket_buffer.unwrap_or(d.socket_buffer),
+            notsent_lowat: self.tcp_notsent_lowat.unwrap_or(d.notsent_lowat),
             congestion: self.tcp_congestion.clone(),
             ..d
         };

@@ -1,13 +1,14 @@
 //! Partitioned allreduce (`phalanx::allreduce`) over real TCP on loopback: results equal a
 //! serial reference for every op and dtype, every participant ends with the same bytes, and
-//! a partition root killed mid-allreduce leaves the survivors correct.
+//! a partition root killed mid-allreduce leaves the survivors correct; the same for inputs
+//! that come one after another (trees shaped by their arrival).
 
 #[path = "common/log.rs"]
 mod log;
 
 use phalanx::allreduce::{part_id, partitions, PARTITION_MIN};
 use phalanx::ops::combine;
-use phalanx::reduce::ReduceOptions;
+use phalanx::reduce::{ReduceOptions, ReduceOutcome};
 use phalanx::transport::TcpConfig;
 use phalanx::{DType, LocalCluster, NodeConfig, ObjectId, ReduceOp};
 use std::time::{Duration, Instant};
@@ -131,6 +132,19 @@ fn run(
     dtype: DType,
     readers: &[usize],
 ) -> (Vec<Vec<u8>>, usize) {
+    let (all, outcome) = run_outcome(c, target, sources, size, (op, dtype), readers);
+    (all, outcome.partitions)
+}
+
+/// [`run`] with the coordinator's whole outcome.
+fn run_outcome(
+    c: &LocalCluster,
+    target: &ObjectId,
+    sources: &[ObjectId],
+    size: u64,
+    (op, dtype): (ReduceOp, DType),
+    readers: &[usize],
+) -> (Vec<Vec<u8>>, ReduceOutcome) {
     std::thread::scope(|s| {
         let hs: Vec<_> = readers
             .iter()
@@ -154,15 +168,46 @@ fn run(
         for h in hs {
             all.push(h.join().unwrap().expect("reader"));
         }
-        (all, outcome.partitions)
+        (all, outcome)
     })
 }
 
-/// With the default configuration an allreduce of 8 MiB whose inputs are all there is
-/// partitioned; one whose inputs are not all there yet is one tree (placing them as they
-/// come), and its readers learn it from the plan. Configured off, it is one tree.
+/// Puts input `k` of `inputs` on node `k` as `sources[k]`, for each `(k, after)` of `order`
+/// `after` from now, then (`replicas`) has node `k + 1` (mod the nodes) read it, and says
+/// `k` on `done`: the inputs come one after another while an allreduce runs.
+fn put_later(
+    c: &LocalCluster,
+    inputs: &[Vec<u8>],
+    sources: &[ObjectId],
+    order: &[(usize, Duration)],
+    replicas: bool,
+    done: Option<crossbeam_channel::Sender<usize>>,
+) -> std::thread::JoinHandle<()> {
+    let n = inputs.len();
+    let nodes: Vec<_> = (0..n).map(|k| c.node(k).clone()).collect();
+    let (inputs, sources, order) = (inputs.to_vec(), sources.to_vec(), order.to_vec());
+    std::thread::spawn(move || {
+        let t0 = Instant::now();
+        for (k, after) in order {
+            std::thread::sleep(after.saturating_sub(t0.elapsed()));
+            nodes[k].put(sources[k].clone(), &inputs[k]).unwrap();
+            if replicas {
+                let copy = nodes[(k + 1) % n].get(sources[k].clone()).unwrap();
+                assert!(copy == inputs[k], "the replica of input {k}");
+            }
+            if let Some(d) = &done {
+                let _ = d.send(k);
+            }
+        }
+    })
+}
+
+/// With the default configuration an allreduce of 4 MiB is partitioned, whether its inputs
+/// are all there (chains, rotated) or not yet (trees by arrival: the partitions' roots
+/// start as they are placed and take the late inputs as they come), and its readers learn
+/// it from the plan. Configured off, it is one tree.
 #[test]
-fn the_default_allreduce_partitions_only_when_every_input_is_there() {
+fn the_default_allreduce_partitions_whether_or_not_every_input_is_there() {
     let n = 3;
     let size = PARTITION_MIN;
     // Inputs `tag/in0..` on nodes 0, 1, 2, `late` of them put 300 ms after the allreduce
@@ -202,8 +247,13 @@ fn the_default_allreduce_partitions_only_when_every_input_is_there() {
     );
     assert_eq!(
         partitions_of(&c, "arl", 1),
-        1,
-        "an input not there yet: one tree"
+        3,
+        "an input not there yet: partitioned by arrival"
+    );
+    assert_eq!(
+        partitions_of(&c, "arm", 2),
+        3,
+        "two inputs not there yet: partitioned by arrival"
     );
     drop(c);
     let off = NodeConfig {
@@ -212,6 +262,118 @@ fn the_default_allreduce_partitions_only_when_every_input_is_there() {
     };
     let c = LocalCluster::start(n as u32, off, tcp()).unwrap();
     assert_eq!(partitions_of(&c, "aro", 0), 1, "partitioning off: one tree");
+}
+
+/// Inputs that come one after another, in several orders (the coordinator's first: it sizes
+/// the object), are reduced by trees shaped by their arrival, one per partition; every
+/// node's result equals a serial reference for every op and dtype (the inputs' values make
+/// every order of combination exact).
+#[test]
+fn inputs_that_come_one_after_another_are_reduced_by_arrival_for_every_op_and_dtype() {
+    let n = 4;
+    let c = LocalCluster::start(n as u32, cfg(), tcp()).unwrap();
+    let orders: [[usize; 3]; 3] = [[1, 2, 3], [3, 1, 2], [2, 3, 1]];
+    let mut run_no = 0;
+    for dtype in [DType::F32, DType::F64, DType::I32, DType::I64, DType::U8] {
+        for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max, ReduceOp::Prod] {
+            let size = PARTITION_MIN + 5 * dtype.size() as u64;
+            let tag = format!("aa/{dtype:?}-{op:?}");
+            let inputs: Vec<Vec<u8>> = (0..n).map(|k| input(k, size, dtype)).collect();
+            let sources: Vec<ObjectId> = (0..n)
+                .map(|k| ObjectId::new(format!("{tag}/in{k}")))
+                .collect();
+            c.node(0).put(sources[0].clone(), &inputs[0]).unwrap();
+            let order: Vec<(usize, Duration)> = orders[run_no % orders.len()]
+                .iter()
+                .enumerate()
+                .map(|(j, &k)| (k, Duration::from_millis(40 * (j as u64 + 1))))
+                .collect();
+            run_no += 1;
+            let putter = put_later(&c, &inputs, &sources, &order, false, None);
+            let target = ObjectId::new(format!("{tag}/out"));
+            let (all, outcome) = run_outcome(&c, &target, &sources, size, (op, dtype), &[1, 2, 3]);
+            putter.join().unwrap();
+            assert_eq!(outcome.partitions, n, "{tag}: partitioned");
+            assert!(outcome.by_arrival, "{tag}: trees by arrival");
+            let want = reference(&inputs, op, dtype);
+            for (k, got) in all.iter().enumerate() {
+                assert!(*got == want, "{tag}: node {k}'s result differs");
+            }
+            c.node(0)
+                .delete_allreduce(target.clone(), size, n, dtype)
+                .unwrap();
+            for s in &sources {
+                c.node(0).delete(s.clone()).unwrap();
+            }
+        }
+    }
+}
+
+/// Inputs that come one after another, each read by the next node once it is there (a
+/// replica), and a seeded node killed a seeded time into the allreduce (while inputs still
+/// come, or after): the partitions' trees by arrival are repaired like any tree, and node 0's
+/// result and every surviving reader's are the reduce of all inputs, byte for byte.
+#[test]
+fn a_node_killed_mid_allreduce_by_arrival_leaves_the_survivors_correct() {
+    let n = 5;
+    let size: u64 = 8 << 20;
+    let dtype = DType::F32;
+    for seed in 1..=3u64 {
+        let c = LocalCluster::start(n as u32, cfg(), tcp()).unwrap();
+        let tag = format!("aak/{seed}");
+        let inputs: Vec<Vec<u8>> = (0..n).map(|k| input(k, size, dtype)).collect();
+        let sources: Vec<ObjectId> = (0..n)
+            .map(|k| ObjectId::new(format!("{tag}/in{k}")))
+            .collect();
+        c.node(0).put(sources[0].clone(), &inputs[0]).unwrap();
+        let _ = c.node(1).get(sources[0].clone()).unwrap();
+        let order: Vec<(usize, Duration)> = (1..n)
+            .map(|k| (k, Duration::from_millis(30 * k as u64)))
+            .collect();
+        // The victim dies a seeded while after its input and that input's replica are
+        // there (each input is needed, and has a copy that survives).
+        let victim = 1 + (seed as usize * 3) % (n - 1);
+        let delay = Duration::from_millis(5 + 20 * seed);
+        let readers: Vec<usize> = (1..n).filter(|&k| k != victim).collect();
+        let target = ObjectId::new(format!("{tag}/out"));
+        let (done_tx, done) = crossbeam_channel::unbounded();
+        let putter = put_later(&c, &inputs, &sources, &order, true, Some(done_tx));
+        let killer = {
+            let v = c.node(victim).clone();
+            std::thread::spawn(move || {
+                while done.recv().is_ok_and(|k| k != victim) {}
+                std::thread::sleep(delay);
+                v.kill();
+            })
+        };
+        let t0 = Instant::now();
+        let (all, outcome) = run_outcome(
+            &c,
+            &target,
+            &sources,
+            size,
+            (ReduceOp::Sum, dtype),
+            &readers,
+        );
+        killer.join().unwrap();
+        putter.join().unwrap();
+        assert_eq!(outcome.partitions, n, "seed {seed}: partitioned");
+        assert!(outcome.by_arrival, "seed {seed}: trees by arrival");
+        let want = reference(&inputs, ReduceOp::Sum, dtype);
+        let bounds = partitions(size, n, dtype, PARTITION_MIN);
+        for (i, got) in all.iter().enumerate() {
+            assert!(
+                *got == want,
+                "seed {seed}: survivor {i} (victim {victim}) has a wrong result: {}",
+                differences(got, &want, &bounds, &inputs)
+            );
+        }
+        println!(
+            "seed {seed}: node {victim} killed {} ms after its input; survivors done {:.1} ms in",
+            delay.as_millis(),
+            t0.elapsed().as_secs_f64() * 1e3
+        );
+    }
 }
 
 /// A coordinator that holds no input cannot size the object: one tree, and readers that wait

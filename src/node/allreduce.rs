@@ -167,9 +167,16 @@ fn decode_halving(b: &[u8]) -> Result<Option<(u64, NodeId, Vec<NodeId>)>> {
     Ok(Some((run, node(coordinator)?, nodes)))
 }
 
-fn encode_plan(parts: &[(u64, u64)]) -> Vec<u8> {
+/// The flag of a plan's first word that says the partitions' trees are trees by arrival
+/// (`Tree::by_arrival`: the inputs come one after another): their allgather hints come only
+/// once the last input is there, and the readers wait for them.
+const BY_ARRIVAL: u64 = 1 << 32;
+
+/// A plan: the partitions (none: one tree), and whether their trees are trees by arrival.
+fn encode_plan(parts: &[(u64, u64)], by_arrival: bool) -> Vec<u8> {
     let mut b = Vec::with_capacity(8 + 16 * parts.len());
-    b.extend_from_slice(&(parts.len() as u64).to_le_bytes());
+    let flags = if by_arrival { BY_ARRIVAL } else { 0 };
+    b.extend_from_slice(&(parts.len() as u64 | flags).to_le_bytes());
     for (lo, hi) in parts {
         b.extend_from_slice(&lo.to_le_bytes());
         b.extend_from_slice(&hi.to_le_bytes());
@@ -177,19 +184,25 @@ fn encode_plan(parts: &[(u64, u64)]) -> Vec<u8> {
     b
 }
 
-/// The partitions a plan names; checked (contiguous, from 0 to `size`).
-fn decode_plan(b: &[u8], size: u64) -> Result<Vec<(u64, u64)>> {
+/// The partitions a plan names, checked (contiguous, from 0 to `size`), and whether their
+/// trees are trees by arrival.
+fn decode_plan(b: &[u8], size: u64) -> Result<(Vec<(u64, u64)>, bool)> {
     let bad = || Error::InvalidArgument(format!("malformed allreduce plan ({} bytes)", b.len()));
     let word = |i: usize| -> Result<u64> {
         let s = b.get(i * 8..i * 8 + 8).ok_or_else(bad)?;
         Ok(u64::from_le_bytes(s.try_into().expect("8 bytes")))
     };
-    let n = word(0)? as usize;
+    let first = word(0)?;
+    let by_arrival = first & BY_ARRIVAL != 0;
+    if first & !(BY_ARRIVAL | u64::from(u32::MAX)) != 0 {
+        return Err(bad());
+    }
+    let n = (first & u64::from(u32::MAX)) as usize;
     if n > MAX_PARTITIONS || b.len() != 8 + 16 * n {
         return Err(bad());
     }
     if n == 0 {
-        return Ok(vec![(0, size)]); // one tree
+        return Ok((vec![(0, size)], false)); // one tree
     }
     let parts: Vec<(u64, u64)> = (0..n)
         .map(|k| Ok((word(1 + 2 * k)?, word(2 + 2 * k)?)))
@@ -206,7 +219,7 @@ fn decode_plan(b: &[u8], size: u64) -> Result<Vec<(u64, u64)>> {
             "the allreduce plan covers {at} bytes, the object has {size}"
         )));
     }
-    Ok(parts)
+    Ok((parts, by_arrival))
 }
 
 impl Node {
@@ -270,7 +283,7 @@ impl Node {
             let Some(ranks) = ranks else {
                 tracing::debug!(node = self.id(), %target, "allreduce by one tree");
                 crate::hop::hop!(self.id(), "allreduce by one tree");
-                self.put(plan_id(&target), &encode_plan(&[]))?;
+                self.put(plan_id(&target), &encode_plan(&[], false))?;
                 return self.allreduce_tree(target, sources, sources.len(), op, dtype, opts);
             };
             let plan = HalvingPlan {
@@ -290,14 +303,13 @@ impl Node {
             // node): one tree; participants that wait for a plan learn that too.
             None => Vec::new(),
             Some(s) if dynamic_only || opts.range.is_some() => vec![(0, s)],
-            // Partitioned only if every input is there (partial or complete) as it starts:
-            // each partition's tree waits for every input, where one tree places inputs as
-            // they arrive and has reduced the early ones by the time the last comes.
-            Some(s) => match partitions(s, sources.len(), dtype, min) {
-                parts if parts.len() > 1 && self.inputs_present(sources, PRESENT_GRACE) => parts,
-                _ => vec![(0, s)],
-            },
+            Some(s) => partitions(s, sources.len(), dtype, min),
         };
+        // Every input there (partial or complete) as it starts: the partitions' trees are
+        // chains, rotated (a ring). Else the inputs come one after another, and each
+        // partition's tree chains them as they come, with the last one a leaf under the root
+        // (`Tree::by_arrival`; see the module).
+        let by_arrival = parts.len() > 1 && !self.inputs_present(sources, PRESENT_GRACE);
         // Readers of an object this large wait for the plan: announce it (no partitions:
         // one tree).
         if self.readers_wait_for_plan(size) {
@@ -306,12 +318,12 @@ impl Node {
             } else {
                 Vec::new()
             };
-            self.put(plan_id(&target), &encode_plan(&plan))?;
+            self.put(plan_id(&target), &encode_plan(&plan, by_arrival))?;
         }
         if parts.len() <= 1 {
             return self.allreduce_tree(target, sources, sources.len(), op, dtype, opts);
         }
-        self.allreduce_partitioned(target, sources, op, dtype, opts, &parts)
+        self.allreduce_partitioned(target, sources, (op, dtype), opts, (&parts, by_arrival))
     }
 
     /// Allreduce of the first `num` of `sources` to be ready (in arrival order, as
@@ -340,7 +352,7 @@ impl Node {
         self.promised(&target.clone(), size, || {
             // Readers of an object this size wait for the plan: one tree.
             if self.readers_wait_for_plan(size) {
-                self.put(plan_id(&target), &encode_plan(&[]))?;
+                self.put(plan_id(&target), &encode_plan(&[], false))?;
             }
             self.allreduce_tree(target, sources, num, op, dtype, opts)
         })
@@ -437,14 +449,14 @@ impl Node {
             // have gone out), so this read stops when the coordinator does.
             return self.view_while_up(&target, Some(coordinator));
         }
-        let parts = decode_plan(&plan, size)?;
+        let (parts, by_arrival) = decode_plan(&plan, size)?;
         drop(plan);
         if parts.len() == 1 {
             // One tree: its target is the coordinator's promise, and its tasks withdraw
             // their outputs if it dies (the target is then lost to this read).
             return self.get_view(target);
         }
-        self.assemble(&target, &parts, coordinator)?;
+        self.assemble(&target, (&parts, by_arrival), coordinator)?;
         self.get_view(target)
     }
 
@@ -591,10 +603,9 @@ impl Node {
         &self,
         target: ObjectId,
         sources: &[ObjectId],
-        op: ReduceOp,
-        dtype: DType,
+        (op, dtype): (ReduceOp, DType),
         opts: &ReduceOptions,
-        parts: &[(u64, u64)],
+        (parts, by_arrival): (&[(u64, u64)], bool),
     ) -> Result<(ObjectView, ReduceOutcome)> {
         let n = parts.len();
         let handles = parts
@@ -608,6 +619,7 @@ impl Node {
                 let o = ReduceOptions {
                     range: Some(range),
                     rotate: p,
+                    by_arrival,
                     chunk: (piece / esz).max(1) * esz,
                     ..opts.clone()
                 };
@@ -621,7 +633,7 @@ impl Node {
                 )
             })
             .collect::<Result<Vec<_>>>()?;
-        let assembled = self.assemble(&target, parts, None);
+        let assembled = self.assemble(&target, (parts, by_arrival), None);
         let mut outcomes = Vec::with_capacity(n);
         for h in handles {
             outcomes.push(h.wait());
@@ -649,7 +661,7 @@ impl Node {
     fn assemble(
         &self,
         target: &ObjectId,
-        parts: &[(u64, u64)],
+        (parts, by_arrival): (&[(u64, u64)], bool),
         coordinator: Option<NodeId>,
     ) -> Result<()> {
         let inner = &self.inner;
@@ -662,14 +674,16 @@ impl Node {
         }
         let n = parts.len();
         let size = parts.last().map_or(0, |p| p.1);
+        crate::hop::hop!(self.id(), "assemble: creating the copy");
         let (copy, evicted) = inner.store.create(target, size, true)?;
         inner.dir.withdraw(&evicted);
+        crate::hop::hop!(self.id(), "assemble: fetching the partitions");
         let result = std::thread::scope(|s| -> Result<()> {
             let fetches: Vec<_> = (0..n)
                 .map(|p| {
                     let id = part_id(target, p, n);
                     let size = parts[p].1 - parts[p].0;
-                    s.spawn(move || self.fetch_partition(&id, size, coordinator))
+                    s.spawn(move || self.fetch_partition(&id, size, coordinator, by_arrival))
                 })
                 .collect();
             // In order: the copy fills front to back, so readers of a partial copy could
@@ -730,9 +744,15 @@ impl Node {
         id: &ObjectId,
         size: u64,
         coordinator: Option<NodeId>,
+        by_arrival: bool,
     ) -> Result<ObjectView> {
         let directory = || self.view_while_up(id, coordinator);
-        match self.inner.reducer.gather_hint(id, HINT_WAIT) {
+        let hint = match by_arrival {
+            true => self.late_hint(id, coordinator),
+            false => self.inner.reducer.gather_hint(id, HINT_WAIT),
+        };
+        crate::hop::hop!(self.id(), "partition hint", hinted = hint.is_some());
+        match hint {
             Some(GatherFrom::Node(source)) => {
                 self.get_view_via(id, source, size, HINT_STALL, directory)
             }
@@ -749,6 +769,32 @@ impl Node {
                 Err(_) => directory(),
             },
             None => directory(),
+        }
+    }
+
+    /// The allgather hint for partition `id` of a plan by arrival: its tree is placed, and the
+    /// hint sent, only once the last input is there, which may be any time. So this waits for
+    /// it for as long as it can still come: until the op timeout, the allreduce's
+    /// `coordinator` is down, or a copy of the partition is complete somewhere (its tree was
+    /// repaired before it was placed, and no hint is made: checked every [`PLAN_STALL`]).
+    /// `None`: the directory is to say where to read it.
+    fn late_hint(&self, id: &ObjectId, coordinator: Option<NodeId>) -> Option<GatherFrom> {
+        let deadline = std::time::Instant::now() + self.inner.cfg.op_timeout;
+        loop {
+            if let Some(hint) = self.inner.reducer.gather_hint(id, PLAN_STALL) {
+                return Some(hint);
+            }
+            let down = coordinator.is_some_and(|c| self.inner.members.is_down(c));
+            if down || std::time::Instant::now() >= deadline {
+                return None;
+            }
+            let complete = match self.locate(id.clone()) {
+                Ok(Some(info)) => info.lost || info.locations.iter().any(|l| l.complete),
+                _ => false,
+            };
+            if complete {
+                return None;
+            }
         }
     }
 
@@ -843,20 +889,28 @@ mod tests {
     #[test]
     fn plans_round_trip_and_garbage_is_refused() {
         let p = partitions(32 << 20, 5, DType::F64, PARTITION_MIN);
-        assert_eq!(decode_plan(&encode_plan(&p), 32 << 20).unwrap(), p);
-        assert!(decode_plan(&encode_plan(&p), 16 << 20).is_err());
+        for late in [false, true] {
+            let plan = encode_plan(&p, late);
+            assert_eq!(decode_plan(&plan, 32 << 20).unwrap(), (p.clone(), late));
+            assert!(decode_plan(&plan, 16 << 20).is_err());
+        }
         assert!(decode_plan(&[1, 2, 3], 8).is_err());
-        assert!(decode_plan(&encode_plan(&[(0, 4), (8, 16)]), 16).is_err());
-        assert_eq!(decode_plan(&encode_plan(&[]), 77).unwrap(), vec![(0, 77)]);
-        let mut b = encode_plan(&p);
+        assert!(decode_plan(&encode_plan(&[(0, 4), (8, 16)], false), 16).is_err());
+        let one = (vec![(0, 77)], false);
+        assert_eq!(decode_plan(&encode_plan(&[], false), 77).unwrap(), one);
+        let mut b = encode_plan(&p, false);
         b[0] = 200;
+        assert!(decode_plan(&b, 32 << 20).is_err());
+        // A flag no plan has: refused.
+        b[0] = p.len() as u8;
+        b[5] = 1;
         assert!(decode_plan(&b, 32 << 20).is_err());
         // Too many partitions: refused even when well formed.
         let many: Vec<(u64, u64)> = (0..=MAX_PARTITIONS as u64)
             .map(|k| (k * 8, k * 8 + 8))
             .collect();
         let size = many.last().unwrap().1;
-        assert!(decode_plan(&encode_plan(&many), size).is_err());
+        assert!(decode_plan(&encode_plan(&many, false), size).is_err());
         assert_eq!(
             partitions(64 << 20, 1000, DType::F32, 1).len(),
             MAX_PARTITIONS

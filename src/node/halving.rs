@@ -48,6 +48,7 @@ pub(super) fn halving_outcome(plan: &HalvingPlan, start: std::time::Instant) -> 
         last_ready: start,
         done: std::time::Instant::now(),
         partitions: 1 << (usize::BITS - 1 - p.leading_zeros()),
+        by_arrival: false,
     }
 }
 

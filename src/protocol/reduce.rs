@@ -113,7 +113,10 @@ pub struct ReduceTask {
     /// Objects produced by the children, combined in this order.
     pub children: Vec<ObjectId>,
     /// The node each child runs on (it holds or produces that child's object): the task
-    /// pulls from it at once instead of asking the directory first.
+    /// pulls from it at once instead of asking the directory first. The task's own node
+    /// stands for a child not placed yet when the task was sent (a by-arrival tree's root
+    /// starts before its last input comes): the task asks the directory for it, and waits
+    /// until it is there.
     pub children_at: Vec<NodeId>,
     pub size: u64,
     pub op: ReduceOp,

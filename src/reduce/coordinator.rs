@@ -281,6 +281,7 @@ impl Reducer {
             last_ready,
             done,
             partitions: 1,
+            by_arrival: tree.by_arrival,
         })
     }
 

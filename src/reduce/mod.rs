@@ -64,6 +64,9 @@ pub struct ReduceOptions {
     /// position `inorder[(k + rotate) % n]`. Partitions reduced side by side with rotations
     /// 0, 1, ... have their roots, and their leaves, on different nodes.
     pub rotate: usize,
+    /// The tree is a [`Tree::by_arrival`] rooted at the `rotate`-th arrival (`degree`
+    /// unused): for a partition of an allreduce whose inputs come one after another.
+    pub by_arrival: bool,
 }
 
 impl Default for ReduceOptions {
@@ -76,6 +79,7 @@ impl Default for ReduceOptions {
             claims: None,
             range: None,
             rotate: 0,
+            by_arrival: false,
         }
     }
 }
@@ -156,6 +160,9 @@ pub struct ReduceOutcome {
     /// Partitions reduced side by side (a partitioned allreduce; 1 otherwise), each by a tree
     /// of this degree; `tree` is the first partition's.
     pub partitions: usize,
+    /// The trees were shaped by the inputs' arrival ([`Tree::by_arrival`]; `degree` is then
+    /// the first partition's root's children).
+    pub by_arrival: bool,
 }
 
 /// What a caller of a reduce hears while it runs.

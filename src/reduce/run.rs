@@ -69,6 +69,8 @@ pub(super) struct Run {
     pub(super) full_size: u64,
     pub(super) range: Option<(u64, u64)>,
     pub(super) rotate: usize,
+    /// The tree is [`Tree::by_arrival`], rooted at the `rotate`-th arrival.
+    pub(super) by_arrival: bool,
     /// Per position: (source index, node holding it).
     pub(super) slots: Vec<Option<(usize, NodeId)>>,
     /// Per position: generation of its output (bumped on recompute).
@@ -135,6 +137,7 @@ impl Run {
             full_size: 0,
             range: opts.range,
             rotate: opts.rotate,
+            by_arrival: opts.by_arrival,
             slots: Vec::new(),
             gen: Vec::new(),
             scratch: (0, None),
@@ -245,7 +248,10 @@ impl Run {
                 let l = &self.link;
                 choose_degree(self.num, self.size, l.piece, l.latency, l.bandwidth)
             });
-            self.tree = Some(Tree::new(self.num, d));
+            self.tree = Some(match self.by_arrival {
+                true => Tree::by_arrival(self.num, self.rotate),
+                false => Tree::new(self.num, d),
+            });
             self.slots = vec![None; self.num];
             self.gen = vec![0; self.num];
             self.tasks = (0..self.num).map(|_| None).collect();
@@ -300,7 +306,11 @@ impl Run {
     pub(super) fn fill_from_spares(&mut self) {
         let Some(tree) = &self.tree else { return };
         let mut inorder = tree.inorder.clone();
-        let turn = self.rotate % inorder.len().max(1);
+        // A by-arrival tree's rotation is its root's place in the arrival order already.
+        let turn = match tree.by_arrival {
+            true => 0,
+            false => self.rotate % inorder.len().max(1),
+        };
         inorder.rotate_left(turn);
         for (k, p) in inorder.into_iter().enumerate() {
             if self.slots[p].is_some() {
@@ -391,11 +401,17 @@ impl Run {
         if self.all_inline() {
             return Vec::new(); // combined here once the tree is full
         }
+        // A tree by arrival's root starts as soon as it is placed (its chain came before
+        // it): it pulls what is there meanwhile, and each later input once the directory has
+        // it (named by its position, it needs no node: `ReduceTask::children_at`).
+        let later_ok = tree.by_arrival;
         let mut out = Vec::new();
         for p in 0..self.num {
             let needs_task = self.has_task(&tree, p);
             let ready = self.slots[p].is_some()
-                && tree.children[p].iter().all(|&c| self.slots[c].is_some());
+                && tree.children[p]
+                    .iter()
+                    .all(|&c| self.slots[c].is_some() || later_ok);
             // Never to a node known dead (a repair moves or finishes such positions).
             let on_dead = self.slots[p].is_some_and(|s| self.dead.contains(&s.1));
             if !needs_task || !ready || on_dead || self.tasks[p].is_some() || self.done[p] {
@@ -414,7 +430,7 @@ impl Run {
                         .collect(),
                     children_at: tree.children[p]
                         .iter()
-                        .map(|&c| self.slots[c].expect("placed").1)
+                        .map(|&c| self.slots[c].or(self.slots[p]).expect("placed").1)
                         .collect(),
                     size: self.size,
                     op: self.op,
@@ -429,10 +445,11 @@ impl Run {
 
     /// Where each node of a partition's tree fetches the partition from in the allgather of
     /// a partitioned allreduce, once: when the tree is first fully placed, before any
-    /// repair, and only for a partition (`range`). A tree that is no chain (degree 2 or more:
-    /// small partitions) has every node fetch from the root's node. A chain's partition travels
-    /// the chain's links once more, root -> leaf -> ... -> the root's child (with the
-    /// partitions' chains rotated, a ring). In that order a node takes the place of its
+    /// repair, and only for a partition (`range`). A tree with no allgather order
+    /// ([`Tree::gather_order`]: degree 2 or more, small partitions) has every node fetch from
+    /// the root's node. A chain's partition travels the chain's links once more, root -> leaf
+    /// -> ... -> the root's child (with the partitions' chains rotated, a ring); a by-arrival
+    /// tree's goes down its chain and ends at the last arrival. In that order a node takes the place of its
     /// first position, and fetches from the node of the place before it; the root produces
     /// it. Every node thus fetches from a node strictly earlier in the order, so the hints
     /// cannot name each other in a circle, even when one node holds several positions (an
@@ -447,8 +464,7 @@ impl Run {
             return Vec::new();
         }
         self.hinted = true;
-        let n = self.slots.len();
-        if tree.degree != 1 {
+        let Some(order) = tree.gather_order() else {
             // Not a chain (a small partition, or a degree asked for): every node fetches it
             // from the root's node, as the directory would send it; told so at once, so no
             // node waits for a hint that a chain alone would give.
@@ -460,19 +476,17 @@ impl Run {
                 }
             }
             return hints;
-        }
-        // The allgather's order of positions: the root, then the leaf up to the root's child.
-        let order: Vec<usize> = std::iter::once(0).chain((1..n).rev()).collect();
-        let node_at = |k: usize| self.slots[order[k]].expect("placed").1;
+        };
+        let node_at = |p: usize| self.slots[p].expect("placed").1;
         let mut hints: Vec<(NodeId, GatherFrom)> = Vec::new();
-        for k in 0..n {
-            let node = node_at(k);
+        for (p, from) in order {
+            let node = node_at(p);
             if hints.iter().any(|(m, _)| *m == node) {
                 continue; // placed earlier in the order: that place's hint stands
             }
-            let from = match k {
-                0 => GatherFrom::Here,
-                _ => GatherFrom::Node(node_at(k - 1)),
+            let from = match from {
+                None => GatherFrom::Here,
+                Some(f) => GatherFrom::Node(node_at(f)),
             };
             hints.push((node, from));
         }

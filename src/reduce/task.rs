@@ -7,7 +7,7 @@ use crate::hop::hop;
 use crate::ops::{combine, combine_into, DType, ReduceOp};
 use crate::protocol::{Msg, ReduceTask, Reply, Rid};
 use crate::store::{CopyRef, CopyStatus};
-use crate::transfer::{OnLanded, Transfers};
+use crate::transfer::{Driver, OnLanded, Transfers};
 use crate::view::Fetched;
 use crate::{Error, ObjectId, Result};
 use phalanx_transport::NodeId;
@@ -218,13 +218,43 @@ impl Reducer {
     }
 
     /// The children's outputs, each pulled at once from the node that produces it (no
-    /// directory round trip; see `Transfers::fetch_from`): the pulls overlap.
-    fn inputs(&self, t: &ReduceTask) -> Result<Vec<Input>> {
-        t.children
-            .iter()
-            .zip(&t.children_at)
-            .map(|(id, &at)| Ok(self.transfers.fetch_from(id, at, t.size)?.into()))
+    /// directory round trip; see `Transfers::fetch_from`): the pulls overlap. A child said
+    /// to be on this node is here or not placed yet ([`ReduceTask::children_at`]): asked of
+    /// the directory, after the others' pulls have started.
+    fn inputs(&self, t: &ReduceTask, cancel: &AtomicBool) -> Result<Vec<Input>> {
+        let mut inputs: Vec<Option<Input>> = Vec::with_capacity(t.children.len());
+        for (id, &at) in t.children.iter().zip(&t.children_at) {
+            inputs.push(match at == self.id {
+                true => None,
+                false => Some(self.transfers.fetch_from(id, at, t.size)?.into()),
+            });
+        }
+        inputs
+            .into_iter()
+            .zip(&t.children)
+            .map(|(i, id)| match i {
+                Some(i) => Ok(i),
+                None => self.located_input(id, cancel),
+            })
             .collect()
+    }
+
+    /// A child through the directory, as soon as it is there (here or anywhere): asked again
+    /// every [`LOCATE_SLICE`], so that a cancel is seen while it is not, and given up after
+    /// the op timeout.
+    fn located_input(&self, id: &ObjectId, cancel: &AtomicBool) -> Result<Input> {
+        let deadline = Instant::now() + self.cfg.op_timeout;
+        loop {
+            let slice = (Instant::now() + LOCATE_SLICE).min(deadline);
+            match self.transfers.fetch_until(id, &[], Driver::Worker, slice) {
+                Err(Error::Timeout(..))
+                    if Instant::now() < deadline && !cancel.load(Ordering::Acquire) =>
+                {
+                    continue
+                }
+                r => return Ok(r?.into()),
+            }
+        }
     }
 
     /// Runs one tree position; called on the node that holds `task.own`.
@@ -245,7 +275,7 @@ impl Reducer {
             )));
         }
         let own = self.input(&t.own)?;
-        let children = self.inputs(t)?;
+        let children = self.inputs(t, cancel)?;
         let slice_ok = t
             .own_offset
             .checked_add(t.size)
@@ -405,6 +435,10 @@ impl Reducer {
         Ok(())
     }
 }
+
+/// How long a task asks the directory for a child not placed when it started, before it
+/// looks for a cancel and asks again.
+const LOCATE_SLICE: Duration = Duration::from_millis(200);
 
 /// Outputs up to this size are combined where their inputs land ([`Combiner`]): a combine
 /// of 256 KiB takes tens of microseconds, which a transport thread can spare; a larger one

@@ -8,6 +8,8 @@ pub struct Tree {
     pub children: Vec<Vec<usize>>,
     /// Positions in generalised in-order; the k-th source to arrive takes `inorder[k]`.
     pub inorder: Vec<usize>,
+    /// Shaped by the inputs' arrival ([`Tree::by_arrival`]), not a d-ary tree.
+    pub by_arrival: bool,
 }
 
 impl Tree {
@@ -42,7 +44,88 @@ impl Tree {
             parent,
             children,
             inorder,
+            by_arrival: false,
         }
+    }
+
+    /// A tree for inputs that come one after another, rooted at the `root`-th arrival: the
+    /// arrivals before it form a chain in arrival order (the earliest deepest), the root's
+    /// first child, and each arrival after it is a leaf under the root. Inputs are combined
+    /// as they come: the chain's before the root is there, and the later ones straight into
+    /// the root, whose task starts as soon as it is placed (`Run::dispatchable`) and takes
+    /// each later leaf as it comes. So the root's downlink takes one partial and one slice
+    /// per later arrival, each as it comes, and no arrival's partial waits on a later one.
+    ///
+    /// Partitions reduced side by side with roots 0, 1, ... have their roots on different
+    /// nodes. Once the last input comes, what is left to carry is its slices, one to each
+    /// root, and the results: no node forwards a chain's partial then (a chain through the
+    /// late arrivals would have their downlinks take the partials and then the results).
+    pub fn by_arrival(n: usize, root: usize) -> Tree {
+        let root = root.min(n.saturating_sub(1));
+        // Positions: 0 the root, 1 ..= root the chain from its top (arrival root - 1) down
+        // to arrival 0, and arrival k > root at position k.
+        let position = |k: usize| match k.cmp(&root) {
+            std::cmp::Ordering::Less => root - k,
+            std::cmp::Ordering::Equal => 0,
+            std::cmp::Ordering::Greater => k,
+        };
+        let inorder: Vec<usize> = (0..n).map(position).collect();
+        // A chain position's parent is the one above it; the chain's top's and every later
+        // arrival's is the root.
+        let parent: Vec<Option<usize>> = (0..n)
+            .map(|p| match p {
+                0 => None,
+                p if p <= root => Some(p - 1),
+                _ => Some(0),
+            })
+            .collect();
+        let mut children = vec![Vec::new(); n];
+        for (p, up) in parent.iter().enumerate() {
+            if let Some(up) = up {
+                children[*up].push(p);
+            }
+        }
+        Tree {
+            degree: children.first().map_or(1, |c| c.len().max(1)),
+            parent,
+            children,
+            inorder,
+            by_arrival: true,
+        }
+    }
+
+    /// The allgather of a partition reduced by this tree, if it has one (see
+    /// `Run::gather_hints`): positions in order, each with the earlier position whose node
+    /// it fetches the result from (`None`: the root, which makes it). A chain's is the root,
+    /// then from the leaf up to the root's child, each from the one before (with the
+    /// partitions' chains rotated, a ring). A tree by arrival's is the root, then the other
+    /// arrivals in arrival order, each from the one before, but the last, which fetches from
+    /// the root unless the root is one of the two latest arrivals. The two latest arrivals'
+    /// uplinks are busy with their own slices while the results stream, so neither forwards
+    /// a result; with the partitions rooted at every arrival in turn, every other node
+    /// sends two copies of its own partition and forwards one of each other partition.
+    /// Other trees have none (every node fetches from the root).
+    pub fn gather_order(&self) -> Option<Vec<(usize, Option<usize>)>> {
+        let n = self.parent.len();
+        if !self.by_arrival {
+            if self.degree != 1 {
+                return None;
+            }
+            let order: Vec<usize> = std::iter::once(0).chain((1..n).rev()).collect();
+            let from = std::iter::once(None).chain(order.iter().map(|&p| Some(p)));
+            return Some(order.iter().copied().zip(from).collect());
+        }
+        // The root is one of the two latest arrivals: its uplink is as busy as theirs.
+        let root_late = self.inorder.iter().rev().take(2).any(|&p| p == 0);
+        let mut order: Vec<(usize, Option<usize>)> = vec![(0, None)];
+        for &p in self.inorder.iter().filter(|&&p| p != 0) {
+            let from = match order.len() {
+                k if k + 1 == n && !root_late => 0,
+                k => order[k - 1].0,
+            };
+            order.push((p, Some(from)));
+        }
+        Some(order)
     }
 
     pub fn is_leaf(&self, p: usize) -> bool {
@@ -114,6 +197,82 @@ mod tests {
         let star = Tree::new(5, 99);
         assert_eq!(star.degree, 4);
         assert_eq!(star.inorder, vec![1, 0, 2, 3, 4]);
+    }
+
+    #[test]
+    fn trees_by_arrival_chain_the_arrivals_before_the_root_and_take_the_later_ones_as_leaves() {
+        // Rooted at the third arrival of six: arrivals 0 and 1 chained under it (0
+        // deepest), arrivals 3, 4 and 5 leaves under it.
+        let t = Tree::by_arrival(6, 2);
+        assert_eq!(t.inorder, vec![2, 1, 0, 3, 4, 5]);
+        assert_eq!(
+            t.parent,
+            vec![None, Some(0), Some(1), Some(0), Some(0), Some(0)]
+        );
+        assert_eq!(t.children[0], vec![1, 3, 4, 5]);
+        assert!((3..6).all(|p| t.is_leaf(p)) && t.is_leaf(2));
+        // The allgather: the root, the other arrivals in arrival order each from the one
+        // before, the last from the root.
+        let order = vec![
+            (0, None),
+            (2, Some(0)),
+            (1, Some(2)),
+            (3, Some(1)),
+            (4, Some(3)),
+            (5, Some(0)),
+        ];
+        assert_eq!(t.gather_order(), Some(order));
+        // Rooted at the last arrival: one chain, and so is the allgather.
+        let t = Tree::by_arrival(4, 3);
+        assert_eq!(t.inorder, vec![3, 2, 1, 0]);
+        assert_eq!(t.children[0], vec![1]);
+        let order = vec![(0, None), (3, Some(0)), (2, Some(3)), (1, Some(2))];
+        assert_eq!(t.gather_order(), Some(order));
+        assert_eq!(Tree::by_arrival(4, 9).inorder, t.inorder);
+        // Rooted at the first: a star.
+        let t = Tree::by_arrival(4, 0);
+        assert_eq!(t.inorder, vec![0, 1, 2, 3]);
+        assert_eq!(t.children[0], vec![1, 2, 3]);
+        let star = vec![(0, None), (1, Some(0)), (2, Some(1)), (3, Some(0))];
+        assert_eq!(t.gather_order(), Some(star));
+        for n in 1..9 {
+            for r in 0..n {
+                let t = Tree::by_arrival(n, r);
+                // Every arrival takes its own position, the root-th the root.
+                let mut seen = t.inorder.clone();
+                seen.sort_unstable();
+                assert_eq!(seen, (0..n).collect::<Vec<_>>(), "n {n} root {r}");
+                assert_eq!(t.inorder[r], 0);
+                assert_eq!(t.parent.iter().filter(|p| p.is_none()).count(), 1);
+                // Every position's children came before it or are leaves under the root.
+                for (k, &p) in t.inorder.iter().enumerate() {
+                    for &c in &t.children[p] {
+                        let kc = t.inorder.iter().position(|&q| q == c).unwrap();
+                        assert!(kc < k || (p == 0 && t.is_leaf(c)), "n {n} root {r}");
+                    }
+                }
+                // The allgather names every position once, each from an earlier one.
+                let order = t.gather_order().expect("trees by arrival have one");
+                let mut seen: Vec<usize> = order.iter().map(|o| o.0).collect();
+                seen.sort_unstable();
+                assert_eq!(seen, (0..n).collect::<Vec<_>>(), "n {n} root {r}");
+                for (k, (_, from)) in order.iter().enumerate() {
+                    assert_eq!(from.is_none(), k == 0);
+                    assert!(from.is_none_or(|f| order[..k].iter().any(|o| o.0 == f)));
+                }
+            }
+        }
+        let chain = vec![(0, None), (3, Some(0)), (2, Some(3)), (1, Some(2))];
+        assert_eq!(Tree::new(4, 1).gather_order(), Some(chain));
+        assert_eq!(Tree::new(4, 2).gather_order(), None);
+        // Small trees by arrival.
+        let t = Tree::by_arrival(2, 0);
+        assert_eq!(t.gather_order(), Some(vec![(0, None), (1, Some(0))]));
+        let t = Tree::by_arrival(3, 2);
+        assert_eq!(
+            t.gather_order(),
+            Some(vec![(0, None), (2, Some(0)), (1, Some(2))])
+        );
     }
 
     #[test]

@@ -154,8 +154,12 @@ impl BenchRecord {
         if let Some(a) = self.after_last_ready_s {
             row += &format!(" {:>16.2}", a * 1e6);
         }
-        if let Some(d) = self.degree {
-            row += &format!(" {d:>6}");
+        match self.degree {
+            // Trees shaped by the inputs' arrival (an allreduce whose inputs came one after
+            // another): no degree.
+            Some(0) => row += &format!(" {:>6}", "arr"),
+            Some(d) => row += &format!(" {d:>6}"),
+            None => {}
         }
         if let Some(p) = self.partitions {
             row += &format!(" {p:>5}");

@@ -295,7 +295,9 @@ impl<'a> Round<'a> {
                         DType::F32,
                         &opts,
                     )?;
-                    let shape = (Some(o.degree), Some(o.partitions));
+                    // Trees shaped by arrival have no degree: recorded as 0.
+                    let degree = if o.by_arrival { 0 } else { o.degree };
+                    let shape = (Some(degree), Some(o.partitions));
                     Ok((now_ns(), shape, Some(v), ranks(&o.used)))
                 } else {
                     // Done when the target is complete (on the root's node).

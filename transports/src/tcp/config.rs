@@ -23,6 +23,14 @@ pub struct TcpConfig {
     pub idle_timeout: Duration,
     /// SO_SNDBUF / SO_RCVBUF in bytes; 0 keeps the kernel's autotuning.
     pub socket_buffer: usize,
+    /// `TCP_NOTSENT_LOWAT` of every link, in bytes (0: the system's,
+    /// `net.ipv4.tcp_notsent_lowat`, unlimited by default): a write waits while this much is
+    /// written and not yet sent. With the system's, a stream into a link shared by several
+    /// peers' flows fills the socket with megabytes that take 100 ms and more to leave, and a
+    /// control message written after them waits as long (measured: a request behind a node's
+    /// slices in an allreduce whose inputs came one after another, README "Allreduce of
+    /// inputs that come one after another").
+    pub notsent_lowat: usize,
     /// The congestion control of every link (`TCP_CONGESTION`, e.g. "reno" or "cubic");
     /// `None` keeps the system's (`net.ipv4.tcp_congestion_control`). One the kernel does not
     /// allow this process is reported at the link's setup, which goes on with the system's.
@@ -93,6 +101,11 @@ impl TcpConfig {
     /// links such a node makes are to the ring neighbours it watches (heartbeats only), so
     /// readers of their own would go to them; the epoll readers serve every link.
     pub const ON_DEMAND_DEDICATED_READERS: usize = 0;
+
+    /// The default [`TcpConfig::notsent_lowat`]: two 64 KiB chunks, so a stream's next
+    /// write is in the socket before its last one has left, and what a control message can
+    /// find ahead of it is a few milliseconds of a link's share.
+    pub const NOTSENT_LOWAT: usize = 128 << 10;
 }
 
 impl Default for TcpConfig {
@@ -104,6 +117,7 @@ impl Default for TcpConfig {
             startup_grace: Duration::ZERO,
             idle_timeout: Duration::ZERO,
             socket_buffer: 0,
+            notsent_lowat: Self::NOTSENT_LOWAT,
             congestion: None,
             max_frame: 1 << 20,
             dedicated_readers: 8,

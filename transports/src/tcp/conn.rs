@@ -24,6 +24,11 @@ use std::time::Duration;
 /// before its link is failed.
 pub(super) const MAX_QUEUED: usize = 64 << 20;
 
+/// Most bytes a control frame may find waiting (with itself) in the overflow and the tail of
+/// a connection whose writer is busy and still be queued there rather than wait for the
+/// writer (see `Inner::queue_behind_writer`).
+const PRIORITY_QUEUED: usize = 256 << 10;
+
 pub(super) struct Conn {
     pub(super) link: LinkState,
     /// The connection's one socket, shared by its writer and its reader.
@@ -178,6 +183,13 @@ impl Inner {
             return Ok(()); // a hung host: nothing goes out
         }
         let head = h.encode();
+        if h.kind == FrameKind::Ctrl && self.queue_behind_writer(conn, &head, payload) {
+            let now = self.links.now_ns();
+            conn.last_send.store(now, Ordering::Relaxed);
+            conn.last_used.store(now, Ordering::Relaxed);
+            self.sent(conn);
+            return Ok(());
+        }
         let res = {
             let mut w = conn.writer.lock().unwrap();
             if conn.is_failed() || conn.is_retiring() {
@@ -198,6 +210,37 @@ impl Inner {
             self.sent(conn);
         }
         res.map_err(|e| self.send_failed(conn, format!("send failed: {e}")))
+    }
+
+    /// Queues a control frame behind the writer another thread holds (a stream of data
+    /// frames to a peer whose link is busy, each write waiting for the socket): that writer
+    /// sends the overflow before its next frame, or the flusher as the socket takes it. So
+    /// a request or an answer waits for one frame ahead of it, not for a whole stream to go
+    /// out. Only while at most [`PRIORITY_QUEUED`] bytes wait: a sender of many control
+    /// frames to a peer that reads slowly still waits for it, as before. False: not queued
+    /// (the writer is free, too much waits, or the link is closing): the caller writes it.
+    fn queue_behind_writer(&self, conn: &Arc<Conn>, head: &[u8], payload: &[u8]) -> bool {
+        if head.len() + payload.len() > PRIORITY_QUEUED {
+            return false;
+        }
+        match conn.writer.try_lock() {
+            Err(std::sync::TryLockError::WouldBlock) => {}
+            Ok(_) | Err(std::sync::TryLockError::Poisoned(_)) => return false,
+        }
+        {
+            let mut o = conn.overflow.lock().unwrap();
+            // Checked under the overflow lock, as `frame_nonblocking` does: a closing link
+            // makes sure nothing is queued while it holds that lock.
+            let waiting = o.len() + conn.tail_len.load(Ordering::Relaxed);
+            if conn.is_retiring() || waiting + head.len() + payload.len() > PRIORITY_QUEUED {
+                return false;
+            }
+            o.extend_from_slice(head);
+            o.extend_from_slice(payload);
+        }
+        // The writer may have let go meanwhile: the flusher sends it then.
+        let _ = self.flush_tx.send(conn.clone());
+        true
     }
 
     /// Sends what non-blocking sends left queued, never blocking on a peer: each connection

@@ -28,6 +28,9 @@ impl Inner {
                 }
             }
         }
+        if self.cfg.notsent_lowat > 0 {
+            set_notsent_lowat(s, self.cfg.notsent_lowat)?;
+        }
         if self.cfg.socket_buffer > 0 {
             use nix::sys::socket::{setsockopt, sockopt};
             let n = self.cfg.socket_buffer;
@@ -108,6 +111,52 @@ fn set_congestion(s: &TcpStream, name: &str) -> nix::Result<()> {
     )
 }
 
+/// Sets `TCP_NOTSENT_LOWAT` (see `TcpConfig::notsent_lowat`); nix has no wrapper for it.
+fn set_notsent_lowat(s: &TcpStream, bytes: usize) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let v = nix::libc::c_int::try_from(bytes).unwrap_or(nix::libc::c_int::MAX);
+    // SAFETY: the fd is `s`'s open socket, borrowed for the call; the option value is a
+    // c_int on this stack, passed with its exact size, which the kernel only reads.
+    let r = unsafe {
+        nix::libc::setsockopt(
+            s.as_raw_fd(),
+            nix::libc::IPPROTO_TCP,
+            nix::libc::TCP_NOTSENT_LOWAT,
+            std::ptr::from_ref(&v).cast(),
+            std::mem::size_of_val(&v) as nix::libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Reads `TCP_NOTSENT_LOWAT` back (tests).
+#[cfg(test)]
+fn notsent_lowat(s: &TcpStream) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    let mut v: nix::libc::c_int = 0;
+    let mut len = std::mem::size_of_val(&v) as nix::libc::socklen_t;
+    // SAFETY: the fd is `s`'s open socket, borrowed for the call; the kernel writes at most
+    // `len` bytes (the size of `v`, on this stack) and the new length into `len`.
+    let r = unsafe {
+        nix::libc::getsockopt(
+            s.as_raw_fd(),
+            nix::libc::IPPROTO_TCP,
+            nix::libc::TCP_NOTSENT_LOWAT,
+            std::ptr::from_mut(&mut v).cast(),
+            &mut len,
+        )
+    };
+    if r == 0 {
+        Ok(usize::try_from(v).unwrap_or(0))
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::set_congestion;
@@ -127,5 +176,16 @@ mod tests {
         assert!(set_congestion(&s, "no-such-cc").is_err());
         let still = getsockopt(&s.as_fd(), sockopt::TcpCongestion).unwrap();
         assert_eq!(still, now);
+    }
+
+    /// The links' bound on bytes written and not yet sent is what the config says.
+    #[test]
+    fn a_link_takes_its_notsent_lowat() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let s = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        super::set_notsent_lowat(&s, 128 << 10).unwrap();
+        assert_eq!(super::notsent_lowat(&s).unwrap(), 128 << 10);
+        super::set_notsent_lowat(&s, 1 << 20).unwrap();
+        assert_eq!(super::notsent_lowat(&s).unwrap(), 1 << 20);
     }
 }
