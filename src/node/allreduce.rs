@@ -62,8 +62,13 @@ const HALVING_MARK: u64 = u64::MAX;
 /// chooses.
 const HINT_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
 
-/// How long the coordinator waits for every input to be there before it settles for one tree.
+/// How long the coordinator waits for every input to be there before it settles for a tree
+/// that places them as they come (see [`Node::partitioned_how`]).
 const PRESENT_GRACE: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// The longest the coordinator watches how inputs come before it chooses how to partition
+/// (see [`Node::partitioned_how`]).
+const ARRIVAL_WINDOW: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// A partition fetched along its chain that makes no progress for this long is fetched
 /// through the directory instead (a stale hint: a repair moved the partition).
@@ -305,11 +310,10 @@ impl Node {
             Some(s) if dynamic_only || opts.range.is_some() => vec![(0, s)],
             Some(s) => partitions(s, sources.len(), dtype, min),
         };
-        // Every input there (partial or complete) as it starts: the partitions' trees are
-        // chains, rotated (a ring). Else the inputs come one after another, and each
-        // partition's tree chains them as they come, with the last one a leaf under the root
-        // (`Tree::by_arrival`; see the module).
-        let by_arrival = parts.len() > 1 && !self.inputs_present(sources, PRESENT_GRACE);
+        let (parts, by_arrival) = match parts.len() > 1 {
+            true => self.partitioned_how(sources, parts),
+            false => (parts, false),
+        };
         // Readers of an object this large wait for the plan: announce it (no partitions:
         // one tree).
         if self.readers_wait_for_plan(size) {
@@ -714,25 +718,62 @@ impl Node {
         inner.dir.publish(target, size, true)
     }
 
-    /// Whether every input has a copy somewhere (partial or complete), waiting up to `grace`
-    /// for the last ones (inputs put at the same moment as the call).
-    fn inputs_present(&self, sources: &[ObjectId], grace: std::time::Duration) -> bool {
-        let deadline = std::time::Instant::now() + grace;
-        let mut missing: Vec<&ObjectId> = sources
-            .iter()
-            .filter(|s| self.inner.store.lookup(s).is_none())
-            .collect();
+    /// How a partitionable allreduce of `parts` runs, from how its inputs come (see the
+    /// module): every input there (partial or complete) within [`PRESENT_GRACE`], or within
+    /// the window below: partitioned, the trees chains (rotated, a ring). None of those
+    /// missing at the start come within the window: the inputs come one after another, no
+    /// faster than a partition crosses a link, and the partitions' trees are shaped by their
+    /// arrival (`Tree::by_arrival`): each root takes the later inputs' slices as they come,
+    /// which its downlink keeps up with. Else (they come faster than that, but not all at
+    /// once) one tree, which places them as they come: the roots' downlinks could not take
+    /// the slices of inputs that come close together. The window is the time a partition
+    /// takes on a link (`Transfers::link_bandwidth`), from [`PRESENT_GRACE`] to
+    /// [`ARRIVAL_WINDOW`].
+    fn partitioned_how(
+        &self,
+        sources: &[ObjectId],
+        parts: Vec<(u64, u64)>,
+    ) -> (Vec<(u64, u64)>, bool) {
+        let size = parts.last().map_or(0, |p| p.1);
+        let widest = parts.iter().map(|p| p.1 - p.0).max().unwrap_or(0);
+        let crossing = widest as f64 / self.inner.transfers.link_bandwidth().max(1.0);
+        let window = std::time::Duration::from_secs_f64(crossing.min(60.0))
+            .clamp(PRESENT_GRACE, ARRIVAL_WINDOW);
+        match self.inputs_arriving(sources, PRESENT_GRACE, window) {
+            None => (parts, false),
+            Some(0) => (parts, true),
+            Some(_) => (vec![(0, size)], false),
+        }
+    }
+
+    /// `None` if every input has a copy somewhere (partial or complete) within `grace`, or
+    /// later within `window`; else how many of those missing at the start came within
+    /// `window`.
+    fn inputs_arriving(
+        &self,
+        sources: &[ObjectId],
+        grace: std::time::Duration,
+        window: std::time::Duration,
+    ) -> Option<usize> {
+        let start = std::time::Instant::now();
+        let there = |s: &ObjectId| {
+            self.inner.store.lookup(s).is_some()
+                || matches!(self.locate(s.clone()), Ok(Some(info)) if !info.locations.is_empty())
+        };
+        let mut missing: Vec<&ObjectId> = sources.iter().filter(|s| !there(s)).collect();
+        let mut came = 0;
         loop {
-            missing.retain(|s| {
-                !matches!(self.locate((*s).clone()), Ok(Some(info)) if !info.locations.is_empty())
-            });
             if missing.is_empty() {
-                return true;
+                return None;
             }
-            if std::time::Instant::now() >= deadline {
-                return false;
+            let waited = start.elapsed();
+            if waited >= window || (came > 0 && waited >= grace) {
+                return Some(came);
             }
             std::thread::sleep(std::time::Duration::from_millis(2));
+            let before = missing.len();
+            missing.retain(|s| !there(s));
+            came += before - missing.len();
         }
     }
 

@@ -87,6 +87,8 @@ pub(crate) struct Transfers {
     recv_log: Mutex<Vec<TransferRecord>>,
     /// EWMA of pull throughput, f64 bits.
     bandwidth_bits: AtomicU64,
+    /// The fastest pull so far, in bytes/s (f64 bits; positive floats order as their bits).
+    peak_bits: AtomicU64,
     // Source side.
     /// Cancel flags of the pulls this node serves, by (receiver, stream).
     serving: Mutex<HashMap<(NodeId, StreamId), Arc<AtomicBool>>>,
@@ -114,6 +116,7 @@ impl Transfers {
             next_stream: AtomicU64::new(crate::rpc::unpredictable_start()),
             recv_log: Mutex::new(Vec::new()),
             bandwidth_bits: AtomicU64::new(0),
+            peak_bits: AtomicU64::new(0),
             serving: Mutex::new(HashMap::new()),
             lazy_serves: Mutex::new(HashMap::new()),
             watchers: Mutex::new(HashMap::new()),
@@ -179,12 +182,28 @@ impl Transfers {
         }
     }
 
+    /// What one link carries, in bytes/s: the fastest pull of 1 MiB or more so far (or the
+    /// configured override; 10 Gbit/s until a pull has been measured). Pulls that share a
+    /// link, or stream an object as it is made, go slower than it: the estimate above
+    /// averages them, this one does not.
+    pub fn link_bandwidth(&self) -> f64 {
+        if let Some(b) = self.cfg.bandwidth_override {
+            return b;
+        }
+        match f64::from_bits(self.peak_bits.load(Ordering::Relaxed)) {
+            b if b > 0.0 => b,
+            _ => 1.25e9,
+        }
+    }
+
     /// Folds one finished pull into the throughput estimate (pulls under 1 MiB are latency).
     fn record_throughput(&self, bytes: u64, secs: f64) {
         if bytes < (1 << 20) || secs <= 0.0 {
             return;
         }
         let sample = bytes as f64 / secs;
+        self.peak_bits
+            .fetch_max(sample.to_bits(), Ordering::Relaxed);
         let old = f64::from_bits(self.bandwidth_bits.load(Ordering::Relaxed));
         let new = if old > 0.0 {
             0.7 * old + 0.3 * sample
