@@ -20,6 +20,22 @@
 //! it the partitions are small, their trees binary, and the tree is ahead (2 MiB 54-66 ms
 //! against 40-43). `allreduce_partition_min` (config) moves the threshold.
 //!
+//! How the partitions' trees are shaped depends on how the inputs come
+//! ([`Node::partitioned_how`]), watched for the time a partition takes on a link (20 to 100
+//! ms):
+//! - **all there** at once: chains, rotated (above);
+//! - **one after another**, none of the missing ones coming within that window: trees by
+//!   arrival (`Tree::by_arrival`). Partition `p` is rooted at the `p`-th arrival; the
+//!   arrivals before it are chained (combined as they come), and each later one is a leaf
+//!   under the root, whose task starts as soon as it is placed and takes each later slice as
+//!   it comes. When the last input comes, what is left is its slices (one to each root) and
+//!   the results, which the other nodes forward, not the two latest arrivals. On the 8
+//!   emulated hosts, 16 MiB with arrivals 50 ms apart: 208-223 ms from the last arrival
+//!   against one tree's 232-235 (Open MPI's best 264-277); at 64 MiB a partition takes 67
+//!   ms on a link, more than the arrivals' interval, and the roots' downlinks could not keep
+//!   up (1238 against one tree's 1092): one tree;
+//! - **faster than that, but not all at once**: one tree, which places them as they come.
+//!
 //! The coordinator announces its choice in a small object `{target}#plan` (the partitions'
 //! bounds) when the object is large enough for the partitioned algorithm; participants that
 //! know the size ([`Node::allreduce_read`]) wait for it only then, so a small allreduce costs

@@ -262,6 +262,21 @@ mod tests {
                 }
             }
         }
+        // Partitions rooted at every arrival in turn (an allreduce of 8 inputs): the two
+        // latest arrivals send one copy each (of their own partition), every other node two
+        // of its own and one of each other partition: 9.
+        let n = 8;
+        let mut sent = vec![0; n];
+        for r in 0..n {
+            let t = Tree::by_arrival(n, r);
+            let arrival = |p: usize| t.inorder.iter().position(|&q| q == p).unwrap();
+            for (_, from) in t.gather_order().unwrap() {
+                if let Some(f) = from {
+                    sent[arrival(f)] += 1;
+                }
+            }
+        }
+        assert_eq!(sent, vec![9, 9, 9, 9, 9, 9, 1, 1]);
         let chain = vec![(0, None), (3, Some(0)), (2, Some(3)), (1, Some(2))];
         assert_eq!(Tree::new(4, 1).gather_order(), Some(chain));
         assert_eq!(Tree::new(4, 2).gather_order(), None);
