@@ -54,6 +54,10 @@ pub(super) struct Conn {
     /// Bytes in the writer's tail as its last holder left it: what the overflow queues behind,
     /// counted against [`MAX_QUEUED`] without waiting for the writer lock.
     pub(super) tail_len: std::sync::atomic::AtomicUsize,
+    /// The writer's holder is writing a data frame (which may wait for the peer's share of a
+    /// busy link): a control frame then queues behind it (`Inner::queue_behind_writer`)
+    /// rather than wait for the lock.
+    pub(super) writing_data: std::sync::atomic::AtomicBool,
 }
 
 impl Link for Conn {
@@ -195,9 +199,16 @@ impl Inner {
             if conn.is_failed() || conn.is_retiring() {
                 return Err(TransportError::PeerUnavailable(conn.peer()));
             }
+            let data = h.kind == FrameKind::Data;
+            if data {
+                conn.writing_data.store(true, Ordering::Release);
+            }
             let r = w
                 .flush_tail(conn)
                 .and_then(|_| write_all_vectored(&w.stream, &head, payload));
+            if data {
+                conn.writing_data.store(false, Ordering::Release);
+            }
             if r.is_ok() {
                 w.written += (head.len() + payload.len()) as u64;
             }
@@ -212,15 +223,19 @@ impl Inner {
         res.map_err(|e| self.send_failed(conn, format!("send failed: {e}")))
     }
 
-    /// Queues a control frame behind the writer another thread holds (a stream of data
-    /// frames to a peer whose link is busy, each write waiting for the socket): that writer
+    /// Queues a control frame behind the writer another thread holds to write a data frame
+    /// (a stream of them to a peer whose link is busy, each write waiting for the socket): that writer
     /// sends the overflow before its next frame, or the flusher as the socket takes it. So
     /// a request or an answer waits for one frame ahead of it, not for a whole stream to go
     /// out. Only while at most [`PRIORITY_QUEUED`] bytes wait: a sender of many control
     /// frames to a peer that reads slowly still waits for it, as before. False: not queued
     /// (the writer is free, too much waits, or the link is closing): the caller writes it.
     fn queue_behind_writer(&self, conn: &Arc<Conn>, head: &[u8], payload: &[u8]) -> bool {
-        if head.len() + payload.len() > PRIORITY_QUEUED {
+        // A holder writing a control frame lets go in microseconds: waiting for it is
+        // cheaper than the flusher's wake-up, should it let go before sending the queue.
+        if head.len() + payload.len() > PRIORITY_QUEUED
+            || !conn.writing_data.load(Ordering::Acquire)
+        {
             return false;
         }
         match conn.writer.try_lock() {

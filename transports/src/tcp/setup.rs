@@ -85,6 +85,7 @@ impl Inner {
             close_when_flushed: Default::default(),
             overflow: Mutex::new(Vec::new()),
             tail_len: Default::default(),
+            writing_data: Default::default(),
         });
         let reader = s;
         if self.links.install(conn.clone()).is_some() {
