@@ -98,13 +98,14 @@ impl Tree {
     /// `Run::gather_hints`): positions in order, each with the earlier position whose node
     /// it fetches the result from (`None`: the root, which makes it). A chain's is the root,
     /// then from the leaf up to the root's child, each from the one before (with the
-    /// partitions' chains rotated, a ring). A tree by arrival's is the root, then the other
-    /// arrivals in arrival order, each from the one before, but the last, which fetches from
-    /// the root unless the root is one of the two latest arrivals. The two latest arrivals'
-    /// uplinks are busy with their own slices while the results stream, so neither forwards
-    /// a result; with the partitions rooted at every arrival in turn, every other node
-    /// sends two copies of its own partition and forwards one of each other partition.
-    /// Other trees have none (every node fetches from the root).
+    /// partitions' chains rotated, a ring). A tree by arrival's is a binary tree from the
+    /// root over the early arrivals (rotated with the root, so that over the partitions, one
+    /// rooted at each arrival, every early node takes every place), with the two latest
+    /// arrivals its last leaves: their uplinks carry their own slices while the results
+    /// stream, so they forward nothing, and a root that is one of them sends one copy. With
+    /// 8 inputs every early node sends 9 copies and the two latest 1; the deepest is 4 hops
+    /// from its root (a chain of 7 made the last chunk wait at every hop). Other trees have
+    /// none (every node fetches from the root).
     pub fn gather_order(&self) -> Option<Vec<(usize, Option<usize>)>> {
         let n = self.parent.len();
         if !self.by_arrival {
@@ -115,16 +116,40 @@ impl Tree {
             let from = std::iter::once(None).chain(order.iter().map(|&p| Some(p)));
             return Some(order.iter().copied().zip(from).collect());
         }
-        // The root is one of the two latest arrivals: its uplink is as busy as theirs.
-        let root_late = self.inorder.iter().rev().take(2).any(|&p| p == 0);
-        let mut order: Vec<(usize, Option<usize>)> = vec![(0, None)];
-        for &p in self.inorder.iter().filter(|&&p| p != 0) {
-            let from = match order.len() {
-                k if k + 1 == n && !root_late => 0,
-                k => order[k - 1].0,
-            };
-            order.push((p, Some(from)));
+        // Arrivals: the root's, the two latest (their uplinks carry their own slices while
+        // the results stream: they forward nothing), and the others, early, which forward
+        // the result down a binary tree (a chain of 7 hops made the last chunk wait at each).
+        if n == 0 {
+            return Some(Vec::new());
         }
+        let root = self.inorder.iter().position(|&p| p == 0).unwrap_or(0);
+        let late = |k: usize| k + 2 >= n;
+        let mut early: Vec<usize> = (0..n).filter(|&k| k != root && !late(k)).collect();
+        // Rotated so that each early node takes each place in turn over the partitions (one
+        // rooted at each arrival): an early root's list starts just after it; the two late
+        // roots' lists start at the first and at the middle.
+        let turn = match late(root) {
+            false => early.iter().filter(|&&k| k < root).count(),
+            true if root + 1 == n => early.len() / 2,
+            true => 0,
+        };
+        let turn = turn.min(early.len());
+        early.rotate_left(turn);
+        let list: Vec<usize> = std::iter::once(root)
+            .chain(early)
+            .chain((0..n).filter(|&k| k != root && late(k)))
+            .collect();
+        // A late root sends one copy (its uplink is busy too), an early one two; every
+        // early node forwards to at most two.
+        let up = |i: usize| match (late(root), i) {
+            (_, 0) => None,
+            (false, i) => Some((i - 1) / 2),
+            (true, 1) => Some(0),
+            (true, i) => Some(1 + (i - 2) / 2),
+        };
+        let order: Vec<(usize, Option<usize>)> = (0..list.len())
+            .map(|i| (self.inorder[list[i]], up(i).map(|j| self.inorder[list[j]])))
+            .collect();
         Some(order)
     }
 
@@ -211,29 +236,31 @@ mod tests {
         );
         assert_eq!(t.children[0], vec![1, 3, 4, 5]);
         assert!((3..6).all(|p| t.is_leaf(p)) && t.is_leaf(2));
-        // The allgather: the root, the other arrivals in arrival order each from the one
-        // before, the last from the root.
+        // The allgather: the root sends to two early arrivals, each of those to two more,
+        // the two latest last.
         let order = vec![
             (0, None),
+            (3, Some(0)),
             (2, Some(0)),
-            (1, Some(2)),
-            (3, Some(1)),
+            (1, Some(3)),
             (4, Some(3)),
-            (5, Some(0)),
+            (5, Some(2)),
         ];
         assert_eq!(t.gather_order(), Some(order));
         // Rooted at the last arrival: one chain, and so is the allgather.
         let t = Tree::by_arrival(4, 3);
         assert_eq!(t.inorder, vec![3, 2, 1, 0]);
         assert_eq!(t.children[0], vec![1]);
-        let order = vec![(0, None), (3, Some(0)), (2, Some(3)), (1, Some(2))];
+        // Its allgather: the root (late) sends one copy, to arrival 1 (the middle of the
+        // early ones), which sends to arrival 0 and to the other late one.
+        let order = vec![(0, None), (2, Some(0)), (3, Some(2)), (1, Some(2))];
         assert_eq!(t.gather_order(), Some(order));
         assert_eq!(Tree::by_arrival(4, 9).inorder, t.inorder);
         // Rooted at the first: a star.
         let t = Tree::by_arrival(4, 0);
         assert_eq!(t.inorder, vec![0, 1, 2, 3]);
         assert_eq!(t.children[0], vec![1, 2, 3]);
-        let star = vec![(0, None), (1, Some(0)), (2, Some(1)), (3, Some(0))];
+        let star = vec![(0, None), (1, Some(0)), (2, Some(0)), (3, Some(1))];
         assert_eq!(t.gather_order(), Some(star));
         for n in 1..9 {
             for r in 0..n {
@@ -263,17 +290,21 @@ mod tests {
             }
         }
         // Partitions rooted at every arrival in turn (an allreduce of 8 inputs): the two
-        // latest arrivals send one copy each (of their own partition), every other node two
-        // of its own and one of each other partition: 9.
+        // latest arrivals send one copy each (of their own partition), every other node 9;
+        // none is more than 4 hops from its root.
         let n = 8;
         let mut sent = vec![0; n];
         for r in 0..n {
             let t = Tree::by_arrival(n, r);
             let arrival = |p: usize| t.inorder.iter().position(|&q| q == p).unwrap();
-            for (_, from) in t.gather_order().unwrap() {
-                if let Some(f) = from {
+            let order = t.gather_order().unwrap();
+            let from = |p: usize| order.iter().find(|o| o.0 == p).unwrap().1;
+            for &(p, f) in &order {
+                if let Some(f) = f {
                     sent[arrival(f)] += 1;
                 }
+                let hops = std::iter::successors(Some(p), |&q| from(q)).count() - 1;
+                assert!(hops <= 4, "root {r}: position {p} is {hops} hops away");
             }
         }
         assert_eq!(sent, vec![9, 9, 9, 9, 9, 9, 1, 1]);
