@@ -187,7 +187,7 @@ impl Inner {
             return Ok(()); // a hung host: nothing goes out
         }
         let head = h.encode();
-        if h.kind == FrameKind::Ctrl && self.queue_behind_writer(conn, &head, payload) {
+        if h.kind == FrameKind::Ctrl && self.queue_behind_writer(conn, &head, payload)? {
             let now = self.links.now_ns();
             conn.last_send.store(now, Ordering::Relaxed);
             conn.last_used.store(now, Ordering::Relaxed);
@@ -206,11 +206,17 @@ impl Inner {
             let r = w
                 .flush_tail(conn)
                 .and_then(|_| write_all_vectored(&w.stream, &head, payload));
-            if data {
-                conn.writing_data.store(false, Ordering::Release);
-            }
             if r.is_ok() {
                 w.written += (head.len() + payload.len()) as u64;
+            }
+            // Control frames queued behind this one go out now, not at the next frame (there
+            // may be none) or the flusher's wake-up.
+            let r = match data {
+                true => r.and_then(|_| w.flush_tail(conn)),
+                false => r,
+            };
+            if data {
+                conn.writing_data.store(false, Ordering::Release);
             }
             r
         };
@@ -228,19 +234,25 @@ impl Inner {
     /// sends the overflow before its next frame, or the flusher as the socket takes it. So
     /// a request or an answer waits for one frame ahead of it, not for a whole stream to go
     /// out. Only while at most [`PRIORITY_QUEUED`] bytes wait: a sender of many control
-    /// frames to a peer that reads slowly still waits for it, as before. False: not queued
-    /// (the writer is free, too much waits, or the link is closing): the caller writes it.
-    fn queue_behind_writer(&self, conn: &Arc<Conn>, head: &[u8], payload: &[u8]) -> bool {
+    /// frames to a peer that reads slowly still waits for it, as before. Ok(false): not
+    /// queued (the writer is free or writes a control frame, too much waits, or the link is
+    /// closing): the caller writes it.
+    fn queue_behind_writer(
+        &self,
+        conn: &Arc<Conn>,
+        head: &[u8],
+        payload: &[u8],
+    ) -> Result<bool, TransportError> {
         // A holder writing a control frame lets go in microseconds: waiting for it is
         // cheaper than the flusher's wake-up, should it let go before sending the queue.
         if head.len() + payload.len() > PRIORITY_QUEUED
             || !conn.writing_data.load(Ordering::Acquire)
         {
-            return false;
+            return Ok(false);
         }
         match conn.writer.try_lock() {
             Err(std::sync::TryLockError::WouldBlock) => {}
-            Ok(_) | Err(std::sync::TryLockError::Poisoned(_)) => return false,
+            Ok(_) | Err(std::sync::TryLockError::Poisoned(_)) => return Ok(false),
         }
         {
             let mut o = conn.overflow.lock().unwrap();
@@ -248,14 +260,25 @@ impl Inner {
             // makes sure nothing is queued while it holds that lock.
             let waiting = o.len() + conn.tail_len.load(Ordering::Relaxed);
             if conn.is_retiring() || waiting + head.len() + payload.len() > PRIORITY_QUEUED {
-                return false;
+                return Ok(false);
             }
             o.extend_from_slice(head);
             o.extend_from_slice(payload);
         }
-        // The writer may have let go meanwhile: the flusher sends it then.
-        let _ = self.flush_tx.send(conn.clone());
-        true
+        // The writer may have let go meanwhile (after its own look at the queue): send it
+        // now if so, else leave it to the writer or, should it be gone, the flusher.
+        match conn.writer.try_lock() {
+            Ok(mut w) => {
+                if let Err(e) = w.flush_tail(conn) {
+                    drop(w);
+                    return Err(self.send_failed(conn, format!("send failed: {e}")));
+                }
+            }
+            Err(_) => {
+                let _ = self.flush_tx.send(conn.clone());
+            }
+        }
+        Ok(true)
     }
 
     /// Sends what non-blocking sends left queued, never blocking on a peer: each connection
