@@ -121,6 +121,25 @@ fn differences(got: &[u8], want: &[u8], bounds: &[(u64, u64)], inputs: &[Vec<u8>
     out.join("; ")
 }
 
+/// Every result in `all` (node 0's and the surviving readers') is the sum of `inputs` (each
+/// `size` bytes of `dtype`), byte for byte; where one is not, says where per partition.
+fn survivors_have_the_sum(
+    all: &[Vec<u8>],
+    inputs: &[Vec<u8>],
+    (size, dtype): (u64, DType),
+    what: &str,
+) {
+    let want = reference(inputs, ReduceOp::Sum, dtype);
+    let bounds = partitions(size, inputs.len(), dtype, PARTITION_MIN);
+    for (i, got) in all.iter().enumerate() {
+        assert!(
+            *got == want,
+            "{what}: survivor {i} has a wrong result: {}",
+            differences(got, &want, &bounds, inputs)
+        );
+    }
+}
+
 /// Node 0 coordinates, every other node reads; each node holds input k. Returns every node's
 /// result, node 0's first.
 fn run(
@@ -359,15 +378,8 @@ fn a_node_killed_mid_allreduce_by_arrival_leaves_the_survivors_correct() {
         putter.join().unwrap();
         assert_eq!(outcome.partitions, n, "seed {seed}: partitioned");
         assert!(outcome.by_arrival, "seed {seed}: trees by arrival");
-        let want = reference(&inputs, ReduceOp::Sum, dtype);
-        let bounds = partitions(size, n, dtype, PARTITION_MIN);
-        for (i, got) in all.iter().enumerate() {
-            assert!(
-                *got == want,
-                "seed {seed}: survivor {i} (victim {victim}) has a wrong result: {}",
-                differences(got, &want, &bounds, &inputs)
-            );
-        }
+        let what = format!("seed {seed}, victim {victim}");
+        survivors_have_the_sum(&all, &inputs, (size, dtype), &what);
         println!(
             "seed {seed}: node {victim} killed {} ms after its input; survivors done {:.1} ms in",
             delay.as_millis(),
@@ -486,15 +498,8 @@ fn a_partition_root_killed_mid_allreduce_leaves_the_survivors_correct() {
         let (all, parts) = run(&c, &target, &sources, size, ReduceOp::Sum, dtype, &readers);
         let killed_at = killer.join().unwrap();
         assert_eq!(parts, n, "seed {seed}: partitioned");
-        let want = reference(&inputs, ReduceOp::Sum, dtype);
-        let bounds = partitions(size, n, dtype, PARTITION_MIN);
-        for (i, got) in all.iter().enumerate() {
-            assert!(
-                *got == want,
-                "seed {seed}: survivor {i} (victim {victim}) has a wrong result: {}",
-                differences(got, &want, &bounds, &inputs)
-            );
-        }
+        let what = format!("seed {seed}, victim {victim}");
+        survivors_have_the_sum(&all, &inputs, (size, dtype), &what);
         println!(
             "seed {seed}: node {victim} killed {:.1} ms in; survivors done {:.1} ms in",
             killed_at.duration_since(t0).as_secs_f64() * 1e3,
