@@ -27,7 +27,7 @@
 //! - **one after another**, none of the missing ones coming within that window: trees by
 //!   arrival (`Tree::by_arrival`). Partition `p` is rooted at the `p`-th arrival; the
 //!   arrivals before it are chained (combined as they come), and each later one is a leaf
-//!   under the root, whose task starts as soon as it is placed and takes each later slice as
+//!   under the root, whose task starts as soon as it is placed and pulls each later slice as
 //!   it comes. When the last input comes, what is left is its slices (one to each root) and
 //!   the results, which the other nodes forward, not the two latest arrivals. On the 8
 //!   emulated hosts, 16 MiB with arrivals 50 ms apart: 208-223 ms from the last arrival
@@ -803,9 +803,11 @@ impl Node {
         coordinator: Option<NodeId>,
         by_arrival: bool,
     ) -> Result<ObjectView> {
-        let directory = || self.view_while_up(id, coordinator);
+        // One op timeout in all, the wait for a hint included.
+        let deadline = std::time::Instant::now() + self.inner.cfg.op_timeout;
+        let directory = || self.view_while_up_until(id, coordinator, deadline);
         let hint = match by_arrival {
-            true => self.late_hint(id, coordinator),
+            true => self.late_hint(id, coordinator, deadline),
             false => self.inner.reducer.gather_hint(id, HINT_WAIT),
         };
         crate::hop::hop!(self.id(), "partition hint", hinted = hint.is_some());
@@ -831,12 +833,16 @@ impl Node {
 
     /// The allgather hint for partition `id` of a plan by arrival: its tree is placed, and the
     /// hint sent, only once the last input is there, which may be any time. So this waits for
-    /// it for as long as it can still come: until the op timeout, the allreduce's
+    /// it for as long as it can still come: until `deadline`, the allreduce's
     /// `coordinator` is down, or a copy of the partition is complete somewhere (its tree was
     /// repaired before it was placed, and no hint is made: checked every [`PLAN_STALL`]).
     /// `None`: the directory is to say where to read it.
-    fn late_hint(&self, id: &ObjectId, coordinator: Option<NodeId>) -> Option<GatherFrom> {
-        let deadline = std::time::Instant::now() + self.inner.cfg.op_timeout;
+    fn late_hint(
+        &self,
+        id: &ObjectId,
+        coordinator: Option<NodeId>,
+        deadline: std::time::Instant,
+    ) -> Option<GatherFrom> {
         loop {
             if let Some(hint) = self.inner.reducer.gather_hint(id, PLAN_STALL) {
                 return Some(hint);
@@ -861,10 +867,21 @@ impl Node {
     /// stop with their coordinator), whether or not the directory had heard of it, so its
     /// readers are told it is lost (`Error::ObjectLost`) rather than wait out the op timeout.
     fn view_while_up(&self, id: &ObjectId, coordinator: Option<NodeId>) -> Result<ObjectView> {
-        let Some(coordinator) = coordinator.filter(|&c| c != self.id()) else {
-            return self.get_view(id.clone());
-        };
         let deadline = std::time::Instant::now() + self.inner.cfg.op_timeout;
+        self.view_while_up_until(id, coordinator, deadline)
+    }
+
+    /// [`Node::view_while_up`] given up at `deadline`.
+    fn view_while_up_until(
+        &self,
+        id: &ObjectId,
+        coordinator: Option<NodeId>,
+        deadline: std::time::Instant,
+    ) -> Result<ObjectView> {
+        let Some(coordinator) = coordinator.filter(|&c| c != self.id()) else {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            return self.get_view_timeout(id.clone(), left);
+        };
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             match self.get_view_timeout(id.clone(), PLAN_STALL.min(left)) {

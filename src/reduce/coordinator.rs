@@ -327,12 +327,21 @@ struct Landing {
     live: Mutex<Live>,
 }
 
-/// Marks the reduce over when the coordinator returns, with a result or an error.
+/// Marks the reduce over when the coordinator returns, with a result or an error; on an
+/// error, the tasks still out are stopped (a tree by arrival's root, started before its later
+/// inputs came, would otherwise wait for them until the op timeout).
 struct Over<'a>(&'a Landing);
 
 impl Drop for Over<'_> {
     fn drop(&mut self) {
-        self.0.live().ended = true;
+        let unfinished = {
+            let mut g = self.0.live();
+            g.ended = true;
+            g.run.unfinished_tasks()
+        };
+        for (node, out, attempt) in unfinished {
+            let _ = self.0.rpc.send(node, ReduceMsg::Cancel { out, attempt });
+        }
     }
 }
 

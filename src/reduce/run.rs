@@ -403,8 +403,10 @@ impl Run {
         }
         // A tree by arrival's root starts as soon as it is placed (its chain came before
         // it): it pulls what is there meanwhile, and each later input once the directory has
-        // it (named by its position, it needs no node: `ReduceTask::children_at`).
-        let later_ok = tree.by_arrival;
+        // it (named by its position, it needs no node: `ReduceTask::children_at`). Only for
+        // a partition (`range`), where every position, leaves included, has a task and so
+        // an output of its own name.
+        let later_ok = tree.by_arrival && self.range.is_some();
         let mut out = Vec::new();
         for p in 0..self.num {
             let needs_task = self.has_task(&tree, p);
@@ -585,6 +587,22 @@ impl Run {
         self.tasks[a] = None;
         self.done[a] = false;
         actions
+    }
+
+    /// The tasks dispatched and not done, on live nodes: (node, output, attempt). A finished
+    /// run has none.
+    pub(super) fn unfinished_tasks(&self) -> Vec<(NodeId, ObjectId, u64)> {
+        let Some(tree) = &self.tree else {
+            return Vec::new();
+        };
+        (0..self.num)
+            .filter(|&p| self.tasks[p].is_some() && !self.done[p])
+            .filter_map(|p| {
+                let (_, node) = self.slots[p]?;
+                let live = !self.dead.contains(&node);
+                live.then(|| (node, self.out_of(tree, p), self.attempts[p]))
+            })
+            .collect()
     }
 
     /// Position `p`'s task failed: it and every ancestor (all of them read its output) are
@@ -774,6 +792,56 @@ mod tests {
         };
         let kind = (ReduceOp::Sum, DType::F32);
         Run::new(ObjectId::new("t"), &sources, num, kind, &opts, LINK)
+    }
+
+    /// A tree by arrival rooted at the second arrival of four: with a range (a partition)
+    /// its root's task goes out as soon as the root is placed, its later child named but
+    /// not placed (asked of the directory, `children_at` the root's own node); without one
+    /// (leaves have no task, nor an output of their own name) only once every child is
+    /// placed. A run that ends unfinished names its tasks still out, to be cancelled.
+    #[test]
+    fn a_tree_by_arrival_starts_its_root_before_its_later_inputs_only_for_a_partition() {
+        let sources: Vec<ObjectId> = (0..4).map(|i| ObjectId::new(format!("s{i}"))).collect();
+        let kind = (ReduceOp::Sum, DType::F32);
+        for range in [Some((0, 64)), None] {
+            let opts = ReduceOptions {
+                range,
+                rotate: 1,
+                by_arrival: true,
+                ..Default::default()
+            };
+            let mut run = Run::new(ObjectId::new("t"), &sources, 4, kind, &opts, LINK);
+            run.arrived(0, &complete_on(10)).unwrap();
+            run.arrived(1, &complete_on(11)).unwrap();
+            let tree = run.tree.clone().unwrap();
+            assert!(tree.by_arrival && tree.inorder == vec![1, 0, 2, 3]);
+            let mut roots: Vec<ReduceTask> = run
+                .dispatchable()
+                .into_iter()
+                .filter(|(p, _)| *p == 0)
+                .map(|(_, t)| t)
+                .collect();
+            match range {
+                Some(_) => {
+                    let root = roots.pop().expect("the root goes out at once");
+                    assert_eq!(root.children_at, vec![10, 11, 11]);
+                    assert_eq!(root.children[1], run.out_of(&tree, 2));
+                }
+                None => assert!(roots.is_empty(), "no root before its children"),
+            }
+            run.arrived(2, &complete_on(12)).unwrap();
+            run.arrived(3, &complete_on(13)).unwrap();
+            if range.is_none() {
+                let root = run.dispatchable().into_iter().find(|(p, _)| *p == 0);
+                assert_eq!(root.expect("placed").1.children_at, vec![10, 12, 13]);
+            }
+            // Dispatched (as the coordinator does) and not done: named to be cancelled.
+            run.tasks[0] = Some(crossbeam_channel::bounded(1).1);
+            run.attempts[0] = 7;
+            assert_eq!(run.unfinished_tasks(), vec![(11, ObjectId::new("t"), 7)]);
+            run.done[0] = true;
+            assert!(run.unfinished_tasks().is_empty());
+        }
     }
 
     fn complete_on(node: NodeId) -> ObjectInfo {

@@ -50,11 +50,12 @@ impl Tree {
 
     /// A tree for inputs that come one after another, rooted at the `root`-th arrival: the
     /// arrivals before it form a chain in arrival order (the earliest deepest), the root's
-    /// first child, and each arrival after it is a leaf under the root. Inputs are combined
-    /// as they come: the chain's before the root is there, and the later ones straight into
-    /// the root, whose task starts as soon as it is placed (`Run::dispatchable`) and takes
-    /// each later leaf as it comes. So the root's downlink takes one partial and one slice
-    /// per later arrival, each as it comes, and no arrival's partial waits on a later one.
+    /// first child, and each arrival after it is a leaf under the root. The chain combines
+    /// its inputs as they come, before the root is there; the root's task starts as soon as
+    /// it is placed (`Run::dispatchable`) and pulls each later leaf's slice as it comes (it
+    /// combines once the last one's bytes land). So the root's downlink takes one partial
+    /// and one slice per later arrival, each as it comes, and no arrival's partial waits on
+    /// a later one.
     ///
     /// Partitions reduced side by side with roots 0, 1, ... have their roots on different
     /// nodes. Once the last input comes, what is left to carry is its slices, one to each

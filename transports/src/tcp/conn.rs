@@ -234,7 +234,9 @@ impl Inner {
     /// sends the overflow before its next frame, or the flusher as the socket takes it. So
     /// a request or an answer waits for one frame ahead of it, not for a whole stream to go
     /// out. Only while at most [`PRIORITY_QUEUED`] bytes wait: a sender of many control
-    /// frames to a peer that reads slowly still waits for it, as before. Ok(false): not
+    /// frames to a peer that reads slowly still waits for it, as before. A frame queued is
+    /// sent or lost with the link, like one in the socket: should the writer's frame fail,
+    /// the link is failed and the peer reported down, and the frame is not sent. Ok(false): not
     /// queued (the writer is free or writes a control frame, too much waits, or the link is
     /// closing): the caller writes it.
     fn queue_behind_writer(

@@ -29,7 +29,16 @@ impl Inner {
             }
         }
         if self.cfg.notsent_lowat > 0 {
-            set_notsent_lowat(s, self.cfg.notsent_lowat)?;
+            if let Err(e) = set_notsent_lowat(s, self.cfg.notsent_lowat) {
+                // Not fatal (a kernel without it): the link works with the system's bound.
+                static SAID: AtomicBool = AtomicBool::new(false);
+                if !SAID.swap(true, Ordering::Relaxed) {
+                    warn!(
+                        node = self.id,
+                        "TCP_NOTSENT_LOWAT not set ({e}): the system's is used"
+                    );
+                }
+            }
         }
         if self.cfg.socket_buffer > 0 {
             use nix::sys::socket::{setsockopt, sockopt};
