@@ -213,12 +213,12 @@ fn a_control_message_overtakes_a_stream_to_the_same_peer() {
     });
     println!("pings sent after {sent:?} bytes had landed came behind {behind:?} more");
     assert!(sent.len() >= 5, "{} pings", sent.len());
-    // Each came behind what was in the sockets and the frame being written, 1-16 MiB
-    // measured, not behind the stream (without the queue, in every run at least one came
-    // behind 57-235 MiB of these 256).
+    // Each came behind what was in the sockets, in the receiver's event queue and in the
+    // frame being written: 1-18 MiB measured, up to 35 with a build beside it. Without the
+    // queue, in every run at least one came behind 55-235 MiB of these 256.
     for (k, b) in behind.iter().enumerate() {
         assert!(
-            *b <= 40 << 20,
+            *b <= 48 << 20,
             "ping {k}, sent after {} bytes had landed, came behind {b} more",
             sent[k]
         );
