@@ -48,6 +48,15 @@ fn input(k: usize, size: u64, dtype: DType) -> Vec<u8> {
     v
 }
 
+/// Inputs 0..n of `size` bytes and their names, `{tag}/in{k}`.
+fn named_inputs(tag: &str, n: usize, size: u64, dtype: DType) -> (Vec<Vec<u8>>, Vec<ObjectId>) {
+    let inputs = (0..n).map(|k| input(k, size, dtype)).collect();
+    let sources = (0..n)
+        .map(|k| ObjectId::new(format!("{tag}/in{k}")))
+        .collect();
+    (inputs, sources)
+}
+
 /// Puts input k (of `size` bytes) on node `holders[k]` as `{tag}/in{k}`.
 fn put_inputs(
     c: &LocalCluster,
@@ -56,10 +65,7 @@ fn put_inputs(
     size: u64,
     dtype: DType,
 ) -> (Vec<Vec<u8>>, Vec<ObjectId>) {
-    let inputs: Vec<Vec<u8>> = (0..holders.len()).map(|k| input(k, size, dtype)).collect();
-    let sources: Vec<ObjectId> = (0..holders.len())
-        .map(|k| ObjectId::new(format!("{tag}/in{k}")))
-        .collect();
+    let (inputs, sources) = named_inputs(tag, holders.len(), size, dtype);
     for (k, &h) in holders.iter().enumerate() {
         c.node(h).put(sources[k].clone(), &inputs[k]).unwrap();
     }
@@ -297,10 +303,7 @@ fn inputs_that_come_one_after_another_are_reduced_by_arrival_for_every_op_and_dt
         for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max, ReduceOp::Prod] {
             let size = PARTITION_MIN + 5 * dtype.size() as u64;
             let tag = format!("aa/{dtype:?}-{op:?}");
-            let inputs: Vec<Vec<u8>> = (0..n).map(|k| input(k, size, dtype)).collect();
-            let sources: Vec<ObjectId> = (0..n)
-                .map(|k| ObjectId::new(format!("{tag}/in{k}")))
-                .collect();
+            let (inputs, sources) = named_inputs(&tag, n, size, dtype);
             c.node(0).put(sources[0].clone(), &inputs[0]).unwrap();
             let order: Vec<(usize, Duration)> = orders[run_no % orders.len()]
                 .iter()
@@ -340,10 +343,7 @@ fn a_node_killed_mid_allreduce_by_arrival_leaves_the_survivors_correct() {
     for seed in 1..=3u64 {
         let c = LocalCluster::start(n as u32, cfg(), tcp()).unwrap();
         let tag = format!("aak/{seed}");
-        let inputs: Vec<Vec<u8>> = (0..n).map(|k| input(k, size, dtype)).collect();
-        let sources: Vec<ObjectId> = (0..n)
-            .map(|k| ObjectId::new(format!("{tag}/in{k}")))
-            .collect();
+        let (inputs, sources) = named_inputs(&tag, n, size, dtype);
         c.node(0).put(sources[0].clone(), &inputs[0]).unwrap();
         let _ = c.node(1).get(sources[0].clone()).unwrap();
         let order: Vec<(usize, Duration)> = (1..n)
@@ -526,10 +526,7 @@ fn the_first_n_of_m_allreduce_combines_what_it_used_on_every_node() {
         .enumerate()
     {
         let tag = format!("first{round}");
-        let inputs: Vec<Vec<u8>> = (0..n).map(|k| input(k, size, dtype)).collect();
-        let sources: Vec<ObjectId> = (0..n)
-            .map(|k| ObjectId::new(format!("{tag}/in{k}")))
-            .collect();
+        let (inputs, sources) = named_inputs(&tag, n, size, dtype);
         // Inputs 0, 1, 2 now; 3 and 4 well after the allreduce began.
         for k in 0..3 {
             c.node(k).put(sources[k].clone(), &inputs[k]).unwrap();
