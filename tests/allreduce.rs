@@ -696,3 +696,77 @@ fn an_allreduce_whose_coordinator_dies_fails_its_readers_promptly() {
         });
     }
 }
+
+/// A node that holds an input but does not read the result (no `allreduce_read`) is still
+/// named as a partition's source in the allgather: the nodes told to fetch from it are
+/// refused at once (its hint stays unclaimed) and fetch elsewhere, rather than wait out its
+/// wait for a copy that never comes (1 s). Inputs all there, and inputs that come one after
+/// another; every reader's result is the sum.
+#[test]
+fn a_participant_that_does_not_read_holds_up_no_fetch() {
+    let n = 5;
+    let size: u64 = 32 << 20;
+    let dtype = DType::F32;
+    let idle = 2;
+    let readers: Vec<usize> = (1..n).filter(|&k| k != idle).collect();
+    for by_arrival in [false, true] {
+        let c = LocalCluster::start(n as u32, cfg(), tcp()).unwrap();
+        let tag = format!("unread/{by_arrival}");
+        let (inputs, sources) = if by_arrival {
+            let (inputs, sources) = named_inputs(&tag, n, size, dtype);
+            c.node(0).put(sources[0].clone(), &inputs[0]).unwrap();
+            (inputs, sources)
+        } else {
+            let all_nodes: Vec<usize> = (0..n).collect();
+            put_inputs(&c, &tag, &all_nodes, size, dtype)
+        };
+        let order: Vec<(usize, Duration)> = (1..n)
+            .map(|k| (k, Duration::from_millis(40 * k as u64)))
+            .collect();
+        let putter = by_arrival.then(|| put_later(&c, &inputs, &sources, &order, false, None));
+        let target = ObjectId::new(format!("{tag}/out"));
+        let t0 = Instant::now();
+        let (all, outcome) = run_outcome(
+            &c,
+            &target,
+            &sources,
+            size,
+            (ReduceOp::Sum, dtype),
+            &readers,
+        );
+        let took = t0.elapsed();
+        if let Some(p) = putter {
+            p.join().unwrap();
+        }
+        assert_eq!(outcome.partitions, n, "{tag}: partitioned");
+        assert_eq!(outcome.by_arrival, by_arrival, "{tag}: the trees");
+        survivors_have_the_sum(&all, &inputs, (size, dtype), &tag);
+        // The idle node serves the partitions its tasks made. The pulls it was asked for
+        // that it never had (none of its own, no assembly to fetch it) ended without a byte,
+        // each well before the source's 1 s wait for a copy.
+        let mut asked = 0;
+        for k in (0..n).filter(|&k| k != idle) {
+            for r in c.node(k).transfer_log() {
+                if r.source as usize != idle
+                    || !r.id.as_str().starts_with(target.as_str())
+                    || r.ok
+                    || r.bytes > 0
+                {
+                    continue;
+                }
+                asked += 1;
+                let took = r.end.duration_since(r.start);
+                assert!(
+                    took < Duration::from_millis(500),
+                    "{tag}: node {k}'s pull of {} from the idle node took {took:?}",
+                    r.id
+                );
+            }
+        }
+        assert!(asked > 0, "{tag}: the idle node is some partition's source");
+        println!(
+            "{tag}: {asked} pulls refused by the idle node, each at once; done in {:.1} ms",
+            took.as_secs_f64() * 1e3
+        );
+    }
+}

@@ -12,7 +12,6 @@
 
 mod claims;
 mod coordinator;
-mod gather;
 mod halving;
 mod halving_run;
 mod mailbox;
@@ -198,8 +197,6 @@ pub(crate) struct Reducer {
     /// Where tasks run.
     workers: Arc<Workers>,
     tasks: task::Tasks,
-    /// Where this node fetches the partitions of partitioned allreduces from.
-    gather: gather::GatherHints,
     /// Blocks and words of halving-doubling allreduces (`halving_run`).
     halving: Arc<mailbox::Mailbox>,
 }
@@ -208,7 +205,7 @@ impl Reducer {
     /// Where to fetch partition `part` of a partitioned allreduce from, as its coordinator
     /// said; waits up to `wait` for the word.
     pub fn gather_hint(&self, part: &ObjectId, wait: Duration) -> Option<GatherFrom> {
-        self.gather.take(part, wait)
+        self.transfers.hints().take(part, wait)
     }
 
     pub fn new(d: ReduceDeps) -> Reducer {
@@ -222,7 +219,6 @@ impl Reducer {
             transfers: d.transfers,
             workers: d.workers,
             tasks: task::Tasks::default(),
-            gather: gather::GatherHints::default(),
             halving: Arc::new(mailbox::Mailbox::default()),
         }
     }
@@ -232,7 +228,7 @@ impl Reducer {
         match msg {
             ReduceMsg::Task { rid, task } => self.start_task(from, rid, task),
             ReduceMsg::Cancel { out, attempt } => self.cancel_task(from, &out, attempt),
-            ReduceMsg::Gather { part, from } => self.gather.record(&part, from),
+            ReduceMsg::Gather { part, from } => self.transfers.hints().record(&part, from),
             ReduceMsg::HalvingTask { plan } => self.start_halving(from, plan),
             ReduceMsg::HalvingBlock {
                 target,

@@ -7,9 +7,12 @@
 //! bandwidth estimate; it is handed the store, the directory client, the messaging and the
 //! fault hook.
 
+mod hints;
 mod landed;
 mod pull;
 mod serve;
+
+pub(crate) use hints::GatherHints;
 
 use crate::config::NodeConfig;
 use crate::directory::DirClient;
@@ -98,6 +101,9 @@ pub(crate) struct Transfers {
     /// (`serve.rs`), combining reduce tasks.
     watchers: Mutex<HashMap<ObjectId, Vec<Arc<dyn OnLanded>>>>,
     serve_log: Mutex<Vec<ServeRecord>>,
+    /// Where this node fetches allreduce partitions from (`hints.rs`); its serves consult
+    /// them too.
+    hints: GatherHints,
 }
 
 impl Transfers {
@@ -121,7 +127,13 @@ impl Transfers {
             lazy_serves: Mutex::new(HashMap::new()),
             watchers: Mutex::new(HashMap::new()),
             serve_log: Mutex::new(Vec::new()),
+            hints: GatherHints::default(),
         }
+    }
+
+    /// Where this node fetches allreduce partitions from, as their coordinators said.
+    pub fn hints(&self) -> &GatherHints {
+        &self.hints
     }
 
     /// A message of the pull family from `from`.

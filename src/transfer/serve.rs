@@ -644,6 +644,12 @@ impl Transfers {
             if self.store.recently_dropped(id) {
                 return Err(Error::NotFound(id.clone()));
             }
+            // Named as a partition's source by its coordinator, and nothing here takes the
+            // hint: this node does not read the allreduce, no copy is coming.
+            if self.hints.unclaimed(id) {
+                debug!(node = self.id, %id, "asked for a partition this node does not read");
+                return Err(Error::NotFound(id.clone()));
+            }
             let slice = deadline
                 .saturating_duration_since(Instant::now())
                 .min(CANCEL_POLL);

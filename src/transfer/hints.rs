@@ -2,6 +2,12 @@
 //! coordinator says so once the partition's chain is placed (`ReduceMsg::Gather`), and the
 //! hint waits here for the node's assembly of the result (`Node::assemble`), which asks once
 //! per partition.
+//!
+//! The hints live with the transfers because a source consults them too: a node named as
+//! the source of a partition it does not hold serves it once its own pull has begun. A hint
+//! left unclaimed for [`UNCLAIMED`] says no assembly here asks for that partition (the node
+//! holds an input but does not read the result): the source then refuses at once, and the
+//! receiver asks the directory, instead of waiting out the source's wait for a copy.
 
 use crate::protocol::GatherFrom;
 use crate::ObjectId;
@@ -15,6 +21,11 @@ const KEEP: Duration = Duration::from_secs(60);
 
 /// Hints kept at most (the oldest go first): a coordinator cannot grow the table for ever.
 const MAX_HINTS: usize = 4096;
+
+/// A hint unclaimed this long says no assembly on this node asks for its partition. An
+/// assembly takes its hints as they come: it starts with the plan, which the coordinator
+/// announces before any partition is placed.
+pub(crate) const UNCLAIMED: Duration = Duration::from_millis(50);
 
 /// The hints of this node's tasks, by partition, until taken.
 #[derive(Default)]
@@ -40,6 +51,14 @@ impl GatherHints {
         h.insert(target.clone(), (from, Instant::now()));
         drop(h);
         self.added.notify_all();
+    }
+
+    /// Whether a hint for `target` came here `UNCLAIMED` ago or more and nothing took it: no
+    /// assembly on this node asks for that partition.
+    pub fn unclaimed(&self, target: &ObjectId) -> bool {
+        let h = self.hints.lock().unwrap();
+        h.get(target)
+            .is_some_and(|(_, at)| at.elapsed() >= UNCLAIMED)
     }
 
     /// Where to fetch `target` from, waiting up to `wait` for the hint; `None` if none came
@@ -84,6 +103,19 @@ mod tests {
         assert_eq!(g.take(&t, Duration::ZERO), None, "taken once");
         g.record(&t, GatherFrom::Here);
         assert_eq!(g.take(&t, Duration::ZERO), Some(GatherFrom::Here));
+    }
+
+    #[test]
+    fn a_hint_nothing_takes_is_unclaimed_after_a_while() {
+        let g = GatherHints::default();
+        let t = ObjectId::new("x#part0of4");
+        assert!(!g.unclaimed(&t), "no hint");
+        g.record(&t, GatherFrom::Node(2));
+        assert!(!g.unclaimed(&t), "just came");
+        std::thread::sleep(UNCLAIMED + Duration::from_millis(5));
+        assert!(g.unclaimed(&t), "nothing took it");
+        assert_eq!(g.take(&t, Duration::ZERO), Some(GatherFrom::Node(2)));
+        assert!(!g.unclaimed(&t), "taken");
     }
 
     #[test]
