@@ -609,6 +609,41 @@ fn reduce_waits_for_a_rejoin_when_too_few_inputs_remain() {
     assert!(c.node(2).get("rj-out").unwrap() == sum_of(&all));
 }
 
+/// A small input keeps its bytes in the directory (its entry's shard lives on) when the node
+/// that put it dies: a reduce that had placed it places it again with those bytes and
+/// completes, where it waited for the input to be put again until the op timeout.
+#[test]
+fn a_small_input_whose_node_dies_mid_reduce_is_combined_from_the_directory() {
+    use phalanx::{DType, ReduceOp, ReduceOptions};
+    let c = LocalCluster::start(4, cfg(), tcp()).unwrap();
+    let elems = 128; // 1 KiB of i64: inline
+    let ids: Vec<ObjectId> = (0..4)
+        .map(|k| name_on(c.node(0), &format!("small-{k}"), 2))
+        .collect();
+    let data: Vec<Vec<u8>> = (0..4).map(|k| i64_input(k, elems)).collect();
+    for k in 0..3 {
+        c.node(k).put(ids[k].clone(), &data[k]).unwrap();
+    }
+    let short = ReduceOptions {
+        timeout: Some(Duration::from_secs(10)),
+        ..Default::default()
+    };
+    let coord = c.node(0).clone();
+    let ids2 = ids.clone();
+    let h = std::thread::spawn(move || {
+        coord.reduce_with("small-out", &ids2, 4, ReduceOp::Sum, DType::I64, &short)
+    });
+    // Inputs 0..3 placed (the reduce waits for the fourth); node 1, which put input 1, dies.
+    std::thread::sleep(Duration::from_millis(200));
+    c.node(1).kill();
+    std::thread::sleep(Duration::from_millis(100));
+    c.node(3).put(ids[3].clone(), &data[3]).unwrap();
+    let o = h.join().unwrap().expect("the reduce completes");
+    assert_eq!(o.used.len(), 4, "input 1 is used, from the directory");
+    let all: Vec<&Vec<u8>> = data.iter().collect();
+    assert!(c.node(2).get("small-out").unwrap() == sum_of(&all));
+}
+
 #[test]
 fn a_dead_shard_hands_its_entries_to_the_next_node() {
     let c = LocalCluster::start(4, cfg(), tcp()).unwrap();

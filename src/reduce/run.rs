@@ -276,14 +276,19 @@ impl Run {
         // Spread positions over nodes: a complete copy on a node not in the tree yet, else
         // any live copy.
         let placed = |n: NodeId| self.slots.iter().flatten().any(|(_, m)| *m == n);
-        let Some(node) = info
+        let live = info
             .locations
             .iter()
             .filter(|l| !self.gone(l.node))
             .min_by_key(|l| (placed(l.node), !l.complete))
-            .map(|l| l.node)
-        else {
-            return Ok(false);
+            .map(|l| l.node);
+        let node = match (live, &self.inline[i], self.scratch.1) {
+            (Some(node), _, _) => node,
+            // Every copy died, but the directory keeps a small object's bytes and they came
+            // with the answer: the coordinator holds them (a tree of small inputs is combined
+            // there, and a task would read them from the directory).
+            (None, Some(_), Some(coordinator)) => coordinator,
+            _ => return Ok(false),
         };
         self.spares.push_back((i, node));
         self.fill_from_spares();
@@ -976,6 +981,55 @@ mod tests {
             out: ObjectId::new("t"),
             attempt: 77,
         }));
+    }
+
+    /// A small input whose every copy died is still in the directory, its bytes with the
+    /// answer: placed at the coordinator, which combines the tree (it was asked for again
+    /// every 50 ms until the op timeout, never placed).
+    #[test]
+    fn a_small_input_whose_copies_died_is_placed_with_its_bytes() {
+        let mut run = chain(3, 3, None);
+        run.scratch = (1, Some(5));
+        let mut inputs = Vec::new();
+        for i in 0..3u8 {
+            let bytes: Vec<u8> = (0..16)
+                .flat_map(|k| (f32::from(i + k)).to_le_bytes())
+                .collect();
+            inputs.push(bytes);
+        }
+        let small = |nodes: &[NodeId]| ObjectInfo {
+            size: 64,
+            inline: true,
+            locations: nodes
+                .iter()
+                .map(|&node| crate::protocol::LocationInfo {
+                    node,
+                    complete: true,
+                    serving: None,
+                    depends_on: None,
+                })
+                .collect(),
+            lost: false,
+        };
+        for i in 0..2 {
+            run.inline[i] = Some(inputs[i].clone());
+            assert!(run.arrived(i, &small(&[10 + i as NodeId])).unwrap());
+        }
+        // Input 2's holder died: no location left, the bytes with the answer.
+        assert!(
+            !run.arrived(2, &small(&[])).unwrap(),
+            "no bytes: asked again"
+        );
+        run.inline[2] = Some(inputs[2].clone());
+        assert!(run.arrived(2, &small(&[])).unwrap());
+        assert!(run.slots.iter().flatten().any(|&s| s == (2, 5)));
+        let got = run.combine_locally().expect("every input inline");
+        let mut want = inputs[0].clone();
+        for x in &inputs[1..] {
+            combine(ReduceOp::Sum, DType::F32, &mut want, x);
+        }
+        assert_eq!(got, want);
+        assert!(run.finished());
     }
 
     #[test]
