@@ -1011,8 +1011,8 @@ mod tests {
                 .collect(),
             lost: false,
         };
-        for i in 0..2 {
-            run.inline[i] = Some(inputs[i].clone());
+        for (i, bytes) in inputs.iter().enumerate().take(2) {
+            run.inline[i] = Some(bytes.clone());
             assert!(run.arrived(i, &small(&[10 + i as NodeId])).unwrap());
         }
         // Input 2's holder died: no location left, the bytes with the answer.
