@@ -213,7 +213,9 @@ impl Store {
     /// Creates the pinned copy of an object this node produces (a reduce task's output). A
     /// pull of the same object still filling here (a reader that asked before this node was
     /// chosen to compute it, e.g. after a repair moved the tree's root) fails and gives way:
-    /// its readers fetch again and find this copy.
+    /// its readers fetch again and find this copy. A pulled copy complete here (of the
+    /// output's previous generation, which the repair reset: a reader's copy the reset did not
+    /// reach, its pull told of no location) gives way too; views of it keep its bytes.
     pub fn create_output(
         self: &Arc<Self>,
         id: &ObjectId,
@@ -232,16 +234,25 @@ impl Store {
         self.create_with(id, size, true, true, Duration::ZERO)
     }
 
-    /// Fails the copy named `id` if it is an unfinished pull (unpinned, not complete).
+    /// Frees the name `id` from a pulled copy (unpinned): an unfinished one fails, a complete
+    /// one is dropped (its views keep it until released).
     fn give_way(st: &mut State, id: &ObjectId) {
         let Some(&k) = st.by_id.get(id) else {
             return;
         };
         let c = &st.copies[&k];
-        if c.pinned || c.status == CopyStatus::Complete {
+        if c.pinned {
             return;
         }
-        Self::fail_locked(st, k);
+        if c.status != CopyStatus::Complete {
+            return Self::fail_locked(st, k);
+        }
+        st.by_id.remove(id);
+        st.dropped.note(id.clone());
+        let c = st.copies.get_mut(&k).expect("live copy");
+        c.progress.notify_all();
+        c.kick();
+        Self::detach(st, k);
     }
 
     /// Fails copy `key` under the store's lock: its readers are woken to an error, its name
@@ -694,9 +705,10 @@ mod tests {
     }
 
     /// A node chosen to produce an object it was pulling: the pull gives way (its readers
-    /// see it fail and find the output); a put or a complete copy does not.
+    /// see it fail and find the output), and so does a pulled copy complete here (of the
+    /// output's previous generation; a view of it keeps its bytes); a put does not.
     #[test]
-    fn an_output_replaces_an_unfinished_pull_only() {
+    fn an_output_replaces_a_pulled_copy_not_a_put() {
         let s = store(1 << 16);
         let (pull, _) = s.create(&"t".into(), 1024, false).unwrap();
         pull.append(&[7; 100]).unwrap();
@@ -710,8 +722,19 @@ mod tests {
         ));
         let (done, _) = s.create(&"c".into(), 4, false).unwrap();
         done.append(&[1; 4]).unwrap();
-        assert!(s.create_output(&"c".into(), 4).is_err());
-        assert_eq!(done.as_slice().unwrap(), &[1; 4]);
+        let (again, _) = s.create_output(&"c".into(), 4).unwrap();
+        assert!(s.lookup(&"c".into()).unwrap().is_same(&again));
+        assert_eq!(
+            done.as_slice().unwrap(),
+            &[1; 4],
+            "the old copy's view keeps its bytes"
+        );
+        let (put, _) = s.create(&"p".into(), 4, true).unwrap();
+        put.append(&[2; 4]).unwrap();
+        assert!(matches!(
+            s.create_output(&"p".into(), 4),
+            Err(Error::AlreadyExists(_))
+        ));
     }
 
     #[test]

@@ -10,7 +10,7 @@ use phalanx::allreduce::{part_id, partitions, PARTITION_MIN};
 use phalanx::ops::combine;
 use phalanx::reduce::{ReduceOptions, ReduceOutcome};
 use phalanx::transport::TcpConfig;
-use phalanx::{DType, LocalCluster, NodeConfig, ObjectId, ReduceOp};
+use phalanx::{DType, FaultAction, FaultPlan, LocalCluster, NodeConfig, ObjectId, ReduceOp};
 use std::time::{Duration, Instant};
 
 fn cfg() -> NodeConfig {
@@ -390,6 +390,160 @@ fn a_node_killed_mid_allreduce_by_arrival_leaves_the_survivors_correct() {
             t0.elapsed().as_secs_f64() * 1e3
         );
     }
+}
+
+/// Waits (until `deadline`) for `node`'s copy of `id` to be complete, then 20 ms more (its
+/// task's answer reaches the coordinator); whether it was.
+fn finished_here(node: &phalanx::Node, id: &ObjectId, deadline: Instant) -> bool {
+    let complete = || {
+        node.local_copy(id.clone())
+            .is_some_and(|c| c.status == phalanx::store::CopyStatus::Complete)
+    };
+    while !complete() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    complete()
+}
+
+/// The last arrival roots the last partition of a tree by arrival: its slice combined with
+/// the chain's partial, done within a moment of its input. Its one copy out of that
+/// partition stalls halfway (an injected fault), and once its input has a replica it is
+/// killed: the partition's only complete copy dies with it, every other copy partial. The
+/// partition's tree, kept repaired until the coordinator has assembled its copy, computes it
+/// again from the input's replica (the same bytes), and every survivor ends with the sum.
+/// (Before, the partition was lost: its readers waited for it until the coordinator was
+/// told it was lost.)
+#[test]
+fn a_partition_root_killed_after_its_partition_is_done_leaves_the_survivors_correct() {
+    let n = 4;
+    let size: u64 = 8 << 20;
+    let dtype = DType::F32;
+    let c = LocalCluster::start(n as u32, cfg(), tcp()).unwrap();
+    let tag = "late-root";
+    let (inputs, sources) = named_inputs(tag, n, size, dtype);
+    c.node(0).put(sources[0].clone(), &inputs[0]).unwrap();
+    let _ = c.node(1).get(sources[0].clone()).unwrap();
+    let order: Vec<(usize, Duration)> = (1..n)
+        .map(|k| (k, Duration::from_millis(40 * k as u64)))
+        .collect();
+    let target = ObjectId::new(format!("{tag}/out"));
+    let victim = n - 1;
+    let part = part_id(&target, n - 1, n);
+    let bounds = partitions(size, n, dtype, PARTITION_MIN)[n - 1];
+    c.node(victim).inject_fault(FaultPlan {
+        object: part.clone(),
+        after_bytes: (bounds.1 - bounds.0) / 2,
+        action: FaultAction::Stall,
+    });
+    let (done_tx, done) = crossbeam_channel::unbounded();
+    let putter = put_later(&c, &inputs, &sources, &order, true, Some(done_tx));
+    let killer = {
+        let (v, part) = (c.node(victim).clone(), part.clone());
+        std::thread::spawn(move || {
+            while done.recv().is_ok_and(|k| k != victim) {}
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !v.fault_fired() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let stalled = v.fault_fired();
+            // Its partition done (the coordinator hears it right after): then killed.
+            let done_here = finished_here(&v, &part, deadline);
+            v.kill();
+            stalled && done_here
+        })
+    };
+    let readers: Vec<usize> = (1..n).filter(|&k| k != victim).collect();
+    let (all, outcome) = run_outcome(
+        &c,
+        &target,
+        &sources,
+        size,
+        (ReduceOp::Sum, dtype),
+        &readers,
+    );
+    putter.join().unwrap();
+    assert!(
+        killer.join().unwrap(),
+        "the last root's copy of {part} stalled, its partition done"
+    );
+    assert_eq!(outcome.partitions, n, "partitioned");
+    assert!(outcome.by_arrival, "trees by arrival");
+    survivors_have_the_sum(&all, &inputs, (size, dtype), "late root killed");
+}
+
+/// The same for one tree (1 MiB: not partitioned), a chain whose root is the last arrival:
+/// its copy to the coordinator stalls halfway, and it is killed once its input has a
+/// replica. The tree, kept repaired until the coordinator has its copy, computes the root
+/// again (the same bytes), and every survivor ends with the sum.
+#[test]
+fn a_tree_root_killed_after_it_is_done_leaves_the_survivors_correct() {
+    let n = 4;
+    let size: u64 = 1 << 20;
+    let dtype = DType::F32;
+    let c = LocalCluster::start(n as u32, cfg(), tcp()).unwrap();
+    let tag = "late-tree-root";
+    let (inputs, sources) = named_inputs(tag, n, size, dtype);
+    for k in 0..n - 1 {
+        c.node(k).put(sources[k].clone(), &inputs[k]).unwrap();
+        let _ = c.node(k + 1).get(sources[k].clone()).unwrap();
+    }
+    let target = ObjectId::new(format!("{tag}/out"));
+    let victim = n - 1;
+    c.node(victim).inject_fault(FaultPlan {
+        object: target.clone(),
+        after_bytes: size / 2,
+        action: FaultAction::Stall,
+    });
+    let order = [(victim, Duration::from_millis(50))];
+    let (done_tx, done) = crossbeam_channel::unbounded();
+    let putter = put_later(&c, &inputs, &sources, &order, true, Some(done_tx));
+    let killer = {
+        let (v, t) = (c.node(victim).clone(), target.clone());
+        std::thread::spawn(move || {
+            while done.recv().is_ok_and(|k| k != victim) {}
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while !v.fault_fired() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            let stalled = v.fault_fired();
+            let done_here = finished_here(&v, &t, deadline);
+            v.kill();
+            stalled && done_here
+        })
+    };
+    let chain = ReduceOptions {
+        degree: Some(1),
+        ..ReduceOptions::default()
+    };
+    let (all, outcome) = std::thread::scope(|s| {
+        let hs: Vec<_> = (1..n - 1)
+            .map(|k| {
+                let (node, t) = (c.node(k).clone(), target.clone());
+                s.spawn(move || node.allreduce_read(t, size).map(|v| v.to_vec()))
+            })
+            .collect();
+        let (mine, outcome) = c
+            .node(0)
+            .allreduce(target.clone(), &sources, ReduceOp::Sum, dtype, &chain)
+            .expect("coordinator");
+        let mut all = vec![mine.to_vec()];
+        for h in hs {
+            all.push(h.join().unwrap().expect("reader"));
+        }
+        (all, outcome)
+    });
+    putter.join().unwrap();
+    assert!(
+        killer.join().unwrap(),
+        "the root's copy of {target} stalled, the root done"
+    );
+    assert_eq!(outcome.partitions, 1, "one tree");
+    // Rooted at the last arrival (its copy stalled), the root computed again on the node
+    // of its input's replica.
+    assert!(outcome.recomputed.contains(&0), "the root computed again");
+    assert_eq!(outcome.tree[0].node, 0, "on the replica's node");
+    survivors_have_the_sum(&all, &inputs, (size, dtype), "tree root killed");
 }
 
 /// A coordinator that holds no input cannot size the object: one tree, and readers that wait

@@ -47,7 +47,7 @@ use crate::config::INLINE_LIMIT;
 use crate::ops::{DType, ReduceOp};
 use crate::protocol::{GatherFrom, HalvingPlan};
 use crate::reduce::{
-    HalvingOutcome, HalvingRan, Hooks, ReduceOptions, ReduceOutcome, MAX_HALVING_RANKS,
+    Background, HalvingOutcome, HalvingRan, Hooks, ReduceOptions, ReduceOutcome, MAX_HALVING_RANKS,
 };
 use crate::store::CopyStatus;
 use crate::view::ObjectView;
@@ -580,14 +580,19 @@ impl Node {
     ) -> Result<(ObjectView, ReduceOutcome)> {
         // The coordinator reads the target while it is being reduced, on a pooled thread
         // started as the first task goes out (no thread is created per call); a small result
-        // combined here is returned as the reduce ends.
+        // combined here is returned as the reduce ends. The tree is repaired until that
+        // reader has its copy (`Hooks::hold`): a root that dies after it finished, before
+        // another node has all of the target, is computed again.
         let (tx, got) = crossbeam_channel::bounded(1);
+        let (hold, held) = crossbeam_channel::bounded::<()>(1);
         let reader = self.clone();
         let id = target.clone();
         let on_tree = Box::new(move || {
             let workers = reader.inner.workers.clone();
             let started = workers.spawn(move || {
-                let _ = tx.send(reader.get_view(id));
+                let view = reader.get_view(id);
+                drop(hold);
+                let _ = tx.send(view);
             });
             if let Err(e) = started {
                 tracing::warn!("allreduce reader not started ({e}); read after the reduce");
@@ -596,6 +601,7 @@ impl Node {
         let hooks = Hooks {
             placed: None,
             on_tree: Some(on_tree),
+            hold: Some(held),
         };
         let kind = (op, dtype);
         let outcome = self
@@ -628,6 +634,10 @@ impl Node {
         (parts, by_arrival): (&[(u64, u64)], bool),
     ) -> Result<(ObjectView, ReduceOutcome)> {
         let n = parts.len();
+        // Every partition's tree is repaired until this node has assembled its copy: a root
+        // that dies after its partition is done, before another node has all of it, is
+        // computed again (the same bytes) rather than leave the partition lost.
+        let (hold, held) = crossbeam_channel::bounded::<()>(1);
         let handles = parts
             .iter()
             .enumerate()
@@ -649,11 +659,15 @@ impl Node {
                     sources.len(),
                     (op, dtype),
                     o,
-                    None,
+                    Background {
+                        ended: None,
+                        hold: Some(held.clone()),
+                    },
                 )
             })
             .collect::<Result<Vec<_>>>()?;
         let assembled = self.assemble(&target, (parts, by_arrival), None);
+        drop(hold);
         let mut outcomes = Vec::with_capacity(n);
         for h in handles {
             outcomes.push(h.wait());

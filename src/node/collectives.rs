@@ -4,7 +4,7 @@
 use super::Node;
 use crate::ops::{DType, ReduceOp};
 use crate::protocol::Reply;
-use crate::reduce::{Hooks, ReduceHandle, ReduceOptions, ReduceOutcome};
+use crate::reduce::{Background, Hooks, ReduceHandle, ReduceOptions, ReduceOutcome};
 use crate::{Error, ObjectId, Result};
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -110,10 +110,17 @@ impl Node {
         let dir = self.inner.dir.clone();
         let token = dir.promise(&target, true);
         let ended = Box::new(move |ok| dir.end_promise(token, ok));
-        let r = self
-            .inner
-            .reducer
-            .start(target, sources, num_objects, kind, opts, Some(ended));
+        let r = self.inner.reducer.start(
+            target,
+            sources,
+            num_objects,
+            kind,
+            opts,
+            Background {
+                ended: Some(ended),
+                hold: None,
+            },
+        );
         if r.is_err() {
             self.inner.dir.end_promise(token, false);
         }

@@ -71,7 +71,10 @@ impl Reducer {
         let Hooks {
             placed: mut placed_tx,
             on_tree,
+            hold,
         } = hooks;
+        // Whether the caller still wants a finished run's tree repaired (see `Hooks::hold`).
+        let mut held = hold.is_some();
         if num == 0 || num > sources.len() {
             return Err(Error::InvalidArgument(format!(
                 "num_objects {num} not in 1..={}",
@@ -148,6 +151,10 @@ impl Reducer {
             let mut sel = Select::new();
             sel.recv(&down);
             sel.recv(&wake);
+            let on_hold = match (&hold, held) {
+                (Some(h), true) => Some(sel.recv(h)),
+                _ => None,
+            };
             match sel.select_timeout(wake_at.saturating_duration_since(Instant::now())) {
                 Ok(what) if what.index() == 0 => {
                     let Ok(node) = what.recv(&down) else {
@@ -157,10 +164,16 @@ impl Reducer {
                     self.apply(actions);
                     resub.extend(again);
                 }
+                Ok(what) if Some(what.index()) == on_hold => {
+                    let _ = what.recv(hold.as_ref().expect("selected"));
+                    held = false;
+                }
                 Ok(what) => {
                     let _ = what.recv(&wake);
                 }
                 Err(_) if Instant::now() < deadline => {}
+                // Finished, and held past the deadline: the result is there.
+                Err(_) if landing.live().run.finished() => break,
                 Err(_) => {
                     return Err(Error::Timeout(
                         timeout,
@@ -216,7 +229,8 @@ impl Reducer {
                     let _ = tx.send(g.run.used_in_arrival_order());
                 }
             }
-            if g.run.finished() {
+            // A tree combined here (small inputs) has no root to lose.
+            if g.run.finished() && (!held || g.run.local) {
                 break;
             }
         }

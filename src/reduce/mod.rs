@@ -172,6 +172,20 @@ pub(crate) struct Hooks {
     /// Runs once when the first task is dispatched: the result is computed by a tree
     /// (remote nodes), not combined at the coordinator from small inputs.
     pub on_tree: Option<Box<dyn FnOnce() + Send>>,
+    /// A finished reduce keeps repairing its tree until this says so (a message, or its
+    /// sender dropped): its result's only complete copy may be its root's for a while, and
+    /// a root that dies then is computed again, the same inputs in the same positions (the
+    /// same bytes), its readers starting over. `None`: the reduce ends as it finishes.
+    pub hold: Option<Receiver<()>>,
+}
+
+/// How a reduce started in the background ([`Reducer::start`]) ends.
+#[derive(Default)]
+pub(crate) struct Background {
+    /// Told on the reduce's thread whether it made its target.
+    pub ended: Option<Box<dyn FnOnce(bool) + Send>>,
+    /// See [`Hooks::hold`].
+    pub hold: Option<Receiver<()>>,
 }
 
 /// What the reduce subsystem is handed by its node.
@@ -262,8 +276,8 @@ impl Reducer {
         self.coordinate_reduce(target, sources, num, kind, opts, hooks)
     }
 
-    /// Starts a reduce coordinated from this node on a thread of its own; `ended`, if given,
-    /// is told on that thread whether the reduce made its target.
+    /// Starts a reduce coordinated from this node on a thread of its own; `how` says who is
+    /// told as it ends, and how long its tree is repaired.
     pub fn start(
         self: &Arc<Self>,
         target: ObjectId,
@@ -271,8 +285,9 @@ impl Reducer {
         num: usize,
         kind: (ReduceOp, DType),
         opts: ReduceOptions,
-        ended: Option<Box<dyn FnOnce(bool) + Send>>,
+        how: Background,
     ) -> Result<ReduceHandle> {
+        let Background { ended, hold } = how;
         let me = self.clone();
         let (tx, rx): (Sender<Vec<ObjectId>>, _) = crossbeam_channel::bounded(1);
         let (done_tx, done) = crossbeam_channel::bounded(1);
@@ -282,6 +297,7 @@ impl Reducer {
             let hooks = Hooks {
                 placed: Some(tx),
                 on_tree: None,
+                hold,
             };
             let r = me.coordinate_reduce(target, &sources, num, kind, &opts, hooks);
             if let Some(ended) = ended {
