@@ -59,6 +59,14 @@ impl Tasks {
             .collect()
     }
 
+    /// Whether an attempt of the task producing `out` other than `attempt`, and cancelled,
+    /// still runs here (it holds the output until it notices).
+    fn cancelled_other(&self, out: &ObjectId, attempt: u64) -> bool {
+        let c = self.cancels.lock().unwrap();
+        c.iter()
+            .any(|((o, a), (_, f))| o == out && *a != attempt && f.load(Ordering::Acquire))
+    }
+
     /// `from` stops attempt `attempt` of the task producing `out`: only the coordinator that
     /// dispatched it may (another member's forged `Cancel` stops nothing). Whether it did.
     fn cancel(&self, from: NodeId, out: &ObjectId, attempt: u64) -> bool {
@@ -213,6 +221,22 @@ impl Reducer {
         }
     }
 
+    /// Waits (at most [`SUPERSEDED_WAIT`]) until no cancelled attempt of `t` runs here.
+    fn wait_cancelled_others(&self, t: &ReduceTask, cancel: &AtomicBool) -> Result<()> {
+        let deadline = Instant::now() + SUPERSEDED_WAIT.min(self.cfg.op_timeout);
+        while self.tasks.cancelled_other(&t.out, t.attempt) {
+            if cancel.load(Ordering::Acquire) {
+                let why = format!("reduce task for {} cancelled", t.out);
+                return Err(Error::InvalidArgument(why));
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::AlreadyExists(t.out.clone()));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    }
+
     fn input(&self, id: &ObjectId) -> Result<Input> {
         Ok(self.transfers.fetch(id)?.into())
     }
@@ -301,7 +325,16 @@ impl Reducer {
         if cancel.load(Ordering::Acquire) {
             return Err(cancelled());
         }
-        let (out, evicted) = self.store.create_output(&t.out, t.size)?;
+        let (out, evicted) = match self.store.create_output(&t.out, t.size) {
+            // A repair sent this attempt here while the one it replaced, cancelled (its
+            // Cancel came first on the same link), still fills the output: it stops at its
+            // next step; then the output is this attempt's.
+            Err(Error::AlreadyExists(_)) if self.tasks.cancelled_other(&t.out, t.attempt) => {
+                self.wait_cancelled_others(t, cancel)?;
+                self.store.create_output(&t.out, t.size)?
+            }
+            made => made?,
+        };
         self.dir.withdraw(&evicted);
         let job = Job {
             t,
@@ -440,6 +473,10 @@ impl Reducer {
 /// looks for a cancel and asks again.
 const LOCATE_SLICE: Duration = Duration::from_millis(200);
 
+/// How long a task waits for the cancelled attempt it replaces to let go of its output (it
+/// notices its cancel within a combining step or a [`COMBINE_POLL`]).
+const SUPERSEDED_WAIT: Duration = Duration::from_secs(1);
+
 /// Outputs up to this size are combined where their inputs land ([`Combiner`]): a combine
 /// of 256 KiB takes tens of microseconds, which a transport thread can spare; a larger one
 /// would hold up the other streams it reads.
@@ -557,6 +594,25 @@ impl OnLanded for Combiner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A repair's new attempt waits for an older attempt of the same output only once that
+    /// one is cancelled, and no longer than it runs.
+    #[test]
+    fn a_new_attempt_waits_only_for_a_cancelled_older_one() {
+        let t = Tasks::default();
+        let out = ObjectId::new("t");
+        let old = t.register(&out, 1, 7);
+        let _new = t.register(&out, 2, 7);
+        assert!(
+            !t.cancelled_other(&out, 2),
+            "the older attempt is not cancelled"
+        );
+        assert!(t.cancel(7, &out, 1));
+        assert!(t.cancelled_other(&out, 2));
+        assert!(!t.cancelled_other(&ObjectId::new("u"), 2), "another output");
+        t.finish(&out, 1, &old);
+        assert!(!t.cancelled_other(&out, 2), "the older attempt ended");
+    }
 
     /// A cancel stops only the attempt it names, and only when it comes from the coordinator
     /// that dispatched it; a finished task's entry goes, a later dispatch's stays.
