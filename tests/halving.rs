@@ -257,6 +257,53 @@ fn a_rank_killed_mid_run_leaves_the_survivors_correct() {
     }
 }
 
+/// A rank stalls mid-run, its input is copied to a node that is no rank, and it is killed:
+/// the abandoned run's tree reduces exactly the live ranks' inputs. (It reduced as many
+/// inputs as ranks were alive, the first of all inputs to be ready: the dead rank's, from
+/// its copy, could take a live rank's place.)
+#[test]
+fn an_abandoned_run_reduces_the_live_ranks_inputs_not_a_dead_ones_copy() {
+    let n = 5;
+    for seed in 1..=3u64 {
+        let victim = 1 + seed as usize % (n - 1);
+        let tag = format!("copied{seed}");
+        let k = Killed::with_extra(n, 1, &tag, victim, SIZE / 4, FaultAction::Stall);
+        let killer = {
+            let (v, spare, id) = (
+                k.c.node(victim).clone(),
+                k.c.node(n).clone(),
+                k.sources[victim].clone(),
+            );
+            std::thread::spawn(move || {
+                let deadline = std::time::Instant::now() + Duration::from_secs(20);
+                while !v.fault_fired() && std::time::Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                let copied = spare.get(id).is_ok();
+                v.kill();
+                copied
+            })
+        };
+        let readers: Vec<usize> = (1..n).filter(|&r| r != victim).collect();
+        let (all, outcome) = run(
+            &k.c,
+            &k.target,
+            &k.sources,
+            ReduceOp::Sum,
+            DType::I64,
+            &readers,
+        );
+        assert!(
+            killer.join().unwrap(),
+            "seed {seed}: the victim's input copied"
+        );
+        let want = k.survivors_reduce(&outcome, seed);
+        for (i, got) in all.iter().enumerate() {
+            assert!(*got == want, "seed {seed}: survivor {i} is wrong");
+        }
+    }
+}
+
 /// The coordinator's own rank held up for good after the others have their results: rank
 /// 4, its partner in the last step, stalls (links open, heartbeats going) once it has sent
 /// every block but that last one. The six ranks that completed say so when no word has come

@@ -317,7 +317,7 @@ impl Node {
                 dtype,
                 reduce: false,
             };
-            return self.allreduce_halving(plan, sources, opts);
+            return self.allreduce_halving(plan, opts);
         }
         let parts = match size {
             // Options a partition cannot honour, or the size unknown here (no input on this
@@ -411,7 +411,6 @@ impl Node {
     fn allreduce_halving(
         &self,
         plan: HalvingPlan,
-        sources: &[ObjectId],
         opts: &ReduceOptions,
     ) -> Result<(ObjectView, ReduceOutcome)> {
         let start = std::time::Instant::now();
@@ -429,7 +428,7 @@ impl Node {
         }
         let alive = self.halving_survivors(&plan);
         let (op, dtype) = (plan.op, plan.dtype);
-        self.allreduce_tree(plan.target, sources, alive, op, dtype, opts)
+        self.allreduce_tree(plan.target, &alive, alive.len(), op, dtype, opts)
     }
 
     /// A participant's side of an allreduce coordinated elsewhere: waits for `target` (of

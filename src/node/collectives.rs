@@ -45,9 +45,13 @@ impl Node {
         let target = target.into();
         self.promised(&target, self.input_size(sources), || {
             // A halving reduce when it can run; else (or abandoned) a tree.
-            let num = match self.reduce_by_halving(&target, sources, num_objects, kind, opts)? {
+            let alive = match self.reduce_by_halving(&target, sources, num_objects, kind, opts)? {
                 Ok(outcome) => return Ok(outcome),
-                Err(alive) => alive.unwrap_or(num_objects),
+                Err(alive) => alive,
+            };
+            let (sources, num) = match &alive {
+                Some(live) => (&live[..], live.len()),
+                None => (sources, num_objects),
             };
             self.inner
                 .reducer

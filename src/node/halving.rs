@@ -57,9 +57,9 @@ impl Node {
     /// (`NodeConfig::reduce_halving_min` to `_max` bytes, every input there within
     /// `NodeConfig::halving_grace`, each on its own node, this one among them, at least
     /// [`HALVING_REDUCE_RANKS`] of them): the result stored here under `target`. `Err(None)`:
-    /// a tree is to reduce them; `Err(Some(n))`: a run was abandoned (a rank failed, died or
-    /// stalled; nothing was announced) and a tree is to reduce the `n` inputs whose nodes are
-    /// alive.
+    /// a tree is to reduce them; `Err(Some(inputs))`: a run was abandoned (a rank failed,
+    /// died or stalled; nothing was announced) and a tree is to reduce `inputs`, those whose
+    /// nodes are alive.
     pub(super) fn reduce_by_halving(
         &self,
         target: &ObjectId,
@@ -67,7 +67,7 @@ impl Node {
         num: usize,
         (op, dtype): (ReduceOp, DType),
         opts: &ReduceOptions,
-    ) -> Result<std::result::Result<ReduceOutcome, Option<usize>>> {
+    ) -> Result<std::result::Result<ReduceOutcome, Option<Vec<ObjectId>>>> {
         let cfg = &self.inner.cfg;
         let fits = |s: u64| s >= cfg.reduce_halving_min && s <= cfg.reduce_halving_max;
         let plain = num != sources.len()
@@ -107,12 +107,14 @@ impl Node {
         }
     }
 
-    /// How many of an abandoned run's ranks are alive: the inputs a tree is to reduce
-    /// instead. A rank's report (its partner's link failed) can abandon the run before this
-    /// node sees that partner down; counted then, the dead input would be waited for until
-    /// the op timeout. So when no rank is down yet, this waits up to [`SETTLE`] for one to
-    /// be (a run abandoned for a stall, with every rank alive, costs that much more).
-    pub(super) fn halving_survivors(&self, plan: &HalvingPlan) -> usize {
+    /// The inputs of an abandoned run's ranks that are alive: those a tree is to reduce
+    /// instead (exactly those: a count would let the tree take a dead rank's input from a
+    /// replica in place of a live one's). A rank's report (its partner's link failed) can
+    /// abandon the run before this node sees that partner down; counted then, the dead
+    /// input would be waited for until the op timeout. So when no rank is down yet, this
+    /// waits up to [`SETTLE`] for one to be (a run abandoned for a stall, with every rank
+    /// alive, costs that much more).
+    pub(super) fn halving_survivors(&self, plan: &HalvingPlan) -> Vec<ObjectId> {
         let members = &self.inner.members;
         let alive = || plan.ranks.iter().filter(|r| !members.is_down(r.0)).count();
         if alive() == plan.ranks.len() {
@@ -125,7 +127,17 @@ impl Node {
                 }
             }
         }
-        alive().max(1)
+        let live: Vec<ObjectId> = plan
+            .ranks
+            .iter()
+            .filter(|r| !members.is_down(r.0))
+            .map(|r| r.1.clone())
+            .collect();
+        match live.is_empty() {
+            // None alive (this node's own rank counts): the tree waits for a rejoin.
+            true => plan.ranks.iter().map(|r| r.1.clone()).collect(),
+            false => live,
+        }
     }
 
     /// How long a halving run's coordinator waits for its inputs: the configured grace and
