@@ -775,6 +775,35 @@ fn a_late_reader_of_a_partitioned_allreduce_gets_the_result() {
     assert!(took < Duration::from_millis(900), "{took:?}");
 }
 
+/// A reader that comes after the others, once a node that rooted a partition (and read the
+/// result) died: that partition has no copy left (its readers dropped theirs once
+/// assembled), but the whole result is complete on the nodes that read it, and the late
+/// reader reads it whole. (It assembled partitions, and was told one was lost.)
+#[test]
+fn a_late_reader_reads_the_whole_result_when_a_partition_root_died() {
+    let c = LocalCluster::start(4, cfg(), tcp()).unwrap();
+    let (size, dtype) = (16u64 << 20, DType::F32);
+    let (inputs, sources) = put_inputs(&c, "late-dead", &[0, 1, 2, 3], size, dtype);
+    for k in 0..4 {
+        let copy = c.node((k + 1) % 4).get(sources[k].clone()).unwrap();
+        assert!(copy == inputs[k]);
+    }
+    let target = ObjectId::new("late-dead/out");
+    let (all, parts) = run(&c, &target, &sources, size, ReduceOp::Sum, dtype, &[1, 2]);
+    assert_eq!(parts, 4, "partitioned, one partition rooted on each node");
+    let want = reference(&inputs, ReduceOp::Sum, dtype);
+    for (k, got) in all.iter().enumerate() {
+        assert!(*got == want, "node {k} differs");
+    }
+    c.node(2).kill();
+    std::thread::sleep(Duration::from_millis(200));
+    let late = c
+        .node(3)
+        .allreduce_read(target.clone(), size)
+        .expect("late reader");
+    assert!(late.to_vec() == want, "the late reader's copy differs");
+}
+
 /// The coordinator of an allreduce dies while the result streams (one tree, and the
 /// partitioned algorithm): the reduce's tasks stop with it, and every reader is told the
 /// result is lost within `lost_after`, long before the op timeout, rather than wait for it.

@@ -475,8 +475,17 @@ impl Node {
             // their outputs if it dies (the target is then lost to this read).
             return self.get_view(target);
         }
-        self.assemble(&target, (&parts, by_arrival), coordinator)?;
-        self.get_view(target)
+        // Complete elsewhere already (a late reader: the partitions' copies may be gone,
+        // their roots' too): read it whole.
+        if self.complete_elsewhere(&target) {
+            return self.get_view(target);
+        }
+        match self.assemble(&target, (&parts, by_arrival), coordinator) {
+            Ok(()) => self.get_view(target),
+            // A partition gone while the whole is complete elsewhere: read it whole.
+            Err(Error::ObjectLost(_)) if self.complete_elsewhere(&target) => self.get_view(target),
+            Err(e) => Err(e),
+        }
     }
 
     /// This node's complete copy of `id`, if it has one.
@@ -697,6 +706,10 @@ impl Node {
         (parts, by_arrival): (&[(u64, u64)], bool),
         coordinator: Option<NodeId>,
     ) -> Result<()> {
+        // A reader (the coordinator named) gives a partition up when it finds no complete
+        // copy of it while the whole result is complete elsewhere (see
+        // `Node::view_while_up_until`); the coordinator does not (its trees are held).
+        let whole = coordinator.is_some().then_some(target);
         let inner = &self.inner;
         if inner
             .store
@@ -716,7 +729,9 @@ impl Node {
                 .map(|p| {
                     let id = part_id(target, p, n);
                     let size = parts[p].1 - parts[p].0;
-                    s.spawn(move || self.fetch_partition(&id, size, coordinator, by_arrival))
+                    s.spawn(move || {
+                        self.fetch_partition(&id, size, (coordinator, whole), by_arrival)
+                    })
                 })
                 .collect();
             // In order: the copy fills front to back, so readers of a partial copy could
@@ -813,12 +828,12 @@ impl Node {
         &self,
         id: &ObjectId,
         size: u64,
-        coordinator: Option<NodeId>,
+        (coordinator, whole): (Option<NodeId>, Option<&ObjectId>),
         by_arrival: bool,
     ) -> Result<ObjectView> {
         // One op timeout in all, the wait for a hint included.
         let deadline = std::time::Instant::now() + self.inner.cfg.op_timeout;
-        let directory = || self.view_while_up_until(id, coordinator, deadline);
+        let directory = || self.view_while_up_until(id, (coordinator, whole), deadline);
         let hint = match by_arrival {
             true => self.late_hint(id, coordinator, deadline),
             false => self.inner.reducer.gather_hint(id, HINT_WAIT),
@@ -881,20 +896,25 @@ impl Node {
     /// readers are told it is lost (`Error::ObjectLost`) rather than wait out the op timeout.
     fn view_while_up(&self, id: &ObjectId, coordinator: Option<NodeId>) -> Result<ObjectView> {
         let deadline = std::time::Instant::now() + self.inner.cfg.op_timeout;
-        self.view_while_up_until(id, coordinator, deadline)
+        self.view_while_up_until(id, (coordinator, None), deadline)
     }
 
-    /// [`Node::view_while_up`] given up at `deadline`.
+    /// [`Node::view_while_up`] given up at `deadline`. With `whole` (a partition's whole
+    /// result), also given up (`Error::ObjectLost`) when the partition has no complete copy
+    /// anywhere while the whole result is complete on another node: this reader is behind,
+    /// the partition's copies are gone (its root died after its allreduce's coordinator had
+    /// its copy, every other reader its own), and the reader reads the whole result instead.
     fn view_while_up_until(
         &self,
         id: &ObjectId,
-        coordinator: Option<NodeId>,
+        (coordinator, whole): (Option<NodeId>, Option<&ObjectId>),
         deadline: std::time::Instant,
     ) -> Result<ObjectView> {
-        let Some(coordinator) = coordinator.filter(|&c| c != self.id()) else {
+        let coordinator = coordinator.filter(|&c| c != self.id());
+        if coordinator.is_none() && whole.is_none() {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             return self.get_view_timeout(id.clone(), left);
-        };
+        }
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             match self.get_view_timeout(id.clone(), PLAN_STALL.min(left)) {
@@ -907,13 +927,23 @@ impl Node {
                         Ok(None) => false,
                         Err(_) => true,
                     };
-                    if self.inner.members.is_down(coordinator) && !complete() {
+                    if coordinator.is_some_and(|c| self.inner.members.is_down(c)) && !complete() {
+                        return Err(Error::ObjectLost(id.clone()));
+                    }
+                    if whole.is_some_and(|w| self.complete_elsewhere(w)) && !complete() {
                         return Err(Error::ObjectLost(id.clone()));
                     }
                 }
                 r => return r,
             }
         }
+    }
+
+    /// Whether a node other than this one lists a complete copy of `id`.
+    fn complete_elsewhere(&self, id: &ObjectId) -> bool {
+        let me = self.id();
+        matches!(self.locate(id.clone()), Ok(Some(i))
+            if i.locations.iter().any(|l| l.complete && l.node != me))
     }
 
     /// Deletes the result of an allreduce everywhere: `target`, and its plan and partitions
