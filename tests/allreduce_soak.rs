@@ -1,0 +1,241 @@
+//! Randomized allreduces over real TCP on loopback, each drawn from a seed: 3 to 6 nodes,
+//! sizes from inline (1 KiB) through halving and doubling (64 KiB, 300 KiB) and one tree (1
+//! MiB) to partitioned (4 MiB and up), every dtype, sum/min/max, inputs that come at once or
+//! one after another in a random order, and in a third of the runs a node other than the
+//! coordinator killed a random while after its input (which a replica keeps). Every
+//! survivor must end with the same bytes, the reduce of exactly the inputs the outcome
+//! names, and those must be every input of a node still alive.
+//!
+//! Bounded: `PHALANX_SOAK_RUNS` runs (default 24, a few seconds) from seed
+//! `PHALANX_SOAK_SEED` (default 1); a failure names its seed, which alone replays it:
+//! `PHALANX_SOAK_SEED=312 PHALANX_SOAK_RUNS=1 cargo test --release --test allreduce_soak`.
+//! Run long, it found the failures that the tests named in README "Fault tolerance" now
+//! pin down.
+
+#[path = "common/log.rs"]
+mod log;
+
+use phalanx::ops::combine;
+use phalanx::reduce::ReduceOptions;
+use phalanx::transport::TcpConfig;
+use phalanx::{DType, LocalCluster, NodeConfig, ObjectId, ReduceOp};
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use std::time::{Duration, Instant};
+
+/// One randomized allreduce.
+#[derive(Debug)]
+struct Case {
+    seed: u64,
+    nodes: usize,
+    size: u64,
+    dtype: DType,
+    op: ReduceOp,
+    /// Input 0 is on node 0 (the coordinator) from the start; input `order[j]` comes on its
+    /// node `(j + 1) * interval` after the allreduce began.
+    interval: Duration,
+    order: Vec<usize>,
+    /// A node killed `kill_after` after its input and that input's replica are there.
+    victim: Option<usize>,
+    kill_after: Duration,
+}
+
+impl Case {
+    fn draw(seed: u64) -> Case {
+        let mut g = rand::rngs::StdRng::seed_from_u64(seed);
+        let nodes = g.gen_range(3..=6);
+        let dtype = *[DType::F32, DType::F64, DType::I32, DType::I64, DType::U8]
+            .choose(&mut g)
+            .unwrap();
+        let sizes = [
+            1 << 10,
+            64 << 10,
+            300 << 10,
+            1 << 20,
+            (4 << 20) + 64,
+            8 << 20,
+            24 << 20,
+        ];
+        let size = *sizes.choose(&mut g).unwrap() / dtype.size() as u64 * dtype.size() as u64;
+        let op = *[ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max]
+            .choose(&mut g)
+            .unwrap();
+        let interval = Duration::from_millis(*[0, 0, 3, 10, 25, 50].choose(&mut g).unwrap());
+        let mut order: Vec<usize> = (1..nodes).collect();
+        order.shuffle(&mut g);
+        let victim = g.gen_bool(1.0 / 3.0).then(|| g.gen_range(1..nodes));
+        let kill_after = Duration::from_millis(g.gen_range(0..120));
+        Case {
+            seed,
+            nodes,
+            size,
+            dtype,
+            op,
+            interval,
+            order,
+            victim,
+            kill_after,
+        }
+    }
+
+    /// The node that copies input `k` (a replica that survives the victim).
+    fn replica_of(&self, k: usize) -> usize {
+        let mut r = (k + 1) % self.nodes;
+        if Some(r) == self.victim {
+            r = (r + 1) % self.nodes;
+        }
+        r
+    }
+
+    /// Runs the case on a fresh cluster; what went wrong, if anything.
+    fn run(mut self) -> Result<Duration, String> {
+        let n = self.nodes;
+        let cfg = NodeConfig {
+            arena_size: 512 << 20,
+            op_timeout: Duration::from_secs(30),
+            ..NodeConfig::default()
+        };
+        let tcp = TcpConfig {
+            heartbeat_timeout: Duration::from_secs(1),
+            ..TcpConfig::default()
+        };
+        let c = LocalCluster::start(n as u32, cfg, tcp).map_err(|e| e.to_string())?;
+        let tag = format!("soak{}", self.seed);
+        let sources: Vec<ObjectId> = (0..n)
+            .map(|k| ObjectId::new(format!("{tag}/in{k}")))
+            .collect();
+        // A small input lives in its holder and in its directory entry: with both on the
+        // victim it is gone for good, and the allreduce waits for it (documented).
+        let small = self.size < 64 << 10;
+        if let Some(v) = self.victim {
+            if small && c.node(0).shard_of(sources[v].clone()) == v as u32 {
+                self.victim = None;
+            }
+        }
+        let inputs: Vec<Vec<u8>> = (0..n).map(|k| input(k, self.size, self.dtype)).collect();
+        c.node(0)
+            .put(sources[0].clone(), &inputs[0])
+            .map_err(|e| e.to_string())?;
+        for r in [self.replica_of(0), 2 % n] {
+            c.node(r)
+                .get(sources[0].clone())
+                .map_err(|e| format!("replica of input 0: {e}"))?;
+        }
+        let target = ObjectId::new(format!("{tag}/out"));
+        let start = Instant::now();
+        let (done_tx, done) = crossbeam_channel::unbounded::<usize>();
+        let case = &self;
+        let (results, used) = std::thread::scope(|s| {
+            let (inputs, sources) = (&inputs, &sources);
+            let c = &c;
+            s.spawn(move || {
+                for (j, &k) in case.order.iter().enumerate() {
+                    let at = case.interval * (j as u32 + 1);
+                    std::thread::sleep(at.saturating_sub(start.elapsed()));
+                    c.node(k).put(sources[k].clone(), &inputs[k]).unwrap();
+                    let copy = c.node(case.replica_of(k)).get(sources[k].clone()).unwrap();
+                    assert!(copy == inputs[k], "replica of input {k}");
+                    let _ = done_tx.send(k);
+                }
+            });
+            if let Some(v) = case.victim {
+                s.spawn(move || {
+                    while done.recv().is_ok_and(|k| k != v) {}
+                    std::thread::sleep(case.kill_after);
+                    c.node(v).kill();
+                });
+            }
+            let readers: Vec<_> = (1..n)
+                .filter(|&k| Some(k) != case.victim)
+                .map(|k| {
+                    let t = target.clone();
+                    let read = move || c.node(k).allreduce_read(t, case.size).map(|v| v.to_vec());
+                    (k, s.spawn(read))
+                })
+                .collect();
+            let mine = c.node(0).allreduce(
+                target.clone(),
+                sources,
+                case.op,
+                case.dtype,
+                &ReduceOptions::default(),
+            );
+            let mut results = vec![(
+                0,
+                mine.as_ref()
+                    .map(|m| m.0.clone())
+                    .map_err(|e| e.to_string()),
+            )];
+            for (k, h) in readers {
+                let r = h.join().map_err(|_| "panicked".to_string());
+                results.push((k, r.and_then(|r| r.map_err(|e| e.to_string()))));
+            }
+            (results, mine.map(|m| m.1.used))
+        });
+        let took = start.elapsed();
+        let used = used.map_err(|e| format!("coordinator: {e}"))?;
+        let mut used: Vec<usize> = used
+            .iter()
+            .filter_map(|id| sources.iter().position(|s| s == id))
+            .collect();
+        used.sort_unstable();
+        if let Some(k) = (0..n).find(|&k| Some(k) != self.victim && !used.contains(&k)) {
+            return Err(format!("input {k} of a live node left out: used {used:?}"));
+        }
+        let mut want = inputs[used[0]].clone();
+        for &k in &used[1..] {
+            combine(self.op, self.dtype, &mut want, &inputs[k]);
+        }
+        for (k, got) in results {
+            match got {
+                Ok(bytes) if bytes == want => {}
+                Ok(_) => return Err(format!("node {k}'s result differs")),
+                Err(e) => return Err(format!("node {k}: {e}")),
+            }
+        }
+        Ok(took)
+    }
+}
+
+/// Input `k` of `size` bytes: elements with values 0..=3 (exact in every dtype and op, so
+/// the order of combination cannot change a bit).
+fn input(k: usize, size: u64, dtype: DType) -> Vec<u8> {
+    let esz = dtype.size();
+    let mut v = vec![0u8; size as usize];
+    for (i, e) in v.chunks_mut(esz).enumerate() {
+        let x = ((i * 7 + k * 3) % 4) as u8;
+        match dtype {
+            DType::F32 => e.copy_from_slice(&(x as f32).to_le_bytes()),
+            DType::F64 => e.copy_from_slice(&(x as f64).to_le_bytes()),
+            DType::I32 => e.copy_from_slice(&(x as i32).to_le_bytes()),
+            DType::I64 => e.copy_from_slice(&(x as i64).to_le_bytes()),
+            DType::U8 => e[0] = x,
+        }
+    }
+    v
+}
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[test]
+fn randomized_allreduces_end_correct_with_and_without_a_kill() {
+    log::from_env();
+    let runs = env_u64("PHALANX_SOAK_RUNS", 24);
+    let first = env_u64("PHALANX_SOAK_SEED", 1);
+    let mut kills = 0;
+    for seed in first..first + runs {
+        let case = Case::draw(seed);
+        let what = format!("{case:?}");
+        kills += usize::from(case.victim.is_some());
+        match case.run() {
+            Ok(took) => println!("{what}: ok in {:.1} ms", took.as_secs_f64() * 1e3),
+            Err(e) => panic!("{what}: {e}"),
+        }
+    }
+    println!("{runs} runs from seed {first}, {kills} with a node killed: all correct");
+}
