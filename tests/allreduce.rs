@@ -3,9 +3,12 @@
 //! a partition root killed mid-allreduce leaves the survivors correct; the same for inputs
 //! that come one after another (trees shaped by their arrival).
 
+#[path = "common/inputs.rs"]
+mod inputs;
 #[path = "common/log.rs"]
 mod log;
 
+use inputs::input;
 use phalanx::allreduce::{part_id, partitions, PARTITION_MIN};
 use phalanx::ops::combine;
 use phalanx::reduce::{ReduceOptions, ReduceOutcome};
@@ -28,24 +31,6 @@ fn tcp() -> TcpConfig {
         heartbeat_timeout: Duration::from_secs(1),
         ..TcpConfig::default()
     }
-}
-
-/// Input `k` of `size` bytes: elements with values 0..=3 (exact in every dtype and op, so the
-/// order of combination cannot change a bit).
-fn input(k: usize, size: u64, dtype: DType) -> Vec<u8> {
-    let esz = dtype.size();
-    let mut v = vec![0u8; size as usize];
-    for (i, e) in v.chunks_mut(esz).enumerate() {
-        let x = ((i * 7 + k * 3) % 4) as u8;
-        match dtype {
-            DType::F32 => e.copy_from_slice(&(x as f32).to_le_bytes()),
-            DType::F64 => e.copy_from_slice(&(x as f64).to_le_bytes()),
-            DType::I32 => e.copy_from_slice(&(x as i32).to_le_bytes()),
-            DType::I64 => e.copy_from_slice(&(x as i64).to_le_bytes()),
-            DType::U8 => e[0] = x,
-        }
-    }
-    v
 }
 
 /// Inputs 0..n of `size` bytes and their names, `{tag}/in{k}`.
@@ -392,18 +377,32 @@ fn a_node_killed_mid_allreduce_by_arrival_leaves_the_survivors_correct() {
     }
 }
 
-/// Waits (until `deadline`) for `node`'s copy of `id` to be complete, then 20 ms more (its
-/// task's answer reaches the coordinator); whether it was.
-fn finished_here(node: &phalanx::Node, id: &ObjectId, deadline: Instant) -> bool {
-    let complete = || {
-        node.local_copy(id.clone())
-            .is_some_and(|c| c.status == phalanx::store::CopyStatus::Complete)
-    };
-    while !complete() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    std::thread::sleep(Duration::from_millis(20));
-    complete()
+/// Kills `node` (input `victim`'s holder) once `puts` says its input has a replica, its
+/// armed stall fault has fired (its copy out of `id` stalled), and its own copy of `id` is
+/// complete, plus 20 ms (its task's answer reaches the coordinator); whether the fault fired
+/// and the copy completed (each waited for at most 20 s).
+fn kill_once_stalled_and_done(
+    node: &phalanx::Node,
+    id: &ObjectId,
+    victim: usize,
+    puts: crossbeam_channel::Receiver<usize>,
+) -> std::thread::JoinHandle<bool> {
+    let (node, id) = (node.clone(), id.clone());
+    std::thread::spawn(move || {
+        while puts.recv().is_ok_and(|k| k != victim) {}
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let complete = || {
+            node.local_copy(id.clone())
+                .is_some_and(|c| c.status == phalanx::store::CopyStatus::Complete)
+        };
+        while !(node.fault_fired() && complete()) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        let ready = node.fault_fired() && complete();
+        node.kill();
+        ready
+    })
 }
 
 /// The last arrival roots the last partition of a tree by arrival: its slice combined with
@@ -438,21 +437,7 @@ fn a_partition_root_killed_after_its_partition_is_done_leaves_the_survivors_corr
     });
     let (done_tx, done) = crossbeam_channel::unbounded();
     let putter = put_later(&c, &inputs, &sources, &order, true, Some(done_tx));
-    let killer = {
-        let (v, part) = (c.node(victim).clone(), part.clone());
-        std::thread::spawn(move || {
-            while done.recv().is_ok_and(|k| k != victim) {}
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while !v.fault_fired() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            let stalled = v.fault_fired();
-            // Its partition done (the coordinator hears it right after): then killed.
-            let done_here = finished_here(&v, &part, deadline);
-            v.kill();
-            stalled && done_here
-        })
-    };
+    let killer = kill_once_stalled_and_done(c.node(victim), &part, victim, done);
     let readers: Vec<usize> = (1..n).filter(|&k| k != victim).collect();
     let (all, outcome) = run_outcome(
         &c,
@@ -498,20 +483,7 @@ fn a_tree_root_killed_after_it_is_done_leaves_the_survivors_correct() {
     let order = [(victim, Duration::from_millis(50))];
     let (done_tx, done) = crossbeam_channel::unbounded();
     let putter = put_later(&c, &inputs, &sources, &order, true, Some(done_tx));
-    let killer = {
-        let (v, t) = (c.node(victim).clone(), target.clone());
-        std::thread::spawn(move || {
-            while done.recv().is_ok_and(|k| k != victim) {}
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while !v.fault_fired() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            let stalled = v.fault_fired();
-            let done_here = finished_here(&v, &t, deadline);
-            v.kill();
-            stalled && done_here
-        })
-    };
+    let killer = kill_once_stalled_and_done(c.node(victim), &target, victim, done);
     let chain = ReduceOptions {
         degree: Some(1),
         ..ReduceOptions::default()

@@ -12,9 +12,12 @@
 //! Run long, it found the failures that the tests named in README "Fault tolerance" now
 //! pin down.
 
+#[path = "common/inputs.rs"]
+mod inputs;
 #[path = "common/log.rs"]
 mod log;
 
+use inputs::input;
 use phalanx::ops::combine;
 use phalanx::reduce::ReduceOptions;
 use phalanx::transport::TcpConfig;
@@ -195,24 +198,6 @@ impl Case {
         }
         Ok(took)
     }
-}
-
-/// Input `k` of `size` bytes: elements with values 0..=3 (exact in every dtype and op, so
-/// the order of combination cannot change a bit).
-fn input(k: usize, size: u64, dtype: DType) -> Vec<u8> {
-    let esz = dtype.size();
-    let mut v = vec![0u8; size as usize];
-    for (i, e) in v.chunks_mut(esz).enumerate() {
-        let x = ((i * 7 + k * 3) % 4) as u8;
-        match dtype {
-            DType::F32 => e.copy_from_slice(&(x as f32).to_le_bytes()),
-            DType::F64 => e.copy_from_slice(&(x as f64).to_le_bytes()),
-            DType::I32 => e.copy_from_slice(&(x as i32).to_le_bytes()),
-            DType::I64 => e.copy_from_slice(&(x as i64).to_le_bytes()),
-            DType::U8 => e[0] = x,
-        }
-    }
-    v
 }
 
 fn env_u64(name: &str, default: u64) -> u64 {

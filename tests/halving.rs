@@ -6,9 +6,12 @@
 //! then a gather at the coordinator) of the same sizes: the reference at the coordinator
 //! alone, the tree where it cannot run, and the tree again after a rank dies mid-run.
 
+#[path = "common/inputs.rs"]
+mod inputs;
 #[path = "common/log.rs"]
 mod log;
 
+use inputs::input;
 use phalanx::ops::combine;
 use phalanx::reduce::ReduceOptions;
 use phalanx::transport::TcpConfig;
@@ -35,23 +38,6 @@ fn tcp() -> TcpConfig {
         heartbeat_timeout: Duration::from_secs(1),
         ..TcpConfig::default()
     }
-}
-
-/// Input `k`: elements 0..=3 (exact in every dtype and op, whatever the order).
-fn input(k: usize, size: u64, dtype: DType) -> Vec<u8> {
-    let esz = dtype.size();
-    let mut v = vec![0u8; size as usize];
-    for (i, e) in v.chunks_mut(esz).enumerate() {
-        let x = ((i * 5 + k * 3) % 4) as u8;
-        match dtype {
-            DType::F32 => e.copy_from_slice(&(x as f32).to_le_bytes()),
-            DType::F64 => e.copy_from_slice(&(x as f64).to_le_bytes()),
-            DType::I32 => e.copy_from_slice(&(x as i32).to_le_bytes()),
-            DType::I64 => e.copy_from_slice(&(x as i64).to_le_bytes()),
-            DType::U8 => e[0] = x,
-        }
-    }
-    v
 }
 
 fn reference(inputs: &[&Vec<u8>], op: ReduceOp, dtype: DType) -> Vec<u8> {
