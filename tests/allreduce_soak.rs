@@ -1,10 +1,11 @@
-//! Randomized allreduces over real TCP on loopback, each drawn from a seed: 3 to 6 nodes,
-//! sizes from inline (1 KiB) through halving and doubling (64 KiB, 300 KiB) and one tree (1
-//! MiB) to partitioned (4 MiB and up), every dtype, sum/min/max, inputs that come at once or
-//! one after another in a random order, and in a third of the runs a node other than the
-//! coordinator killed a random while after its input (which a replica keeps). Every
-//! survivor must end with the same bytes, the reduce of exactly the inputs the outcome
-//! names, and those must be every input of a node still alive.
+//! Randomized allreduces (and some first-n-of-m allreduces and plain reduces) over real TCP
+//! on loopback, each drawn from a seed: 3 to 6 nodes, sizes from inline (1 KiB) through
+//! halving and doubling (64 KiB, 300 KiB) and one tree (1 MiB) to partitioned (4 MiB and
+//! up), every dtype, sum/min/max, inputs that come at once or one after another in a random
+//! order, and in a third of the runs a node other than the coordinator killed a random while
+//! after its input (which a replica keeps). Every survivor must end with the same bytes, the
+//! reduce of exactly the inputs the outcome names; an allreduce of all inputs must name every
+//! input of a node still alive, one of the first `k` exactly `k` inputs.
 //!
 //! Bounded: `PHALANX_SOAK_RUNS` runs (default 24, a few seconds) from seed
 //! `PHALANX_SOAK_SEED` (default 1); a failure names its seed, which alone replays it:
@@ -26,10 +27,22 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use std::time::{Duration, Instant};
 
+/// What a case runs at node 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// `allreduce` of every input; the other nodes `allreduce_read`.
+    Allreduce,
+    /// `allreduce_first` of the first `k`.
+    First(usize),
+    /// `reduce` of every input; the other nodes `get` the target once it returned.
+    Reduce,
+}
+
 /// One randomized allreduce.
 #[derive(Debug)]
 struct Case {
     seed: u64,
+    kind: Kind,
     nodes: usize,
     size: u64,
     dtype: DType,
@@ -68,8 +81,14 @@ impl Case {
         order.shuffle(&mut g);
         let victim = g.gen_bool(1.0 / 3.0).then(|| g.gen_range(1..nodes));
         let kill_after = Duration::from_millis(g.gen_range(0..120));
+        let kind = match g.gen_range(0..6) {
+            0 => Kind::First(g.gen_range(2..nodes)),
+            1 => Kind::Reduce,
+            _ => Kind::Allreduce,
+        };
         Case {
             seed,
+            kind,
             nodes,
             size,
             dtype,
@@ -148,21 +167,36 @@ impl Case {
                     c.node(v).kill();
                 });
             }
-            let readers: Vec<_> = (1..n)
-                .filter(|&k| Some(k) != case.victim)
+            let live: Vec<usize> = (1..n).filter(|&k| Some(k) != case.victim).collect();
+            let (op, dtype, opts) = (case.op, case.dtype, ReduceOptions::default());
+            let text = |e: phalanx::Error| e.to_string();
+            if case.kind == Kind::Reduce {
+                let made = c.node(0).reduce(target.clone(), sources, n, op, dtype);
+                let mut results = Vec::new();
+                if made.is_ok() {
+                    for k in [0].into_iter().chain(live) {
+                        results.push((k, c.node(k).get(target.clone()).map_err(text)));
+                    }
+                }
+                return (results, made.map(|o| o.used));
+            }
+            let readers: Vec<_> = live
+                .into_iter()
                 .map(|k| {
                     let t = target.clone();
                     let read = move || c.node(k).allreduce_read(t, case.size).map(|v| v.to_vec());
                     (k, s.spawn(read))
                 })
                 .collect();
-            let mine = c.node(0).allreduce(
-                target.clone(),
-                sources,
-                case.op,
-                case.dtype,
-                &ReduceOptions::default(),
-            );
+            let mine = match case.kind {
+                Kind::First(first) => c
+                    .node(0)
+                    .allreduce_first(target.clone(), sources, first, op, dtype, &opts)
+                    .map(|(v, o)| (v.to_vec(), o)),
+                _ => c
+                    .node(0)
+                    .allreduce(target.clone(), sources, op, dtype, &opts),
+            };
             let mut results = vec![(
                 0,
                 mine.as_ref()
@@ -171,7 +205,7 @@ impl Case {
             )];
             for (k, h) in readers {
                 let r = h.join().map_err(|_| "panicked".to_string());
-                results.push((k, r.and_then(|r| r.map_err(|e| e.to_string()))));
+                results.push((k, r.and_then(|r| r.map_err(text))));
             }
             (results, mine.map(|m| m.1.used))
         });
@@ -182,8 +216,20 @@ impl Case {
             .filter_map(|id| sources.iter().position(|s| s == id))
             .collect();
         used.sort_unstable();
-        if let Some(k) = (0..n).find(|&k| Some(k) != self.victim && !used.contains(&k)) {
-            return Err(format!("input {k} of a live node left out: used {used:?}"));
+        match self.kind {
+            Kind::First(first) if used.len() != first => {
+                return Err(format!(
+                    "{} inputs used, not the first {first}: {used:?}",
+                    used.len()
+                ));
+            }
+            Kind::First(_) => {}
+            _ => {
+                let live = |k: &usize| Some(*k) != self.victim;
+                if let Some(k) = (0..n).filter(live).find(|k| !used.contains(k)) {
+                    return Err(format!("input {k} of a live node left out: used {used:?}"));
+                }
+            }
         }
         let mut want = inputs[used[0]].clone();
         for &k in &used[1..] {
