@@ -2,10 +2,12 @@
 //! on loopback, each drawn from a seed: 3 to 6 nodes, sizes from inline (1 KiB) through
 //! halving and doubling (64 KiB, 300 KiB) and one tree (1 MiB) to partitioned (4 MiB and
 //! up), every dtype, sum/min/max, inputs that come at once or one after another in a random
-//! order, and in a third of the runs a node other than the coordinator killed a random while
-//! after its input (which a replica keeps). Every survivor must end with the same bytes, the
-//! reduce of exactly the inputs the outcome names; an allreduce of all inputs must name every
-//! input of a node still alive, one of the first `k` exactly `k` inputs.
+//! order, and in a third of the runs a node killed a random while after its input (which a
+//! replica keeps). Every survivor must end with the same bytes, the reduce of exactly the
+//! inputs the outcome names; an allreduce of all inputs must name every input of a node
+//! still alive, one of the first `k` exactly `k` inputs. When the node killed is the
+//! coordinator, each reader must get either the result (the same bytes as the others; the
+//! reduce of every input for an allreduce of all of them) or `ObjectLost`, within seconds.
 //!
 //! Bounded: `PHALANX_SOAK_RUNS` runs (default 24, a few seconds) from seed
 //! `PHALANX_SOAK_SEED` (default 1); a failure names its seed, which alone replays it:
@@ -79,11 +81,12 @@ impl Case {
         let interval = Duration::from_millis(*[0, 0, 3, 10, 25, 50].choose(&mut g).unwrap());
         let mut order: Vec<usize> = (1..nodes).collect();
         order.shuffle(&mut g);
-        let victim = g.gen_bool(1.0 / 3.0).then(|| g.gen_range(1..nodes));
+        let victim = g.gen_bool(1.0 / 3.0).then(|| g.gen_range(0..nodes));
         let kill_after = Duration::from_millis(g.gen_range(0..120));
         let kind = match g.gen_range(0..6) {
             0 => Kind::First(g.gen_range(2..nodes)),
-            1 => Kind::Reduce,
+            // A reduce whose coordinator dies has no reader to check.
+            1 if victim != Some(0) => Kind::Reduce,
             _ => Kind::Allreduce,
         };
         Case {
@@ -97,6 +100,41 @@ impl Case {
             order,
             victim,
             kill_after,
+        }
+    }
+
+    /// The checks of a case whose coordinator (node 0) was killed: each reader has the
+    /// result, the same as every other reader's (for an allreduce of every input, their
+    /// reduce), or was told it is lost; within seconds (the op timeout is 30 s).
+    fn check_without_coordinator(
+        &self,
+        inputs: &[Vec<u8>],
+        results: Vec<(usize, Result<Vec<u8>, String>)>,
+        took: Duration,
+    ) -> Result<Duration, String> {
+        let mut all = inputs[0].clone();
+        for x in &inputs[1..] {
+            combine(self.op, self.dtype, &mut all, x);
+        }
+        let mut seen: Option<Vec<u8>> = None;
+        for (k, got) in results.into_iter().filter(|(k, _)| *k != 0) {
+            match got {
+                Ok(bytes) if self.kind == Kind::Allreduce && bytes != all => {
+                    return Err(format!(
+                        "node {k}'s result is not the reduce of every input"
+                    ));
+                }
+                Ok(bytes) if seen.as_ref().is_some_and(|s| *s != bytes) => {
+                    return Err(format!("node {k}'s result differs from another reader's"));
+                }
+                Ok(bytes) => seen = Some(bytes),
+                Err(e) if e.contains("lost") => {}
+                Err(e) => return Err(format!("node {k}: {e}")),
+            }
+        }
+        match took < Duration::from_secs(12) {
+            true => Ok(took),
+            false => Err(format!("the readers took {took:?}")),
         }
     }
 
@@ -115,6 +153,8 @@ impl Case {
         let cfg = NodeConfig {
             arena_size: 512 << 20,
             op_timeout: Duration::from_secs(30),
+            // A coordinator's death leaves its target lost to its readers after this.
+            lost_after: Duration::from_secs(1),
             ..NodeConfig::default()
         };
         let tcp = TcpConfig {
@@ -210,6 +250,9 @@ impl Case {
             (results, mine.map(|m| m.1.used))
         });
         let took = start.elapsed();
+        if self.victim == Some(0) {
+            return self.check_without_coordinator(&inputs, results, took);
+        }
         let used = used.map_err(|e| format!("coordinator: {e}"))?;
         let mut used: Vec<usize> = used
             .iter()
