@@ -606,10 +606,13 @@ impl Node {
                 tracing::warn!("allreduce reader not started ({e}); read after the reduce");
             }
         });
+        // Held only when every input takes part: with spares (the first `num` of more), a
+        // root computed again could take another input, and readers that had the first
+        // result would disagree with those that read the second.
         let hooks = Hooks {
             placed: None,
             on_tree: Some(on_tree),
-            hold: Some(held),
+            hold: (num == sources.len()).then_some(held),
         };
         let kind = (op, dtype);
         let outcome = self
