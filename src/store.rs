@@ -244,30 +244,17 @@ impl Store {
         if c.pinned {
             return;
         }
-        if c.status != CopyStatus::Complete {
-            return Self::fail_locked(st, k);
+        match c.status {
+            CopyStatus::Complete => Self::drop_name_locked(st, k),
+            _ => Self::fail_locked(st, k),
         }
-        st.by_id.remove(id);
-        st.dropped.note(id.clone());
-        let c = st.copies.get_mut(&k).expect("live copy");
-        c.progress.notify_all();
-        c.kick();
-        Self::detach(st, k);
     }
 
     /// Fails copy `key` under the store's lock: its readers are woken to an error, its name
     /// is free again (if it still held it), and it is dropped once unused.
     fn fail_locked(st: &mut State, key: u64) {
-        let c = st.copies.get_mut(&key).expect("live copy");
-        c.status = CopyStatus::Failed;
-        c.progress.notify_all();
-        c.kick();
-        let id = c.id.clone();
-        if st.by_id.get(&id) == Some(&key) {
-            st.by_id.remove(&id);
-            st.dropped.note(id);
-        }
-        Self::detach(st, key);
+        st.copies.get_mut(&key).expect("live copy").status = CopyStatus::Failed;
+        Self::drop_name_locked(st, key);
     }
 
     fn create_with(
@@ -399,16 +386,26 @@ impl Store {
     /// Returns whether a copy existed.
     pub fn delete(&self, id: &ObjectId) -> bool {
         let mut st = self.lock();
-        let Some(k) = st.by_id.remove(id) else {
+        let Some(&k) = st.by_id.get(id) else {
             return false;
         };
-        st.dropped.note(id.clone());
-        let c = st.copies.get_mut(&k).expect("live copy");
-        c.progress.notify_all();
-        c.kick();
-        Self::detach(&mut st, k);
+        Self::drop_name_locked(&mut st, k);
         self.changed.notify_all();
         true
+    }
+
+    /// Drops copy `key`'s name under the store's lock: its waiters are woken (to what it
+    /// holds), and it goes once unused.
+    fn drop_name_locked(st: &mut State, key: u64) {
+        let c = st.copies.get_mut(&key).expect("live copy");
+        c.progress.notify_all();
+        c.kick();
+        let id = c.id.clone();
+        if st.by_id.get(&id) == Some(&key) {
+            st.by_id.remove(&id);
+            st.dropped.note(id);
+        }
+        Self::detach(st, key);
     }
 
     fn detach(st: &mut State, k: u64) {
