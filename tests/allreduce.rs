@@ -212,6 +212,18 @@ fn put_later(
     })
 }
 
+/// When each of `inputs` is put, from the allreduce's start: the first after 120 ms, the
+/// others 40 ms apart. The first comes after the longest window in which the coordinator
+/// waits for late inputs (100 ms: the window is a partition's time on a link, which a
+/// loaded host's bandwidth estimate stretches), so the trees are shaped by arrival
+/// whatever the host's load.
+fn one_after_another(inputs: &[usize]) -> Vec<(usize, Duration)> {
+    (0u64..)
+        .zip(inputs)
+        .map(|(j, &k)| (k, Duration::from_millis(120 + 40 * j)))
+        .collect()
+}
+
 /// With the default configuration an allreduce of 4 MiB is partitioned, whether its inputs
 /// are all there (chains, rotated) or not yet (trees by arrival: the partitions' roots
 /// start as they are placed and take the late inputs as they come), and its readers learn
@@ -290,11 +302,7 @@ fn inputs_that_come_one_after_another_are_reduced_by_arrival_for_every_op_and_dt
             let tag = format!("aa/{dtype:?}-{op:?}");
             let (inputs, sources) = named_inputs(&tag, n, size, dtype);
             c.node(0).put(sources[0].clone(), &inputs[0]).unwrap();
-            let order: Vec<(usize, Duration)> = orders[run_no % orders.len()]
-                .iter()
-                .enumerate()
-                .map(|(j, &k)| (k, Duration::from_millis(40 * (j as u64 + 1))))
-                .collect();
+            let order = one_after_another(&orders[run_no % orders.len()]);
             run_no += 1;
             let putter = put_later(&c, &inputs, &sources, &order, false, None);
             let target = ObjectId::new(format!("{tag}/out"));
@@ -331,9 +339,7 @@ fn a_node_killed_mid_allreduce_by_arrival_leaves_the_survivors_correct() {
         let (inputs, sources) = named_inputs(&tag, n, size, dtype);
         c.node(0).put(sources[0].clone(), &inputs[0]).unwrap();
         let _ = c.node(1).get(sources[0].clone()).unwrap();
-        let order: Vec<(usize, Duration)> = (1..n)
-            .map(|k| (k, Duration::from_millis(40 * k as u64)))
-            .collect();
+        let order = one_after_another(&(1..n).collect::<Vec<_>>());
         // The victim, not the last arrival, dies a seeded while after its input and that
         // input's replica are there (each input is needed, and has a copy that survives),
         // and before the last input comes: every partition is still being reduced (none can
@@ -423,9 +429,7 @@ fn a_partition_root_killed_after_its_partition_is_done_leaves_the_survivors_corr
     let (inputs, sources) = named_inputs(tag, n, size, dtype);
     c.node(0).put(sources[0].clone(), &inputs[0]).unwrap();
     let _ = c.node(1).get(sources[0].clone()).unwrap();
-    let order: Vec<(usize, Duration)> = (1..n)
-        .map(|k| (k, Duration::from_millis(40 * k as u64)))
-        .collect();
+    let order = one_after_another(&(1..n).collect::<Vec<_>>());
     let target = ObjectId::new(format!("{tag}/out"));
     let victim = n - 1;
     let part = part_id(&target, n - 1, n);
@@ -875,9 +879,7 @@ fn a_participant_that_does_not_read_holds_up_no_fetch() {
             let all_nodes: Vec<usize> = (0..n).collect();
             put_inputs(&c, &tag, &all_nodes, size, dtype)
         };
-        let order: Vec<(usize, Duration)> = (1..n)
-            .map(|k| (k, Duration::from_millis(40 * k as u64)))
-            .collect();
+        let order = one_after_another(&(1..n).collect::<Vec<_>>());
         let putter = by_arrival.then(|| put_later(&c, &inputs, &sources, &order, false, None));
         let target = ObjectId::new(format!("{tag}/out"));
         let t0 = Instant::now();
