@@ -27,6 +27,10 @@ pub enum Error {
     Protocol { peer: NodeId, what: String },
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// A collective this node reads failed at its coordinator (bad inputs, a timeout): what
+    /// the coordinator said.
+    #[error("{0} failed at its coordinator: {1}")]
+    CoordinatorFailed(ObjectId, String),
     #[error("node is shut down")]
     Shutdown,
     #[error("configuration: {0}")]

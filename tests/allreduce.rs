@@ -927,3 +927,90 @@ fn a_participant_that_does_not_read_holds_up_no_fetch() {
         );
     }
 }
+
+/// Bad inputs are refused before anything is announced, whichever algorithm the size
+/// would take (one tree, halving and doubling, partitioned), and the readers of a size
+/// that waits for a plan are told why by the plan: no one waits out the op timeout (60 s
+/// here). A source named twice; an input of another size than the others.
+#[test]
+fn bad_inputs_are_refused_at_once_and_the_readers_told_why() {
+    let n = 4;
+    let c = LocalCluster::start(n as u32, cfg(), tcp()).unwrap();
+    let soon = Duration::from_secs(10);
+    for size in [4u64 << 10, 128 << 10, 8 << 20] {
+        // Named twice: refused at the coordinator.
+        let tag = format!("twice/{size}");
+        let (inputs, sources) = put_inputs(&c, &tag, &[0, 1, 2], size, DType::F32);
+        drop(inputs);
+        let twice = [sources.clone(), vec![sources[0].clone()]].concat();
+        let t0 = Instant::now();
+        let err = c
+            .node(0)
+            .allreduce(
+                ObjectId::new(format!("{tag}/out")),
+                &twice,
+                ReduceOp::Sum,
+                DType::F32,
+                &ReduceOptions::default(),
+            )
+            .unwrap_err();
+        assert!(
+            matches!(&err, phalanx::Error::InvalidArgument(m) if m.contains("duplicate")),
+            "{tag}: {err}"
+        );
+        assert!(
+            t0.elapsed() < soon,
+            "{tag}: refused after {:?}",
+            t0.elapsed()
+        );
+    }
+    for size in [128u64 << 10, 8 << 20] {
+        // Input 1 half the size of the others.
+        let tag = format!("sizes/{size}");
+        let sources: Vec<ObjectId> = (0..n)
+            .map(|k| ObjectId::new(format!("{tag}/in{k}")))
+            .collect();
+        for (k, s) in sources.iter().enumerate() {
+            let len = if k == 1 { size / 2 } else { size };
+            c.node(k)
+                .put(s.clone(), &input(k, len, DType::F32))
+                .unwrap();
+            wait_listed(&c, s);
+        }
+        let target = ObjectId::new(format!("{tag}/out"));
+        let t0 = Instant::now();
+        let (mine, read) = std::thread::scope(|s| {
+            let readers: Vec<_> = (1..n)
+                .map(|k| {
+                    let (node, t) = (c.node(k).clone(), target.clone());
+                    s.spawn(move || node.allreduce_read(t, size).map(|v| v.len()))
+                })
+                .collect();
+            let mine = c.node(0).allreduce(
+                target.clone(),
+                &sources,
+                ReduceOp::Sum,
+                DType::F32,
+                &ReduceOptions::default(),
+            );
+            let read: Vec<_> = readers.into_iter().map(|h| h.join().unwrap()).collect();
+            (mine, read)
+        });
+        let err = mine.unwrap_err();
+        assert!(
+            matches!(&err, phalanx::Error::InvalidArgument(m) if m.contains("bytes, others")),
+            "{tag}: {err}"
+        );
+        for (k, r) in read.iter().enumerate() {
+            let e = r
+                .as_ref()
+                .expect_err("a reader of a failed allreduce got bytes");
+            assert!(
+                matches!(e, phalanx::Error::CoordinatorFailed(t, m) if *t == target && m.contains("bytes, others")),
+                "{tag}: reader {}: {e}",
+                k + 1
+            );
+        }
+        assert!(t0.elapsed() < soon, "{tag}: told after {:?}", t0.elapsed());
+    }
+}

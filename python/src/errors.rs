@@ -60,6 +60,12 @@ create_exception!(
 );
 create_exception!(
     phalanx,
+    CoordinatorFailed,
+    PhalanxError,
+    "A collective this node reads failed at its coordinator (bad inputs, a timeout)."
+);
+create_exception!(
+    phalanx,
     NodeShutdown,
     PhalanxError,
     "The node is shut down."
@@ -91,6 +97,7 @@ pub fn to_py(e: phalanx::Error) -> PyErr {
         E::PeerDown(_) => PeerDown::new_err(msg),
         E::Protocol { .. } => ProtocolError::new_err(msg),
         E::InvalidArgument(_) => InvalidArgument::new_err(msg),
+        E::CoordinatorFailed(..) => CoordinatorFailed::new_err(msg),
         E::Shutdown => NodeShutdown::new_err(msg),
         E::Config(_) => ConfigError::new_err(msg),
         // A link that is gone is a peer that is down; a closed transport, a closed node.
@@ -122,6 +129,7 @@ pub fn _raise_error(kind: &str) -> PyResult<()> {
             what: "x".into(),
         },
         "InvalidArgument" => E::InvalidArgument("x".into()),
+        "CoordinatorFailed" => E::CoordinatorFailed(id(), "x".into()),
         "Shutdown" => E::Shutdown,
         "Config" => E::Config("x".into()),
         "Transport" => E::Transport(phalanx::transport::TransportError::NoArena),
@@ -147,6 +155,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PeerDown", py.get_type::<PeerDown>())?;
     m.add("ProtocolError", py.get_type::<ProtocolError>())?;
     m.add("InvalidArgument", py.get_type::<InvalidArgument>())?;
+    m.add("CoordinatorFailed", py.get_type::<CoordinatorFailed>())?;
     m.add("NodeShutdown", py.get_type::<NodeShutdown>())?;
     m.add("ConfigError", py.get_type::<ConfigError>())?;
     m.add("TransportError", py.get_type::<TransportError>())?;

@@ -16,7 +16,8 @@ import phalanx
 def test_classes_form_one_hierarchy():
     for cls in (phalanx.NotFound, phalanx.ObjectLost, phalanx.Timeout, phalanx.PeerDown, phalanx.OutOfMemory,
                 phalanx.AlreadyExists, phalanx.InvalidArgument, phalanx.NodeShutdown,
-                phalanx.ConfigError, phalanx.ProtocolError, phalanx.TransportError):
+                phalanx.ConfigError, phalanx.ProtocolError, phalanx.TransportError,
+                phalanx.CoordinatorFailed):
         assert issubclass(cls, phalanx.PhalanxError)
     assert issubclass(phalanx.PhalanxError, Exception)
 
@@ -124,6 +125,7 @@ def test_a_target_whose_coordinator_died_before_making_it_is_lost():
     ("OutOfMemory", phalanx.OutOfMemory), ("Timeout", phalanx.Timeout),
     ("PeerDown", phalanx.PeerDown), ("Protocol", phalanx.ProtocolError),
     ("InvalidArgument", phalanx.InvalidArgument), ("Shutdown", phalanx.NodeShutdown),
+    ("CoordinatorFailed", phalanx.CoordinatorFailed),
     ("Config", phalanx.ConfigError), ("Transport", phalanx.TransportError),
     ("TransportPeerFailed", phalanx.PeerDown), ("TransportShutdown", phalanx.NodeShutdown),
 ])

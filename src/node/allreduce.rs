@@ -73,6 +73,13 @@ pub const HALVING_LIMIT: u64 = 8 << 20;
 /// The first word of a plan that names a halving-doubling run (a partition count never is).
 const HALVING_MARK: u64 = u64::MAX;
 
+/// The first word of a plan that says the allreduce failed at its coordinator; its second
+/// the length of the coordinator's message, which follows.
+const FAILED_MARK: u64 = u64::MAX - 1;
+
+/// The longest coordinator's message a failed plan carries.
+const FAILED_MESSAGE_MAX: usize = 1024;
+
 /// How long a participant's assembly waits for a partition's coordinator to say where to
 /// fetch it from (said as soon as the partition's chain is placed); then the directory
 /// chooses.
@@ -188,6 +195,37 @@ fn decode_halving(b: &[u8]) -> Result<Option<(u64, NodeId, Vec<NodeId>)>> {
     Ok(Some((run, node(coordinator)?, nodes)))
 }
 
+/// The plan of an allreduce that failed at its coordinator, with its message (cut to
+/// [`FAILED_MESSAGE_MAX`] bytes, on a character boundary).
+fn encode_failed(why: &str) -> Vec<u8> {
+    let mut end = why.len().min(FAILED_MESSAGE_MAX);
+    while !why.is_char_boundary(end) {
+        end -= 1;
+    }
+    let msg = &why.as_bytes()[..end];
+    let mut b = Vec::with_capacity(16 + msg.len());
+    b.extend_from_slice(&FAILED_MARK.to_le_bytes());
+    b.extend_from_slice(&(msg.len() as u64).to_le_bytes());
+    b.extend_from_slice(msg);
+    b
+}
+
+/// The coordinator's message, if a plan says the allreduce failed.
+fn decode_failed(b: &[u8]) -> Result<Option<String>> {
+    let bad = || Error::InvalidArgument(format!("malformed allreduce plan ({} bytes)", b.len()));
+    if b.get(..8) != Some(&FAILED_MARK.to_le_bytes()[..]) {
+        return Ok(None);
+    }
+    let len = b
+        .get(8..16)
+        .map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes")))
+        .ok_or_else(bad)?;
+    if len > FAILED_MESSAGE_MAX as u64 || b.len() as u64 != 16 + len {
+        return Err(bad());
+    }
+    Ok(Some(String::from_utf8_lossy(&b[16..]).into_owned()))
+}
+
 /// The flag of a plan's first word that says the partitions' trees are trees by arrival
 /// (`Tree::by_arrival`: the inputs come one after another): their allgather hints come only
 /// once the last input is there, and the readers wait for them.
@@ -275,10 +313,22 @@ impl Node {
         opts: &ReduceOptions,
     ) -> Result<(ObjectView, ReduceOutcome)> {
         let target = target.into();
+        crate::reduce::distinct(sources)?;
         let size = self.input_size(sources);
         self.promised(&target.clone(), size, || {
-            self.allreduce_unpromised(target, sources, size, op, dtype, opts)
+            let r = self.allreduce_unpromised(target.clone(), sources, size, op, dtype, opts);
+            self.tell_failure(&target, size, &r);
+            r
         })
+    }
+
+    /// A failed allreduce's readers that wait for its plan are told why at once, with a
+    /// plan that says so (unless a plan was announced already: they then read the target,
+    /// whose promise the failure takes back).
+    fn tell_failure<T>(&self, target: &ObjectId, size: Option<u64>, r: &Result<T>) {
+        if let (Err(e), true) = (r, self.readers_wait_for_plan(size)) {
+            let _ = self.put(plan_id(target), &encode_failed(&e.to_string()));
+        }
     }
 
     /// [`Node::allreduce_view`] once the target is promised (`size`: the inputs' size, if
@@ -301,6 +351,8 @@ impl Node {
                 true => None,
                 false => self.halving_ranks(sources),
             };
+            // Refused before a plan is announced (its readers are then told why).
+            self.same_size(sources, s)?;
             let Some(ranks) = ranks else {
                 tracing::debug!(node = self.id(), %target, "allreduce by one tree");
                 crate::hop::hop!(self.id(), "allreduce by one tree");
@@ -330,6 +382,12 @@ impl Node {
             true => self.partitioned_how(sources, parts),
             false => (parts, false),
         };
+        // Partitions of inputs of another size would never be complete: refused before
+        // anything is announced, for every input there now (a later one is refused by its
+        // partitions' reduces).
+        if let (true, Some(s)) = (parts.len() > 1, size) {
+            self.same_size(sources, s)?;
+        }
         // Readers of an object this large wait for the plan: announce it (no partitions:
         // one tree).
         if self.readers_wait_for_plan(size) {
@@ -368,6 +426,7 @@ impl Node {
         if num >= sources.len() {
             return self.allreduce_view(target, sources, op, dtype, opts);
         }
+        crate::reduce::distinct(sources)?;
         let size = self.input_size(sources);
         self.promised(&target.clone(), size, || {
             // Readers of an object this size wait for the plan: one tree.
@@ -389,6 +448,24 @@ impl Node {
         sources
             .iter()
             .find_map(|s| self.inner.store.lookup(s).map(|c| c.size()))
+    }
+
+    /// `InvalidArgument` if an input the directory lists has another size than `size`.
+    fn same_size(&self, sources: &[ObjectId], size: u64) -> Result<()> {
+        for s in sources {
+            if self.inner.store.lookup(s).is_some() {
+                continue; // here: `size` is one of these
+            }
+            if let Ok(Some(info)) = self.locate(s.clone()) {
+                if !info.locations.is_empty() && info.size != size {
+                    return Err(Error::InvalidArgument(format!(
+                        "reduce input {s} has {} bytes, others {size}",
+                        info.size
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Whether readers of an allreduce of inputs of `size` bytes wait for its plan; without
@@ -445,6 +522,9 @@ impl Node {
             PlanWait::Committed(copy) => return Ok(ObjectView::Arena(copy)),
             PlanWait::Readable => return self.get_view(target),
         };
+        if let Some(why) = decode_failed(&plan)? {
+            return Err(Error::CoordinatorFailed(target, why));
+        }
         if let Some((run, coordinator, nodes)) = decode_halving(&plan)? {
             drop(plan);
             // A rank: its own copy once the run is committed; else (abandoned, failed here,
@@ -1035,5 +1115,28 @@ mod tests {
             partitions(64 << 20, 1000, DType::F32, 1).len(),
             MAX_PARTITIONS
         );
+    }
+
+    #[test]
+    fn a_failed_plan_carries_the_coordinators_message() {
+        let b = encode_failed("reduce input x has 4 bytes, others 8");
+        assert_eq!(
+            decode_failed(&b).unwrap().as_deref(),
+            Some("reduce input x has 4 bytes, others 8")
+        );
+        // Not a failure: the other plans.
+        assert_eq!(decode_failed(&encode_plan(&[(0, 8)], false)).unwrap(), None);
+        // Cut to its bound, on a character boundary.
+        let long = "é".repeat(FAILED_MESSAGE_MAX);
+        let got = decode_failed(&encode_failed(&long)).unwrap().unwrap();
+        assert!(got.len() <= FAILED_MESSAGE_MAX && got.chars().all(|c| c == 'é'));
+        // A length that does not match, or beyond the bound: refused.
+        let mut bad = b.clone();
+        bad.push(0);
+        assert!(decode_failed(&bad).is_err());
+        let mut huge = FAILED_MARK.to_le_bytes().to_vec();
+        huge.extend_from_slice(&u64::MAX.to_le_bytes());
+        assert!(decode_failed(&huge).is_err());
+        assert!(decode_failed(&FAILED_MARK.to_le_bytes()).is_err());
     }
 }

@@ -81,12 +81,7 @@ impl Reducer {
                 sources.len()
             )));
         }
-        let mut uniq = sources.to_vec();
-        uniq.sort();
-        uniq.dedup();
-        if uniq.len() != sources.len() {
-            return Err(Error::InvalidArgument("duplicate reduce sources".into()));
-        }
+        super::distinct(sources)?;
         let num_required = sources.iter().filter(|s| opts.required.contains(s)).count();
         if num_required != opts.required.len() || num_required > num {
             return Err(Error::InvalidArgument(format!(

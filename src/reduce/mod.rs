@@ -92,6 +92,17 @@ pub struct ReduceHandle {
     finished: Arc<std::sync::atomic::AtomicBool>,
 }
 
+/// `InvalidArgument` if a source is named twice.
+pub(crate) fn distinct(sources: &[ObjectId]) -> Result<()> {
+    let mut uniq: Vec<&ObjectId> = sources.iter().collect();
+    uniq.sort();
+    uniq.dedup();
+    match uniq.len() == sources.len() {
+        true => Ok(()),
+        false => Err(Error::InvalidArgument("duplicate reduce sources".into())),
+    }
+}
+
 impl ReduceHandle {
     /// Blocks until every position of the tree has a source and returns them in arrival
     /// order: the inputs this reduce combines unless a failure replaces one (the outcome has
