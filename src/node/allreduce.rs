@@ -349,11 +349,12 @@ impl Node {
             // tree. Readers of an object this size wait for the plan either way.
             let ranks = match dynamic_only || opts.range.is_some() || sources.len() < 2 {
                 true => None,
-                false => self.halving_ranks(sources),
+                false => self.halving_ranks(sources, s)?,
             };
-            // Refused before a plan is announced (its readers are then told why).
-            self.same_size(sources, s)?;
             let Some(ranks) = ranks else {
+                // Inputs of another size refused before the plan is announced (its readers
+                // are then told why); for a halving run, `halving_ranks` checked them.
+                self.same_size(sources, s)?;
                 tracing::debug!(node = self.id(), %target, "allreduce by one tree");
                 crate::hop::hop!(self.id(), "allreduce by one tree");
                 self.put(plan_id(&target), &encode_plan(&[], false))?;

@@ -79,7 +79,7 @@ impl Node {
             Some(s) if !plain && fits(s) && s.is_multiple_of(dtype.size() as u64) => s,
             _ => return Ok(Err(None)),
         };
-        let Some(mut ranks) = self.halving_ranks(sources) else {
+        let Some(mut ranks) = self.halving_ranks(sources, size)? else {
             return Ok(Err(None));
         };
         // The coordinator is rank 0: a main rank, where the result ends.
@@ -149,8 +149,13 @@ impl Node {
 
     /// The node of each input, if every input is there (partial or complete) within the
     /// grace ([`Node::halving_grace`]) and each is on its own node, this one among them: the
-    /// ranks of a halving run, in the order of `sources`.
-    pub(super) fn halving_ranks(&self, sources: &[ObjectId]) -> Option<Vec<(NodeId, ObjectId)>> {
+    /// ranks of a halving run, in the order of `sources`. `InvalidArgument` if an input
+    /// found has another size than `size` (the one here).
+    pub(super) fn halving_ranks(
+        &self,
+        sources: &[ObjectId],
+        size: u64,
+    ) -> Result<Option<Vec<(NodeId, ObjectId)>>> {
         let me = self.id();
         let deadline = std::time::Instant::now() + self.halving_grace();
         // Asked all at once; each answered as soon as its object has a location.
@@ -158,7 +163,10 @@ impl Node {
         for s in sources {
             match self.inner.store.lookup(s) {
                 Some(_) => asks.push(None),
-                None => asks.push(Some(self.subscribe(s.clone()).ok()?)),
+                None => match self.subscribe(s.clone()) {
+                    Ok(rx) => asks.push(Some(rx)),
+                    Err(_) => return Ok(None),
+                },
             }
         }
         let mut ranks: Vec<(NodeId, ObjectId)> = Vec::with_capacity(sources.len());
@@ -167,20 +175,33 @@ impl Node {
                 None => me,
                 Some(rx) => {
                     let wait = deadline.saturating_duration_since(std::time::Instant::now());
-                    let info = rx.recv_timeout(wait).ok()?.ok()??;
+                    let Some(info) = rx.recv_timeout(wait).ok().and_then(|r| r.ok()).flatten()
+                    else {
+                        return Ok(None);
+                    };
+                    if info.size != size {
+                        return Err(crate::Error::InvalidArgument(format!(
+                            "reduce input {s} has {} bytes, others {size}",
+                            info.size
+                        )));
+                    }
                     // The copy the input was put in: complete, or filling but from no source.
-                    info.locations
+                    let put = info
+                        .locations
                         .iter()
                         .filter(|l| l.complete || l.depends_on.is_none())
-                        .min_by_key(|l| !l.complete)?
-                        .node
+                        .min_by_key(|l| !l.complete);
+                    match put {
+                        Some(l) => l.node,
+                        None => return Ok(None),
+                    }
                 }
             };
             if ranks.iter().any(|r| r.0 == node) {
-                return None;
+                return Ok(None);
             }
             ranks.push((node, s.clone()));
         }
-        ranks.iter().any(|r| r.0 == me).then_some(ranks)
+        Ok(ranks.iter().any(|r| r.0 == me).then_some(ranks))
     }
 }
