@@ -964,7 +964,7 @@ fn bad_inputs_are_refused_at_once_and_the_readers_told_why() {
             t0.elapsed()
         );
     }
-    for size in [128u64 << 10, 8 << 20] {
+    for size in [4u64 << 10, 128 << 10, 8 << 20] {
         // Input 1 half the size of the others.
         let tag = format!("sizes/{size}");
         let sources: Vec<ObjectId> = (0..n)
@@ -1001,16 +1001,82 @@ fn bad_inputs_are_refused_at_once_and_the_readers_told_why() {
             matches!(&err, phalanx::Error::InvalidArgument(m) if m.contains("bytes, others")),
             "{tag}: {err}"
         );
+        let m = "bytes, others";
         for (k, r) in read.iter().enumerate() {
             let e = r
                 .as_ref()
                 .expect_err("a reader of a failed allreduce got bytes");
             assert!(
-                matches!(e, phalanx::Error::CoordinatorFailed(t, m) if *t == target && m.contains("bytes, others")),
+                matches!(e, phalanx::Error::CoordinatorFailed(t, why) if *t == target && why.contains(m)),
                 "{tag}: reader {}: {e}",
                 k + 1
             );
         }
         assert!(t0.elapsed() < soon, "{tag}: told after {:?}", t0.elapsed());
     }
+}
+
+/// An input of another size that comes after a partitioned allreduce by arrival started
+/// fails its partitions' reduces: the coordinator stops assembling and says why, and every
+/// reader is told by the plan, well within the op timeout (60 s here).
+#[test]
+fn an_input_of_another_size_that_comes_late_fails_the_allreduce_promptly() {
+    let n = 4;
+    let size: u64 = 8 << 20;
+    let c = LocalCluster::start(n as u32, cfg(), tcp()).unwrap();
+    let tag = "late-size";
+    let (inputs, sources) = named_inputs(tag, n, size, DType::F32);
+    c.node(0).put(sources[0].clone(), &inputs[0]).unwrap();
+    // Inputs 1 and 2 as they should be, input 3 half as long.
+    let wrong = input(3, size / 2, DType::F32);
+    let late = [inputs[1].clone(), inputs[2].clone(), wrong];
+    let putter = {
+        let nodes: Vec<_> = (1..n).map(|k| c.node(k).clone()).collect();
+        let (sources, order) = (sources.clone(), one_after_another(&[1, 2, 3]));
+        std::thread::spawn(move || {
+            let t0 = Instant::now();
+            for ((k, after), bytes) in order.into_iter().zip(late) {
+                std::thread::sleep(after.saturating_sub(t0.elapsed()));
+                nodes[k - 1].put(sources[k].clone(), &bytes).unwrap();
+            }
+        })
+    };
+    let target = ObjectId::new(format!("{tag}/out"));
+    let t0 = Instant::now();
+    let (mine, read) = std::thread::scope(|s| {
+        let readers: Vec<_> = (1..n)
+            .map(|k| {
+                let (node, t) = (c.node(k).clone(), target.clone());
+                s.spawn(move || node.allreduce_read(t, size).map(|v| v.len()))
+            })
+            .collect();
+        let mine = c.node(0).allreduce(
+            target.clone(),
+            &sources,
+            ReduceOp::Sum,
+            DType::F32,
+            &ReduceOptions::default(),
+        );
+        let read: Vec<_> = readers.into_iter().map(|h| h.join().unwrap()).collect();
+        (mine, read)
+    });
+    putter.join().unwrap();
+    let soon = Duration::from_secs(10);
+    let err = mine.unwrap_err();
+    let m = "bytes";
+    assert!(
+        matches!(&err, phalanx::Error::InvalidArgument(why) if why.contains(m)),
+        "the coordinator: {err}"
+    );
+    for (k, r) in read.iter().enumerate() {
+        let e = r
+            .as_ref()
+            .expect_err("a reader of a failed allreduce got bytes");
+        assert!(
+            matches!(e, phalanx::Error::CoordinatorFailed(t, why) if *t == target && why.contains(m)),
+            "reader {}: {e}",
+            k + 1
+        );
+    }
+    assert!(t0.elapsed() < soon, "told after {:?}", t0.elapsed());
 }

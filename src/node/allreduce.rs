@@ -317,17 +317,25 @@ impl Node {
         let size = self.input_size(sources);
         self.promised(&target.clone(), size, || {
             let r = self.allreduce_unpromised(target.clone(), sources, size, op, dtype, opts);
-            self.tell_failure(&target, size, &r);
+            self.tell_failure(&target, &r);
             r
         })
     }
 
-    /// A failed allreduce's readers that wait for its plan are told why at once, with a
-    /// plan that says so (unless a plan was announced already: they then read the target,
-    /// whose promise the failure takes back).
-    fn tell_failure<T>(&self, target: &ObjectId, size: Option<u64>, r: &Result<T>) {
-        if let (Err(e), true) = (r, self.readers_wait_for_plan(size)) {
-            let _ = self.put(plan_id(target), &encode_failed(&e.to_string()));
+    /// A failed allreduce's readers are told why by a plan that says so: those that wait
+    /// for the plan at once, the others (a small object's; those past a plan announced
+    /// before it failed, which this one replaces) within [`PLAN_STALL`]. Not when the target
+    /// is complete somewhere (an allreduce into a target made before: its plan stands).
+    fn tell_failure<T>(&self, target: &ObjectId, r: &Result<T>) {
+        let Err(e) = r else { return };
+        let plan = plan_id(target);
+        let failed = encode_failed(&e.to_string());
+        if let Err(Error::AlreadyExists(_)) = self.put(plan.clone(), &failed) {
+            let made = matches!(self.locate(target.clone()), Ok(Some(i))
+                if i.locations.iter().any(|l| l.complete));
+            if !made && self.delete(plan.clone()).is_ok() {
+                let _ = self.put(plan, &failed);
+            }
         }
     }
 
@@ -431,10 +439,14 @@ impl Node {
         let size = self.input_size(sources);
         self.promised(&target.clone(), size, || {
             // Readers of an object this size wait for the plan: one tree.
-            if self.readers_wait_for_plan(size) {
-                self.put(plan_id(&target), &encode_plan(&[], false))?;
-            }
-            self.allreduce_tree(target, sources, num, op, dtype, opts)
+            let r = match self.readers_wait_for_plan(size) {
+                true => self.put(plan_id(&target), &encode_plan(&[], false)),
+                false => Ok(()),
+            };
+            let r =
+                r.and_then(|()| self.allreduce_tree(target.clone(), sources, num, op, dtype, opts));
+            self.tell_failure(&target, &r);
+            r
         })
     }
 
@@ -515,7 +527,7 @@ impl Node {
     pub fn allreduce_read(&self, target: impl Into<ObjectId>, size: u64) -> Result<ObjectView> {
         let target = target.into();
         if !self.reads_plan(size) {
-            return self.get_view(target);
+            return self.view_while_up(&target, None);
         }
         let (plan, coordinator) = match self.wait_for_plan(&target, self.halving_size(size))? {
             PlanWait::Plan(plan, coordinator) => (plan, coordinator),
@@ -554,14 +566,15 @@ impl Node {
         if parts.len() == 1 {
             // One tree: its target is the coordinator's promise, and its tasks withdraw
             // their outputs if it dies (the target is then lost to this read).
-            return self.get_view(target);
+            return self.view_while_up(&target, None);
         }
         // Complete elsewhere already (a late reader: the partitions' copies may be gone,
         // their roots' too): read it whole.
         if self.complete_elsewhere(&target) {
             return self.get_view(target);
         }
-        match self.assemble(&target, (&parts, by_arrival), coordinator) {
+        let gone = || self.failed_at_coordinator(&target);
+        match self.assemble(&target, (&parts, by_arrival), coordinator, &gone) {
             Ok(()) => self.get_view(target),
             // A partition gone while the whole is complete elsewhere: read it whole.
             Err(Error::ObjectLost(_)) if self.complete_elsewhere(&target) => self.get_view(target),
@@ -730,6 +743,9 @@ impl Node {
         // that dies after its partition is done, before another node has all of it, is
         // computed again (the same bytes) rather than leave the partition lost.
         let (hold, held) = crossbeam_channel::bounded::<()>(1);
+        // Set when a partition's reduce fails (an input of another size that came late,
+        // say): the assembly stops waiting for it.
+        let failed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let handles = parts
             .iter()
             .enumerate()
@@ -752,19 +768,40 @@ impl Node {
                     (op, dtype),
                     o,
                     Background {
-                        ended: None,
+                        ended: Some(Box::new({
+                            let failed = failed.clone();
+                            move |ok| {
+                                if !ok {
+                                    failed.store(true, std::sync::atomic::Ordering::Release);
+                                }
+                            }
+                        })),
                         hold: Some(held.clone()),
                     },
                 )
             })
             .collect::<Result<Vec<_>>>()?;
-        let assembled = self.assemble(&target, (parts, by_arrival), None);
+        let gone = || {
+            failed
+                .load(std::sync::atomic::Ordering::Acquire)
+                .then(|| Error::CoordinatorFailed(target.clone(), "a partition failed".into()))
+        };
+        let assembled = self.assemble(&target, (parts, by_arrival), None, &gone);
         drop(hold);
         let mut outcomes = Vec::with_capacity(n);
         for h in handles {
             outcomes.push(h.wait());
         }
-        assembled?;
+        // A partition's own error first: the assembly's only says it gave up.
+        if let Err(e) = assembled {
+            let first = outcomes.iter_mut().find(|o| o.is_err());
+            return Err(
+                match first.map(|o| std::mem::replace(o, Err(Error::Shutdown))) {
+                    Some(Err(partition)) => partition,
+                    _ => e,
+                },
+            );
+        }
         let mut outcomes = outcomes.into_iter().collect::<Result<Vec<_>>>()?;
         let mut first = outcomes.remove(0);
         first.partitions = n;
@@ -789,6 +826,7 @@ impl Node {
         target: &ObjectId,
         (parts, by_arrival): (&[(u64, u64)], bool),
         coordinator: Option<NodeId>,
+        gone: &(dyn Fn() -> Option<Error> + Sync),
     ) -> Result<()> {
         // A reader (the coordinator named) gives a partition up when it finds no complete
         // copy of it while the whole result is complete elsewhere (see
@@ -814,7 +852,7 @@ impl Node {
                     let id = part_id(target, p, n);
                     let size = parts[p].1 - parts[p].0;
                     s.spawn(move || {
-                        self.fetch_partition(&id, size, (coordinator, whole), by_arrival)
+                        self.fetch_partition(&id, size, (coordinator, whole), by_arrival, gone)
                     })
                 })
                 .collect();
@@ -914,12 +952,13 @@ impl Node {
         size: u64,
         (coordinator, whole): (Option<NodeId>, Option<&ObjectId>),
         by_arrival: bool,
+        gone: &dyn Fn() -> Option<Error>,
     ) -> Result<ObjectView> {
         // One op timeout in all, the wait for a hint included.
         let deadline = std::time::Instant::now() + self.inner.cfg.op_timeout;
-        let directory = || self.view_while_up_until(id, (coordinator, whole), deadline);
+        let directory = || self.view_while_up_until(id, (coordinator, whole), deadline, gone);
         let hint = match by_arrival {
-            true => self.late_hint(id, coordinator, deadline),
+            true => self.late_hint(id, coordinator, deadline, gone),
             false => self.inner.reducer.gather_hint(id, HINT_WAIT),
         };
         crate::hop::hop!(self.id(), "partition hint", hinted = hint.is_some());
@@ -947,20 +986,22 @@ impl Node {
     /// hint sent, only once the last input is there, which may be any time. So this waits for
     /// it for as long as it can still come: until `deadline`, the allreduce's
     /// `coordinator` is down, or a copy of the partition is complete somewhere (its tree was
-    /// repaired before it was placed, and no hint is made: checked every [`PLAN_STALL`]).
-    /// `None`: the directory is to say where to read it.
+    /// repaired before it was placed, and no hint is made: checked every [`PLAN_STALL`]), or
+    /// `gone` says the allreduce failed. `None`: the directory is to say where to read it
+    /// (or why not).
     fn late_hint(
         &self,
         id: &ObjectId,
         coordinator: Option<NodeId>,
         deadline: std::time::Instant,
+        gone: &dyn Fn() -> Option<Error>,
     ) -> Option<GatherFrom> {
         loop {
             if let Some(hint) = self.inner.reducer.gather_hint(id, PLAN_STALL) {
                 return Some(hint);
             }
             let down = coordinator.is_some_and(|c| self.inner.members.is_down(c));
-            if down || std::time::Instant::now() >= deadline {
+            if down || std::time::Instant::now() >= deadline || gone().is_some() {
                 return None;
             }
             let complete = match self.locate(id.clone()) {
@@ -977,10 +1018,26 @@ impl Node {
     /// says, given up once the allreduce's `coordinator` is down and no copy of it is
     /// complete anywhere: what its tasks (or ranks) had not produced they never will (they
     /// stop with their coordinator), whether or not the directory had heard of it, so its
-    /// readers are told it is lost (`Error::ObjectLost`) rather than wait out the op timeout.
+    /// readers are told it is lost (`Error::ObjectLost`) rather than wait out the op timeout;
+    /// and given up (`Error::CoordinatorFailed`) once the allreduce's plan says it failed.
     fn view_while_up(&self, id: &ObjectId, coordinator: Option<NodeId>) -> Result<ObjectView> {
         let deadline = std::time::Instant::now() + self.inner.cfg.op_timeout;
-        self.view_while_up_until(id, (coordinator, None), deadline)
+        let gone = || self.failed_at_coordinator(id);
+        self.view_while_up_until(id, (coordinator, None), deadline, &gone)
+    }
+
+    /// `Error::CoordinatorFailed` if the plan of the allreduce into `target` says it failed
+    /// at its coordinator (asked only of a wait that is already long: a lookup, and a read
+    /// of the small plan if there is one).
+    fn failed_at_coordinator(&self, target: &ObjectId) -> Option<Error> {
+        let plan = plan_id(target);
+        match self.locate(plan.clone()) {
+            Ok(Some(info)) if !info.locations.is_empty() => {}
+            _ => return None,
+        }
+        let view = self.get_view_timeout(plan, PLAN_STALL).ok()?;
+        let why = decode_failed(&view).ok().flatten()?;
+        Some(Error::CoordinatorFailed(target.clone(), why))
     }
 
     /// [`Node::view_while_up`] given up at `deadline`. With `whole` (a partition's whole
@@ -988,17 +1045,15 @@ impl Node {
     /// anywhere while the whole result is complete on another node: this reader is behind,
     /// the partition's copies are gone (its root died after its allreduce's coordinator had
     /// its copy, every other reader its own), and the reader reads the whole result instead.
+    /// Given up with `gone`'s error as soon as it has one (checked every [`PLAN_STALL`]).
     fn view_while_up_until(
         &self,
         id: &ObjectId,
         (coordinator, whole): (Option<NodeId>, Option<&ObjectId>),
         deadline: std::time::Instant,
+        gone: &dyn Fn() -> Option<Error>,
     ) -> Result<ObjectView> {
         let coordinator = coordinator.filter(|&c| c != self.id());
-        if coordinator.is_none() && whole.is_none() {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            return self.get_view_timeout(id.clone(), left);
-        }
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             match self.get_view_timeout(id.clone(), PLAN_STALL.min(left)) {
@@ -1016,6 +1071,9 @@ impl Node {
                     }
                     if whole.is_some_and(|w| self.complete_elsewhere(w)) && !complete() {
                         return Err(Error::ObjectLost(id.clone()));
+                    }
+                    if let Some(e) = gone() {
+                        return Err(e);
                     }
                 }
                 r => return r,
