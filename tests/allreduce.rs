@@ -928,6 +928,62 @@ fn a_participant_that_does_not_read_holds_up_no_fetch() {
     }
 }
 
+/// An f32 sum allreduce of `sources` into `target` coordinated by node 0 and read by every
+/// other node, which may fail: the coordinator's result, and each reader's (the bytes it
+/// read, counted).
+#[allow(clippy::type_complexity)]
+fn try_allreduce(
+    c: &LocalCluster,
+    target: &ObjectId,
+    sources: &[ObjectId],
+    size: u64,
+) -> (
+    phalanx::Result<(Vec<u8>, ReduceOutcome)>,
+    Vec<phalanx::Result<usize>>,
+) {
+    std::thread::scope(|s| {
+        let readers: Vec<_> = (1..c.nodes.len())
+            .map(|k| {
+                let (node, t) = (c.node(k).clone(), target.clone());
+                s.spawn(move || node.allreduce_read(t, size).map(|v| v.len()))
+            })
+            .collect();
+        let opts = ReduceOptions::default();
+        let mine = c
+            .node(0)
+            .allreduce(target.clone(), sources, ReduceOp::Sum, DType::F32, &opts);
+        let read = readers.into_iter().map(|h| h.join().unwrap()).collect();
+        (mine, read)
+    })
+}
+
+/// The coordinator of the allreduce into `target` failed with `InvalidArgument` saying
+/// `what`, and every reader was told so (`CoordinatorFailed` with the same message).
+fn all_told<T>(
+    target: &ObjectId,
+    (mine, read): (phalanx::Result<T>, &[phalanx::Result<usize>]),
+    what: &str,
+    tag: &str,
+) {
+    let err = mine
+        .err()
+        .expect("the coordinator of a bad allreduce succeeded");
+    assert!(
+        matches!(&err, phalanx::Error::InvalidArgument(m) if m.contains(what)),
+        "{tag}: the coordinator: {err}"
+    );
+    for (k, r) in read.iter().enumerate() {
+        let e = r
+            .as_ref()
+            .expect_err("a reader of a failed allreduce got bytes");
+        assert!(
+            matches!(e, phalanx::Error::CoordinatorFailed(t, m) if t == target && m.contains(what)),
+            "{tag}: reader {}: {e}",
+            k + 1
+        );
+    }
+}
+
 /// Bad inputs are refused before anything is announced, whichever algorithm the size
 /// would take (one tree, halving and doubling, partitioned), and the readers of a size
 /// that waits for a plan are told why by the plan: no one waits out the op timeout (60 s
@@ -979,39 +1035,8 @@ fn bad_inputs_are_refused_at_once_and_the_readers_told_why() {
         }
         let target = ObjectId::new(format!("{tag}/out"));
         let t0 = Instant::now();
-        let (mine, read) = std::thread::scope(|s| {
-            let readers: Vec<_> = (1..n)
-                .map(|k| {
-                    let (node, t) = (c.node(k).clone(), target.clone());
-                    s.spawn(move || node.allreduce_read(t, size).map(|v| v.len()))
-                })
-                .collect();
-            let mine = c.node(0).allreduce(
-                target.clone(),
-                &sources,
-                ReduceOp::Sum,
-                DType::F32,
-                &ReduceOptions::default(),
-            );
-            let read: Vec<_> = readers.into_iter().map(|h| h.join().unwrap()).collect();
-            (mine, read)
-        });
-        let err = mine.unwrap_err();
-        assert!(
-            matches!(&err, phalanx::Error::InvalidArgument(m) if m.contains("bytes, others")),
-            "{tag}: {err}"
-        );
-        let m = "bytes, others";
-        for (k, r) in read.iter().enumerate() {
-            let e = r
-                .as_ref()
-                .expect_err("a reader of a failed allreduce got bytes");
-            assert!(
-                matches!(e, phalanx::Error::CoordinatorFailed(t, why) if *t == target && why.contains(m)),
-                "{tag}: reader {}: {e}",
-                k + 1
-            );
-        }
+        let (mine, read) = try_allreduce(&c, &target, &sources, size);
+        all_told(&target, (mine, &read), "bytes, others", &tag);
         assert!(t0.elapsed() < soon, "{tag}: told after {:?}", t0.elapsed());
     }
 }
@@ -1043,40 +1068,9 @@ fn an_input_of_another_size_that_comes_late_fails_the_allreduce_promptly() {
     };
     let target = ObjectId::new(format!("{tag}/out"));
     let t0 = Instant::now();
-    let (mine, read) = std::thread::scope(|s| {
-        let readers: Vec<_> = (1..n)
-            .map(|k| {
-                let (node, t) = (c.node(k).clone(), target.clone());
-                s.spawn(move || node.allreduce_read(t, size).map(|v| v.len()))
-            })
-            .collect();
-        let mine = c.node(0).allreduce(
-            target.clone(),
-            &sources,
-            ReduceOp::Sum,
-            DType::F32,
-            &ReduceOptions::default(),
-        );
-        let read: Vec<_> = readers.into_iter().map(|h| h.join().unwrap()).collect();
-        (mine, read)
-    });
+    let (mine, read) = try_allreduce(&c, &target, &sources, size);
     putter.join().unwrap();
     let soon = Duration::from_secs(10);
-    let err = mine.unwrap_err();
-    let m = "bytes";
-    assert!(
-        matches!(&err, phalanx::Error::InvalidArgument(why) if why.contains(m)),
-        "the coordinator: {err}"
-    );
-    for (k, r) in read.iter().enumerate() {
-        let e = r
-            .as_ref()
-            .expect_err("a reader of a failed allreduce got bytes");
-        assert!(
-            matches!(e, phalanx::Error::CoordinatorFailed(t, why) if *t == target && why.contains(m)),
-            "reader {}: {e}",
-            k + 1
-        );
-    }
+    all_told(&target, (mine, &read), "bytes", tag);
     assert!(t0.elapsed() < soon, "told after {:?}", t0.elapsed());
 }

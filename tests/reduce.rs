@@ -529,6 +529,57 @@ fn lengths_not_a_multiple_of_the_element_size_are_rejected() {
     ));
 }
 
+/// A reduce that fails at once (an input that is not a whole number of elements), before
+/// its promise to produce the target went out: a reader already waiting for the target on
+/// another node is told it is lost after `lost_after` (1 s here), not left to its op
+/// timeout (60 s); whether the target's entry is on the coordinator's node or elsewhere.
+#[test]
+fn a_reader_of_a_reduce_that_failed_at_once_is_told_it_is_lost() {
+    let cfg = NodeConfig {
+        arena_size: 64 << 20,
+        op_timeout: Duration::from_secs(60),
+        lost_after: Duration::from_secs(1),
+        ..NodeConfig::default()
+    };
+    let c = LocalCluster::start(3, cfg, TcpConfig::default()).unwrap();
+    c.node(0).put("bad-0", &[1u8; 4098]).unwrap();
+    c.node(1).put("bad-1", &[1u8; 4098]).unwrap();
+    let ids = [ObjectId::new("bad-0"), ObjectId::new("bad-1")];
+    // Targets whose entries are on the coordinator's node, and on another.
+    let mut targets: Vec<ObjectId> = Vec::new();
+    for local in [true, false] {
+        let t = (0..)
+            .map(|k| ObjectId::new(format!("bad-out-{k}")))
+            .find(|t| (c.node(0).shard_of(t.clone()) == 0) == local)
+            .unwrap();
+        targets.push(t);
+    }
+    for target in targets {
+        let reader = {
+            let (node, t) = (c.node(2).clone(), target.clone());
+            std::thread::spawn(move || {
+                let t0 = std::time::Instant::now();
+                (node.get(t), t0.elapsed())
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        let err = c
+            .node(0)
+            .reduce(target.clone(), &ids, 2, ReduceOp::Sum, DType::F32)
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+        let (got, took) = reader.join().unwrap();
+        assert!(
+            matches!(got, Err(Error::ObjectLost(ref t)) if *t == target),
+            "{target}: {got:?}"
+        );
+        assert!(
+            took < Duration::from_secs(10),
+            "{target}: told after {took:?}"
+        );
+    }
+}
+
 #[test]
 fn small_inputs_travel_with_their_news_and_are_combined_in_tree_order() {
     // Inputs under the inline limit come with their subscriptions; the coordinator combines

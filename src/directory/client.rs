@@ -208,13 +208,28 @@ impl DirClient {
 
     /// The operation of promise `token` ended (`ok`: it made its object); a promise sent
     /// for an operation that failed is taken back where it went, and one kept by the
-    /// entry's next owner is taken back either way.
+    /// entry's next owner is taken back either way. An operation that failed before its
+    /// promise went out makes it and takes it back at the entry's owner (this node's own
+    /// shard too): readers waiting there are told the object is lost after the grace, as
+    /// for a promise that went out, rather than wait out their op timeout.
     pub fn end_promise(&self, token: Option<u64>, ok: bool) {
         let Some((id, sent)) = token.and_then(|t| self.promises.end(t)) else {
             return;
         };
-        if !ok || sent.backup {
-            self.send_queued(sent.to, self.promise_msg(id, sent, false));
+        match sent {
+            Some(sent) if !ok || sent.backup => {
+                self.send_queued(sent.to, self.promise_msg(id, sent, false));
+            }
+            Some(_) => {}
+            None if !ok => {
+                let to = Sent {
+                    to: self.shard_of(&id),
+                    backup: false,
+                };
+                self.send_queued(to.to, self.promise_msg(id.clone(), to, true));
+                self.send_queued(to.to, self.promise_msg(id, to, false));
+            }
+            None => {}
         }
     }
 

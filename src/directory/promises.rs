@@ -122,15 +122,15 @@ impl Promises {
             .collect()
     }
 
-    /// The operation of promise `token` ended: the object and where its promise went, if
-    /// it was sent, for the caller to take it back there (a failed operation's at its
-    /// shard; one kept by an entry's next owner either way: a complete copy ends a promise
-    /// only at the shard).
-    pub fn end(&self, token: u64) -> Option<(ObjectId, Sent)> {
+    /// The operation of promise `token` ended: the object, and where its promise went if it
+    /// was sent, for the caller to take it back there (a failed operation's at its shard;
+    /// one kept by an entry's next owner either way: a complete copy ends a promise only at
+    /// the shard). `None` if it had ended already.
+    pub fn end(&self, token: u64) -> Option<(ObjectId, Option<Sent>)> {
         let mut s = self.state.lock().unwrap();
         let i = s.1.iter().position(|p| p.token == token)?;
         let p = s.1.swap_remove(i);
-        Some((p.id, p.sent?))
+        Some((p.id, p.sent))
     }
 }
 
@@ -146,8 +146,8 @@ mod tests {
         let at = |to| Some(Sent { to, backup: false });
         let quick = ps.make(&x, false, t0).unwrap();
         assert!(ps.due(t0 + PROMISE_AFTER / 2).is_empty(), "not due yet");
-        // Ended before it was due: nothing was ever sent, nothing to take back.
-        assert_eq!(ps.end(quick), None);
+        // Ended before it was due: nothing was ever sent.
+        assert_eq!(ps.end(quick), Some((x.clone(), None)));
         assert!(ps.due(t0 + PROMISE_AFTER * 2).is_empty());
         // Due: handed out once; ended: where it went.
         let slow = ps.make(&x, false, t0).unwrap();
@@ -160,7 +160,7 @@ mod tests {
         );
         // Moved: remembered where it went last.
         ps.sent(slow, at(4));
-        assert_eq!(ps.end(slow), Some((x.clone(), at(4).unwrap())));
+        assert_eq!(ps.end(slow), Some((x.clone(), at(4))));
         assert_eq!(ps.end(slow), None, "ended once");
         // At once: never handed out by `due`; standing once sent.
         let long = ps.make(&x, true, t0).unwrap();
@@ -173,15 +173,15 @@ mod tests {
         };
         ps.sent(long, Some(backup));
         assert_eq!(ps.standing(), vec![(long, x.clone(), backup, false)]);
-        assert_eq!(ps.end(long), Some((x.clone(), backup)));
-        // Nobody to send it to: nothing to take back.
+        assert_eq!(ps.end(long), Some((x.clone(), Some(backup))));
+        // Nobody to send it to: nothing sent.
         assert!(ps.sent(y, None));
-        assert_eq!(ps.end(y), None);
+        assert_eq!(ps.end(y), Some(("y".into(), None)));
         // Sent after its operation ended (the tick raced the end): not kept, so the sender
         // takes it back.
         let raced = ps.make(&x, false, t0).unwrap();
         assert_eq!(ps.due(t0 + PROMISE_AFTER), vec![(raced, x.clone())]);
-        assert_eq!(ps.end(raced), None);
+        assert_eq!(ps.end(raced), Some((x.clone(), None)));
         assert!(!ps.sent(raced, at(3)));
         // The node it went to restarted: due again, and sent wherever it belongs then.
         let again = ps.make(&x, true, t0).unwrap();
@@ -201,7 +201,7 @@ mod tests {
         // Until sent again, it is still taken back where it went; once sent, no more resend.
         assert!(ps.sent(again, at(3)));
         assert!(ps.standing().iter().all(|s| !s.3));
-        assert_eq!(ps.end(again), Some((x.clone(), at(3).unwrap())));
+        assert_eq!(ps.end(again), Some((x.clone(), at(3))));
         ps.end(other);
         assert!(ps.state.lock().unwrap().1.is_empty());
     }

@@ -5,6 +5,7 @@ use super::run::{Action, LinkModel, Run};
 use super::{Hooks, ReduceOptions, ReduceOutcome, Reducer, TreeSlot};
 use crate::directory::DirClient;
 use crate::hop::hop;
+use crate::membership::Membership;
 use crate::ops::{DType, ReduceOp};
 use crate::protocol::{ObjectInfo, ReduceMsg, Reply};
 use crate::rpc::{unexpected_reply, Rpc};
@@ -139,6 +140,7 @@ impl Reducer {
                 } else {
                     deadline.min(Instant::now() + Duration::from_millis(100))
                 };
+                let wake_at = g.run.reserved_until().map_or(wake_at, |r| r.min(wake_at));
                 g.later.iter().map(|l| l.1).fold(wake_at, Instant::min)
             };
             // Wait for an answer or a task's reply the landing threads left to this thread,
@@ -155,7 +157,7 @@ impl Reducer {
                     let Ok(node) = what.recv(&down) else {
                         return Err(Error::Shutdown);
                     };
-                    let (actions, again) = landing.live().repair(node);
+                    let (actions, again) = landing.repair_after(node, &self.members);
                     self.apply(actions);
                     resub.extend(again);
                 }
@@ -176,17 +178,21 @@ impl Reducer {
                     ))
                 }
             }
+            // Deaths the landing threads saw, repaired with no lock held (the directory may be
+            // asked whether the target outlived its root).
+            let downs = std::mem::take(&mut landing.live().down);
+            for node in downs {
+                let (actions, again) = landing.repair_after(node, &self.members);
+                self.apply(actions);
+                resub.extend(again);
+            }
             let (actions, combined) = {
                 let mut g = landing.live();
                 if let Some(e) = g.failed.take() {
                     return Err(e);
                 }
                 let mut actions = Vec::new();
-                for node in std::mem::take(&mut g.down) {
-                    let (a, again) = g.repair(node);
-                    actions.extend(a);
-                    resub.extend(again);
-                }
+                g.run.release_reserved(Instant::now());
                 for (i, answer) in std::mem::take(&mut g.answers) {
                     if let Some(i) = g.answered_here(i, answer)? {
                         resub.push(i);
@@ -207,7 +213,7 @@ impl Reducer {
             // Dispatch; a node found dead on the way is repaired around and we go again.
             landing.live().deferred = false;
             while let Some(dead) = landing.dispatch(false)? {
-                let (actions, again) = landing.live().repair(dead);
+                let (actions, again) = landing.repair_after(dead, &self.members);
                 self.apply(actions);
                 resub.extend(again);
             }
@@ -386,6 +392,37 @@ struct Live {
 impl Landing {
     fn live(&self) -> MutexGuard<'_, Live> {
         self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `node` died: the run's repair, unless the target is complete on a live node (its
+    /// root finished before the death, and its reply had not come; or the root died after
+    /// a reader pulled all of it): then the run is settled (`Run::settle`), and the readers
+    /// that have the target keep the bytes every other one reads, where a repair would
+    /// compute it again, perhaps from other inputs. The directory is asked with no lock
+    /// held.
+    fn repair_after(&self, node: NodeId, members: &Membership) -> (Vec<Action>, Vec<usize>) {
+        let (asks, target) = {
+            let g = self.live();
+            (
+                g.run.placed_on(node) && !g.run.settled,
+                g.run.target.clone(),
+            )
+        };
+        let survives = asks
+            && matches!(self.dir.query_at(self.dir.shard_of(&target), &target), Ok(Some(info))
+            if info.locations.iter().any(|l| {
+                l.complete && l.node != node && !members.is_down(l.node)
+            }));
+        let mut g = self.live();
+        if survives {
+            tracing::info!(
+                node = self.id,
+                dead = node,
+                "reduce {target}: its root died, the target is complete elsewhere: settled"
+            );
+            g.run.settle();
+        }
+        g.repair(node)
     }
 
     fn wake(&self) {

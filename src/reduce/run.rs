@@ -52,6 +52,10 @@ pub(super) struct LinkModel {
     pub piece: u64,
 }
 
+/// How long a position a repair emptied is kept for its input's other copy (a replica's
+/// answer to the subscription made again) before a spare may take it.
+pub(super) const RETURN_GRACE: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// The coordinator's state of one reduce.
 pub(super) struct Run {
     pub(super) target: ObjectId,
@@ -88,7 +92,15 @@ pub(super) struct Run {
     pub(super) attempts: Vec<u64>,
     /// Ready sources not placed (yet), in arrival order.
     pub(super) spares: VecDeque<(usize, NodeId)>,
+    /// Per position: the input a repair took out of it (its node died), and until when the
+    /// position is kept for that input's other copy, which no spare may take meanwhile
+    /// ([`RETURN_GRACE`]).
+    pub(super) reserved: Vec<Option<(usize, Instant)>>,
     pub(super) dead: HashSet<NodeId>,
+    /// The target is complete on a live node (its root died after a reader had all of it):
+    /// every position counts as done, and no death is repaired any more
+    /// ([`Run::settle`]).
+    pub(super) settled: bool,
     /// Who is down now, and the nodes that were down when the reduce began to watch for
     /// deaths. Those are not in `dead` (their deaths came before), and the directory may still
     /// list their copies (a shard learns of a death in its own time): placed, the task
@@ -146,7 +158,9 @@ impl Run {
             dispatches: Vec::new(),
             attempts: Vec::new(),
             spares: VecDeque::new(),
+            reserved: Vec::new(),
             dead: HashSet::new(),
+            settled: false,
             members: None,
             down_at_start: HashSet::new(),
             placed_at: Vec::new(),
@@ -174,6 +188,27 @@ impl Run {
             .iter()
             .map(|&p| self.sources[self.slots[p].expect("placed").0].clone())
             .collect()
+    }
+
+    /// Whether a position of the tree is placed on `node`.
+    pub(super) fn placed_on(&self, node: NodeId) -> bool {
+        self.slots.iter().flatten().any(|s| s.1 == node)
+    }
+
+    /// The target is complete on a live node although a node of the tree died (the root
+    /// finished before the death and its reply had not come, or a reader pulled all of it
+    /// before the root died): the run is over, with the inputs placed. Computing the root
+    /// again could place another input (a spare, for the first n of m) and give bytes other
+    /// than those readers already have.
+    pub(super) fn settle(&mut self) {
+        if self.tree.is_none() || self.slots.iter().any(Option::is_none) {
+            return; // never fully placed: no target can be complete
+        }
+        self.settled = true;
+        for p in 0..self.num {
+            self.done[p] = true;
+            self.tasks[p] = None;
+        }
     }
 
     pub(super) fn finished(&self) -> bool {
@@ -259,6 +294,7 @@ impl Run {
             self.dispatches = vec![0; self.num];
             self.attempts = vec![0; self.num];
             self.placed_at = vec![None; self.num];
+            self.reserved = vec![None; self.num];
             self.task_errors = vec![0; self.num];
         } else if info.size != self.full_size {
             return Err(Error::InvalidArgument(format!(
@@ -290,9 +326,38 @@ impl Run {
             (None, Some(_), Some(coordinator)) => coordinator,
             _ => return Ok(false),
         };
+        // Back to the position a repair took it out of, if it is still kept for it.
+        let kept = (0..self.num)
+            .find(|&p| self.slots[p].is_none() && self.reserved[p].is_some_and(|r| r.0 == i));
+        if let Some(p) = kept {
+            self.reserved[p] = None;
+            self.slots[p] = Some((i, node));
+            self.placed_at[p] = Some(Instant::now());
+            return Ok(true);
+        }
         self.spares.push_back((i, node));
         self.fill_from_spares();
         Ok(true)
+    }
+
+    /// When the first position kept for an input ([`Run::reserved`]) is given up.
+    pub(super) fn reserved_until(&self) -> Option<Instant> {
+        self.reserved.iter().flatten().map(|r| r.1).min()
+    }
+
+    /// Gives up the positions kept for inputs that did not come back by `now`: spares take
+    /// them.
+    pub(super) fn release_reserved(&mut self, now: Instant) {
+        let mut released = false;
+        for r in self.reserved.iter_mut() {
+            if r.is_some_and(|r| r.1 <= now) {
+                *r = None;
+                released = true;
+            }
+        }
+        if released {
+            self.fill_from_spares();
+        }
     }
 
     /// Whether copies on `node` cannot be placed: it died during the reduce, or was down
@@ -318,7 +383,7 @@ impl Run {
         };
         inorder.rotate_left(turn);
         for (k, p) in inorder.into_iter().enumerate() {
-            if self.slots[p].is_some() {
+            if self.slots[p].is_some() || self.reserved[p].is_some() {
                 continue;
             }
             let for_required = k < self.num_required;
@@ -504,7 +569,7 @@ impl Run {
     /// finished, are recomputed; finished subtrees keep their results. `None` if the node was
     /// known dead already or nothing is placed yet.
     pub(super) fn repair(&mut self, node: NodeId) -> Option<Repair> {
-        if !self.dead.insert(node) {
+        if !self.dead.insert(node) || self.settled {
             return None;
         }
         let tree = self.tree.clone()?;
@@ -553,6 +618,10 @@ impl Run {
             if r.failed.contains(&a) {
                 let (idx, _) = self.slots[a].take().expect("failed positions are placed");
                 self.placed_at[a] = None;
+                // Kept for the same input's other copy a while: computed again from the
+                // same inputs in the same places, the target has the same bytes, which a
+                // reader may have had before the death.
+                self.reserved[a] = Some((idx, Instant::now() + RETURN_GRACE));
                 r.resubscribe.push(idx);
             }
         }
@@ -904,10 +973,43 @@ mod tests {
         );
         assert!(run.gen[0] == 1, "the root's output gets a new generation");
         assert_eq!(run.placed(), 3, "no spare yet");
-        // The spare arrives and takes the free position.
+        // A spare arrives: the free position is kept for the dead leaf's input a while,
+        // then the spare takes it.
         assert!(run.arrived(4, &complete_on(9)).unwrap());
+        assert_eq!(run.slots[leaf], None, "kept for the input that was there");
+        let over = run.reserved_until().expect("a position kept");
+        run.release_reserved(over);
         assert_eq!(run.slots[leaf], Some((4, 9)));
         assert!(run.repair(leaf_node).is_none(), "a death is repaired once");
+    }
+
+    /// A first n of m whose placed input's node dies: the input's other copy (a replica)
+    /// takes its position back before a spare can, so the root computed again has the same
+    /// inputs in the same places (the same bytes a reader may have read before the death).
+    #[test]
+    fn a_dead_inputs_replica_takes_its_position_back_before_a_spare() {
+        let sources: Vec<ObjectId> = (0..4).map(|i| ObjectId::new(format!("s{i}"))).collect();
+        let kind = (ReduceOp::Sum, DType::F32);
+        let opts = ReduceOptions::default();
+        let mut run = Run::new(ObjectId::new("t"), &sources, 3, kind, &opts, LINK);
+        for i in 0..3 {
+            assert!(run.arrived(i, &complete_on(i as NodeId)).unwrap());
+        }
+        let p = run
+            .slots
+            .iter()
+            .position(|s| s.is_some_and(|s| s.0 == 1))
+            .unwrap();
+        // A spare waits; input 1's node dies.
+        assert!(run.arrived(3, &complete_on(3)).unwrap());
+        let r = run.repair(1).expect("a repair");
+        assert_eq!(r.resubscribe, vec![1]);
+        assert_eq!(run.slots[p], None, "no spare takes it at once");
+        // The replica of input 1 answers: the same position again.
+        assert!(run.arrived(1, &complete_on(5)).unwrap());
+        assert_eq!(run.slots[p], Some((1, 5)));
+        assert_eq!(run.spares.len(), 1, "the spare stays one");
+        assert_eq!(run.reserved_until(), None);
     }
 
     /// A source answered twice (subscribed again around a shard's failure while the first
@@ -1043,6 +1145,12 @@ mod tests {
         assert_eq!(run.placed(), 2);
         let r = run.repair(7).expect("a repair");
         assert!(r.resubscribe.contains(&0) && r.resubscribe.contains(&2));
+        assert_eq!(
+            run.placed(),
+            1,
+            "the freed position kept for input 0 a while"
+        );
+        run.release_reserved(run.reserved_until().expect("kept"));
         assert!(
             run.slots.iter().flatten().all(|&(_, n)| n != 7),
             "no position on the dead node: {:?}",
