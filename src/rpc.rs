@@ -322,6 +322,11 @@ impl Rpc {
         Ok(())
     }
 
+    /// The operation timeout that bounds [`Rpc::call`].
+    pub fn op_timeout(&self) -> Duration {
+        self.op_timeout
+    }
+
     /// A request/reply exchange, bounded by the operation timeout.
     pub fn call(&self, to: NodeId, make: impl FnOnce(Rid) -> Msg) -> Result<Reply> {
         self.call_or_cancel(to, make, |_| None)

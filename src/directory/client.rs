@@ -448,12 +448,26 @@ impl DirClient {
 
     /// Synchronous query at `shard`: the entry as it stands now.
     pub fn query_at(&self, shard: NodeId, id: &ObjectId) -> Result<Option<ObjectInfo>> {
-        match self.rpc.call(shard, |rid| {
+        self.query_until(shard, id, Instant::now() + self.rpc.op_timeout())
+    }
+
+    /// [`DirClient::query_at`] given up at `deadline`.
+    pub fn query_until(
+        &self,
+        shard: NodeId,
+        id: &ObjectId,
+        deadline: Instant,
+    ) -> Result<Option<ObjectInfo>> {
+        let query = |rid| {
             Msg::Dir(DirMsg::Query {
                 rid,
                 id: id.clone(),
             })
-        })? {
+        };
+        match self
+            .rpc
+            .call_or_cancel_until(shard, query, |_| None, deadline)?
+        {
             Reply::Info(i) => Ok(i),
             r => Err(self.rpc.unexpected(r)),
         }

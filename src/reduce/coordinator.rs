@@ -389,6 +389,10 @@ struct Live {
     ended: bool,
 }
 
+/// How long a repair waits for the target's shard to say whether the target is complete
+/// ([`Landing::repair_after`]); without an answer, the tree is repaired.
+const SETTLE_ASK: Duration = Duration::from_millis(500);
+
 impl Landing {
     fn live(&self) -> MutexGuard<'_, Live> {
         self.live.lock().unwrap_or_else(|e| e.into_inner())
@@ -408,9 +412,11 @@ impl Landing {
                 g.run.target.clone(),
             )
         };
+        // Bounded: a shard slow to answer only delays the repair a moment.
+        let until = Instant::now() + SETTLE_ASK;
         let survives = asks
-            && matches!(self.dir.query_at(self.dir.shard_of(&target), &target), Ok(Some(info))
-            if info.locations.iter().any(|l| {
+            && matches!(self.dir.query_until(self.dir.shard_of(&target), &target, until),
+            Ok(Some(info)) if info.locations.iter().any(|l| {
                 l.complete && l.node != node && !members.is_down(l.node)
             }));
         let mut g = self.live();
@@ -418,7 +424,7 @@ impl Landing {
             tracing::info!(
                 node = self.id,
                 dead = node,
-                "reduce {target}: its root died, the target is complete elsewhere: settled"
+                "reduce {target}: a node of its tree died, the target is complete: settled"
             );
             g.run.settle();
         }
