@@ -471,10 +471,7 @@ impl Node {
             }
             if let Ok(Some(info)) = self.locate(s.clone()) {
                 if !info.locations.is_empty() && info.size != size {
-                    return Err(Error::InvalidArgument(format!(
-                        "reduce input {s} has {} bytes, others {size}",
-                        info.size
-                    )));
+                    return Err(crate::reduce::other_size(s, info.size, size));
                 }
             }
         }
@@ -794,13 +791,7 @@ impl Node {
         }
         // A partition's own error first: the assembly's only says it gave up.
         if let Err(e) = assembled {
-            let first = outcomes.iter_mut().find(|o| o.is_err());
-            return Err(
-                match first.map(|o| std::mem::replace(o, Err(Error::Shutdown))) {
-                    Some(Err(partition)) => partition,
-                    _ => e,
-                },
-            );
+            return Err(outcomes.into_iter().find_map(Result::err).unwrap_or(e));
         }
         let mut outcomes = outcomes.into_iter().collect::<Result<Vec<_>>>()?;
         let mut first = outcomes.remove(0);

@@ -180,10 +180,7 @@ impl Node {
                         return Ok(None);
                     };
                     if info.size != size {
-                        return Err(crate::Error::InvalidArgument(format!(
-                            "reduce input {s} has {} bytes, others {size}",
-                            info.size
-                        )));
+                        return Err(crate::reduce::other_size(s, info.size, size));
                     }
                     // The copy the input was put in: complete, or filling but from no source.
                     let put = info

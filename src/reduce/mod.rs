@@ -92,6 +92,13 @@ pub struct ReduceHandle {
     finished: Arc<std::sync::atomic::AtomicBool>,
 }
 
+/// The error of a reduce input of `has` bytes where the others have `others`.
+pub(crate) fn other_size(input: &ObjectId, has: u64, others: u64) -> Error {
+    Error::InvalidArgument(format!(
+        "reduce input {input} has {has} bytes, others {others}"
+    ))
+}
+
 /// `InvalidArgument` if a source is named twice.
 pub(crate) fn distinct(sources: &[ObjectId]) -> Result<()> {
     let mut uniq: Vec<&ObjectId> = sources.iter().collect();

@@ -97,9 +97,8 @@ pub(super) struct Run {
     /// ([`RETURN_GRACE`]).
     pub(super) reserved: Vec<Option<(usize, Instant)>>,
     pub(super) dead: HashSet<NodeId>,
-    /// The target is complete on a live node (its root died after a reader had all of it):
-    /// every position counts as done, and no death is repaired any more
-    /// ([`Run::settle`]).
+    /// The target is complete on a live node although a node of the tree died: every
+    /// position counts as done, and no death is repaired any more ([`Run::settle`]).
     pub(super) settled: bool,
     /// Who is down now, and the nodes that were down when the reduce began to watch for
     /// deaths. Those are not in `dead` (their deaths came before), and the directory may still
@@ -297,10 +296,11 @@ impl Run {
             self.reserved = vec![None; self.num];
             self.task_errors = vec![0; self.num];
         } else if info.size != self.full_size {
-            return Err(Error::InvalidArgument(format!(
-                "reduce input {} has {} bytes, others {}",
-                self.sources[i], info.size, self.full_size
-            )));
+            return Err(super::other_size(
+                &self.sources[i],
+                info.size,
+                self.full_size,
+            ));
         }
         // An input takes part once: another answer for one placed or waiting as a spare (a
         // subscription made again around a shard's failure while the first one was still
@@ -331,8 +331,7 @@ impl Run {
             .find(|&p| self.slots[p].is_none() && self.reserved[p].is_some_and(|r| r.0 == i));
         if let Some(p) = kept {
             self.reserved[p] = None;
-            self.slots[p] = Some((i, node));
-            self.placed_at[p] = Some(Instant::now());
+            self.place(p, (i, node));
             return Ok(true);
         }
         self.spares.push_back((i, node));
@@ -396,18 +395,23 @@ impl Run {
                     .is_none_or(|c| c.try_claim(&self.sources[i], &self.target))
             });
             if let Some(s) = pick.and_then(|ix| self.spares.remove(ix)) {
-                tracing::debug!(
-                    target_id = self.target.as_str(),
-                    position = p,
-                    input = s.0,
-                    on = s.1,
-                    gen = self.gen[p],
-                    "reduce input placed"
-                );
-                self.slots[p] = Some(s);
-                self.placed_at[p] = Some(Instant::now());
+                self.place(p, s);
             }
         }
+    }
+
+    /// Places input `s.0` (on node `s.1`) at position `p`.
+    fn place(&mut self, p: usize, s: (usize, NodeId)) {
+        tracing::debug!(
+            target_id = self.target.as_str(),
+            position = p,
+            input = s.0,
+            on = s.1,
+            gen = self.gen[p],
+            "reduce input placed"
+        );
+        self.slots[p] = Some(s);
+        self.placed_at[p] = Some(Instant::now());
     }
 
     /// Whether every placed source is small and its bytes are here: then the reduce waits for
