@@ -251,9 +251,14 @@ impl Store {
     }
 
     /// Fails copy `key` under the store's lock: its readers are woken to an error, its name
-    /// is free again (if it still held it), and it is dropped once unused.
+    /// is free again (if it still held it), and it is dropped once unused. A complete copy
+    /// stays complete (its views hold its bytes: a task cancelled after its output was made,
+    /// a pull abandoned as it completed); only its name goes.
     fn fail_locked(st: &mut State, key: u64) {
-        st.copies.get_mut(&key).expect("live copy").status = CopyStatus::Failed;
+        let c = st.copies.get_mut(&key).expect("live copy");
+        if c.status != CopyStatus::Complete {
+            c.status = CopyStatus::Failed;
+        }
         Self::drop_name_locked(st, key);
     }
 
@@ -815,6 +820,26 @@ mod tests {
         assert!(s.recently_dropped(&ObjectId::new(format!("n{}", DROPPED_KEEP - 1))));
         assert!(s.lock().dropped.set.len() <= DROPPED_KEEP);
         assert!(s.lock().dropped.order.len() <= DROPPED_KEEP);
+    }
+
+    #[test]
+    fn a_complete_copy_failed_keeps_its_bytes_for_its_views_and_frees_its_name() {
+        let s = store(4096);
+        let x: ObjectId = "x".into();
+        let (c, _) = s.create(&x, 4, false).unwrap();
+        c.append(&[1, 2, 3, 4]).unwrap();
+        let view = crate::ObjectView::Arena(c.clone());
+        c.fail();
+        // Still whole for the view taken before (its deref must not fail), and for waiters.
+        assert_eq!(&view[..], &[1, 2, 3, 4]);
+        assert_eq!(c.status(), CopyStatus::Complete);
+        assert!(c.wait_complete(Duration::from_millis(1), None).is_ok());
+        // The name is free: not found, and made again with other bytes.
+        assert!(s.lookup(&x).is_none());
+        let (again, _) = s.create(&x, 4, false).unwrap();
+        again.append(&[9; 4]).unwrap();
+        assert_eq!(&view[..], &[1, 2, 3, 4]);
+        assert_eq!(again.as_slice().unwrap(), &[9; 4]);
     }
 
     #[test]
