@@ -1074,3 +1074,74 @@ fn an_input_of_another_size_that_comes_late_fails_the_allreduce_promptly() {
     all_told(&target, (mine, &read), "bytes", tag);
     assert!(t0.elapsed() < soon, "told after {:?}", t0.elapsed());
 }
+
+/// Allreduces of every regime run at the same time on the same nodes, each coordinated by
+/// another node, every node holding an input of each and reading each result: an inline
+/// one (1 KiB), two by halving and doubling (64 KiB, 300 KiB), one tree (1 MiB) and a
+/// partitioned one (8 MiB). Every node ends with the reference of each, byte for byte: the
+/// runs keep to their own plans, blocks, trees and partitions.
+#[test]
+fn allreduces_of_every_regime_at_once_each_end_correct_on_every_node() {
+    let n = 5;
+    let c = LocalCluster::start(n as u32, cfg(), tcp()).unwrap();
+    let all_nodes: Vec<usize> = (0..n).collect();
+    let sizes: [u64; 5] = [1 << 10, 64 << 10, 300 << 10, 1 << 20, 8 << 20];
+    for round in 0..2 {
+        let runs: Vec<_> = sizes
+            .iter()
+            .enumerate()
+            .map(|(j, &size)| {
+                let tag = format!("concurrent/{round}/{j}");
+                let (inputs, sources) = put_inputs(&c, &tag, &all_nodes, size, DType::F32);
+                (
+                    j % n,
+                    size,
+                    inputs,
+                    sources,
+                    ObjectId::new(format!("{tag}/out")),
+                )
+            })
+            .collect();
+        std::thread::scope(|s| {
+            let mut hs = Vec::new();
+            for (coordinator, size, _, sources, target) in &runs {
+                for k in 0..n {
+                    let node = c.node(k).clone();
+                    let (t, size) = (target.clone(), *size);
+                    let sources = sources.clone();
+                    let coordinates = k == *coordinator;
+                    hs.push(s.spawn(move || {
+                        let got = match coordinates {
+                            true => node
+                                .allreduce(
+                                    t,
+                                    &sources,
+                                    ReduceOp::Sum,
+                                    DType::F32,
+                                    &ReduceOptions::default(),
+                                )
+                                .map(|r| r.0),
+                            false => node.allreduce_read(t, size).map(|v| v.to_vec()),
+                        };
+                        (k, got)
+                    }));
+                }
+            }
+            let mut hs = hs.into_iter();
+            for (coordinator, size, inputs, _, _) in &runs {
+                let want = reference(inputs, ReduceOp::Sum, DType::F32);
+                for _ in 0..n {
+                    let (k, got) = hs.next().expect("one per node").join().unwrap();
+                    let got = got.unwrap_or_else(|e| {
+                        panic!("round {round}, {size} B (coordinator {coordinator}), node {k}: {e}")
+                    });
+                    assert!(
+                        got == want,
+                        "round {round}, {size} B (coordinator {coordinator}): node {k}'s \
+                         result differs from the reference"
+                    );
+                }
+            }
+        });
+    }
+}
