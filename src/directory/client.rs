@@ -489,10 +489,13 @@ impl DirClient {
         out: Sender<Result<Option<ObjectInfo>>>,
     ) -> Result<()> {
         let me = self.id;
+        let shard = self.shard_of(id);
         let on_reply = Box::new(move |r: Result<Reply>| {
             let r = match r {
                 Ok(Reply::Info(i)) => Ok(i),
                 Ok(Reply::InfoInline(i, _)) => Ok(Some(i)),
+                // Refused (this node has too many requests waiting there).
+                Ok(Reply::Error(what)) => Err(Error::Protocol { peer: shard, what }),
                 Ok(r) => Err(unexpected_reply(me, r)),
                 Err(e) => Err(e),
             };

@@ -4,6 +4,7 @@
 mod client;
 mod held;
 mod promises;
+mod queued;
 mod shard;
 
 pub(crate) use client::{DirClient, Resume};

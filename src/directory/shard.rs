@@ -3,6 +3,7 @@
 //! source and withholds that source until the receiver reports back, so broadcast receivers
 //! arrange themselves into a tree. It is a plain state machine: messages in, messages out.
 
+use super::queued::{self, FromNode, Queued};
 use crate::config::INLINE_LIMIT;
 use crate::protocol::{DirMsg, Located, LocationInfo, Msg, ObjectInfo, Reply, Rid};
 use crate::ObjectId;
@@ -62,6 +63,21 @@ struct Waiter {
     epoch: Option<u64>,
 }
 
+impl FromNode for Waiter {
+    fn node(&self) -> NodeId {
+        self.node
+    }
+}
+
+/// The answer to a wait or subscription refused because its node has
+/// [`queued::MAX_PER_NODE`] waiting here already.
+fn too_many(node: NodeId) -> Reply {
+    Reply::Error(format!(
+        "node {node} has {} requests waiting at this shard already",
+        queued::MAX_PER_NODE
+    ))
+}
+
 impl Waiter {
     /// A resumed pull whose bytes belong to an epoch before `now` (the object was reset
     /// since it began). A pull that does not know its epoch (begun on a claim: reduce
@@ -83,8 +99,10 @@ pub struct Assignment {
 #[derive(Debug, Default)]
 pub struct Shard {
     entries: HashMap<ObjectId, Entry>,
-    waiting: HashMap<ObjectId, VecDeque<Waiter>>,
-    subscribers: HashMap<ObjectId, Vec<(NodeId, Rid)>>,
+    /// Reads waiting for a copy, and subscriptions, by object: at most
+    /// [`queued::MAX_PER_NODE`] of each per requesting node.
+    waiting: Queued<Waiter>,
+    subscribers: Queued<(NodeId, Rid)>,
     tombstones: HashSet<ObjectId>,
     tombstone_order: VecDeque<ObjectId>,
     log: VecDeque<Assignment>,
@@ -291,12 +309,8 @@ impl Shard {
                 self.serve_waiters(&id, out);
             }
             DirMsg::CancelLocate { id, rid } => {
-                if let Some(q) = self.waiting.get_mut(&id) {
-                    q.retain(|w| !(w.node == from && w.rid == rid));
-                    if q.is_empty() {
-                        self.waiting.remove(&id);
-                    }
-                }
+                self.waiting
+                    .retain_of(&id, |w| !(w.node == from && w.rid == rid));
                 // Answered already: the assignment made under that number is released and the
                 // requester's partial copy (it never pulled) leaves the entry.
                 if let Some(e) = self.entries.get_mut(&id) {
@@ -408,7 +422,9 @@ impl Shard {
                         self.orphans.entry(id.clone()).or_insert_with(Instant::now);
                     }
                     if wait && !self.tombstones.contains(&id) {
-                        self.waiting.entry(id).or_default().push_back(w);
+                        if let Err(w) = self.waiting.push(id, w) {
+                            reply(out, from, w.rid, too_many(from));
+                        }
                     } else {
                         reply(out, from, w.rid, Reply::Located(Located::NotFound));
                     }
@@ -459,7 +475,11 @@ impl Shard {
                     reply(out, from, rid, e.ready());
                 }
                 _ if self.tombstones.contains(&id) => reply(out, from, rid, Reply::Info(None)),
-                _ => self.subscribers.entry(id).or_default().push((from, rid)),
+                _ => {
+                    if self.subscribers.push(id, (from, rid)).is_err() {
+                        reply(out, from, rid, too_many(from));
+                    }
+                }
             },
             DirMsg::Delete { rid, id } => {
                 let nodes = self
@@ -472,10 +492,10 @@ impl Shard {
                 self.epochs.remove(&id);
                 self.orphans.remove(&id);
                 self.promises.remove(&id);
-                for w in self.waiting.remove(&id).unwrap_or_default() {
+                for w in self.waiting.take(&id) {
                     reply(out, w.node, w.rid, Reply::Located(Located::NotFound));
                 }
-                for (n, r) in self.subscribers.remove(&id).unwrap_or_default() {
+                for (n, r) in self.subscribers.take(&id) {
                     reply(out, n, r, Reply::Info(None));
                 }
                 reply(out, from, rid, Reply::Deleted(nodes));
@@ -501,18 +521,13 @@ impl Shard {
                 let now = *epoch;
                 // Partial copies waiting for a new source hold the old bytes: they start
                 // over; plain readers wait for the new copy.
-                if let Some(q) = self.waiting.get_mut(&id) {
-                    q.retain(|w| {
-                        let stale = w.stale(now);
-                        if stale {
-                            reply(out, w.node, w.rid, Reply::Located(Located::Reset));
-                        }
-                        !stale
-                    });
-                    if q.is_empty() {
-                        self.waiting.remove(&id);
+                self.waiting.retain_of(&id, |w| {
+                    let stale = w.stale(now);
+                    if stale {
+                        reply(out, w.node, w.rid, Reply::Located(Located::Reset));
                     }
-                }
+                    !stale
+                });
                 reply(out, from, rid, Reply::Deleted(nodes));
             }
             DirMsg::Promise { id, node, promised } => {
@@ -646,12 +661,8 @@ impl Shard {
         for e in self.entries.values() {
             peers.extend(e.locs.keys().copied());
         }
-        for q in self.waiting.values() {
-            peers.extend(q.iter().map(|w| w.node));
-        }
-        for s in self.subscribers.values() {
-            peers.extend(s.iter().map(|(n, _)| *n));
-        }
+        peers.extend(self.waiting.iter().map(|w| w.node));
+        peers.extend(self.subscribers.iter().map(|(n, _)| *n));
         for c in self.pending_claims.values() {
             peers.extend(c.iter().flat_map(|&(src, receiver, _, _)| [src, receiver]));
         }
@@ -719,16 +730,12 @@ impl Shard {
         for id in &ids {
             self.remove_copy(id, node, now);
         }
-        for q in self.waiting.values_mut() {
-            q.retain(|w| w.node != node);
-        }
+        self.waiting.retain(|w| w.node != node);
         for c in self.pending_claims.values_mut() {
             c.retain(|&(src, receiver, _, _)| src != node && receiver != node);
         }
         self.pending_claims.retain(|_, c| !c.is_empty());
-        for s in self.subscribers.values_mut() {
-            s.retain(|(n, _)| *n != node);
-        }
+        self.subscribers.retain(|(n, _)| *n != node);
         for id in &ids {
             self.serve_waiters(id, out);
         }
@@ -793,7 +800,7 @@ impl Shard {
                 "object lost: every copy died with its node"
             );
             e.lost = true;
-            for w in self.waiting.remove(&id).unwrap_or_default() {
+            for w in self.waiting.take(&id) {
                 reply(out, w.node, w.rid, Reply::Located(Located::Lost));
             }
         }
@@ -994,22 +1001,19 @@ impl Shard {
     }
 
     fn serve_waiters(&mut self, id: &ObjectId, out: &mut Out) {
-        let Some(mut q) = self.waiting.remove(id) else {
-            return;
-        };
+        let mut q = self.waiting.take(id);
         let mut left = VecDeque::new();
         while let Some(w) = q.pop_front() {
             if let Some(w) = self.try_locate(id, w, out) {
                 left.push_back(w);
             }
         }
-        if !left.is_empty() {
-            self.waiting.insert(id.clone(), left);
-        }
+        self.waiting.put_back(id.clone(), left);
     }
 
     fn notify(&mut self, id: &ObjectId, out: &mut Out) {
-        if let Some(subs) = self.subscribers.remove(id) {
+        let subs = self.subscribers.take(id);
+        if !subs.is_empty() {
             let ready = self.entries.get(id).map_or(Reply::Info(None), Entry::ready);
             for (n, rid) in subs {
                 reply(out, n, rid, ready.clone());
@@ -1510,6 +1514,120 @@ mod tests {
                     reply: Reply::Info(Some(_))
                 }
             )));
+    }
+
+    /// A node that floods the shard with waits for objects that never come is refused past
+    /// its bound, with an error; another node's wait is still taken and answered, and the
+    /// flooder's waits count off as they are answered (room again).
+    #[test]
+    fn a_flood_of_waits_is_refused_past_its_bound_and_others_still_wait() {
+        let mut s = Shard::new();
+        let mut out = Vec::new();
+        let bound = queued::MAX_PER_NODE as u64;
+        // Subscriptions, then reads that wait: each kind bounded on its own.
+        for k in 0..2 * (bound + 3) {
+            let (id, rid) = (ObjectId::new(format!("never{}", k % 1000)), k + 1);
+            match k < bound + 3 {
+                true => s.handle(9, DirMsg::Subscribe { rid, id }, &mut out),
+                false => s.handle(
+                    9,
+                    DirMsg::Locate {
+                        rid,
+                        id,
+                        wait: true,
+                        resume: false,
+                        exclude: Vec::new(),
+                        epoch: None,
+                    },
+                    &mut out,
+                ),
+            }
+        }
+        // The last three of each kind are refused, with an error.
+        let refused: Vec<Rid> = out
+            .iter()
+            .filter_map(|(n, m)| match m {
+                Msg::Reply {
+                    rid,
+                    reply: Reply::Error(e),
+                } if *n == 9 && e.contains("waiting") => Some(*rid),
+                _ => None,
+            })
+            .collect();
+        let last = 2 * (bound + 3);
+        let want = [bound + 1, bound + 2, bound + 3, last - 2, last - 1, last];
+        assert_eq!(refused, want);
+        assert_eq!(out.len(), 6, "nothing else answered");
+        out.clear();
+        // Another node still waits, and is answered when the object comes.
+        s.handle(
+            4,
+            DirMsg::Subscribe {
+                rid: 1,
+                id: "x".into(),
+            },
+            &mut out,
+        );
+        assert!(out.is_empty());
+        let out = publish(&mut s, 2, false);
+        assert!(matches!(
+            &out[..],
+            [(
+                4,
+                Msg::Reply {
+                    rid: 1,
+                    reply: Reply::Info(Some(_))
+                }
+            )]
+        ));
+        // The flooder's waits on one object answered (it is made): that many fit again.
+        let mut out = Vec::new();
+        s.handle(
+            2,
+            DirMsg::Publish {
+                id: "never7".into(),
+                size: 100,
+                node: 2,
+                complete: true,
+            },
+            &mut out,
+        );
+        // (Its subscriptions to it: those count against the subscriptions' bound.)
+        let answered = out
+            .iter()
+            .filter(|(n, m)| {
+                *n == 9
+                    && matches!(
+                        m,
+                        Msg::Reply {
+                            reply: Reply::Info(_),
+                            ..
+                        }
+                    )
+            })
+            .count();
+        assert!(answered > 0);
+        out.clear();
+        for k in 0..answered as u64 {
+            s.handle(
+                9,
+                DirMsg::Subscribe {
+                    rid: 900_000 + k,
+                    id: "later".into(),
+                },
+                &mut out,
+            );
+        }
+        assert!(out.is_empty(), "room for as many as were answered");
+        s.handle(
+            9,
+            DirMsg::Subscribe {
+                rid: 1,
+                id: "later".into(),
+            },
+            &mut out,
+        );
+        assert_eq!(out.len(), 1, "and no more");
     }
 
     #[test]
