@@ -35,6 +35,9 @@ struct Loc {
 struct Entry {
     size: u64,
     inline: Option<Vec<u8>>,
+    /// The node whose put the inline bytes came with (they count against its
+    /// [`INLINE_HELD_PER_NODE`]).
+    inline_by: NodeId,
     locs: BTreeMap<NodeId, Loc>,
     /// Bytes of this small object sent inline to readers so far (see [`INLINE_FANOUT`]).
     inline_sent: u64,
@@ -53,6 +56,13 @@ struct Entry {
 /// answer.
 pub const INLINE_FANOUT: u64 = 64 << 10;
 
+/// Bytes of small objects one node's puts may keep inline at one shard. Beyond, the shard
+/// lists such an object at its putter only (which keeps a copy in its store, as for every
+/// put), and readers pull it from there: a member that puts small objects without end, or
+/// forges puts it keeps no copy of, cannot grow a shard's memory past this (the node's
+/// arena bounds an honest node's small objects long before, spread over every shard).
+pub const INLINE_HELD_PER_NODE: u64 = if cfg!(test) { 1 << 20 } else { 256 << 20 };
+
 #[derive(Debug)]
 struct Waiter {
     node: NodeId,
@@ -66,6 +76,16 @@ struct Waiter {
 impl FromNode for Waiter {
     fn node(&self) -> NodeId {
         self.node
+    }
+}
+
+/// `bytes` inline of `node`'s no longer held.
+fn forget_inline(held: &mut HashMap<NodeId, u64>, node: NodeId, bytes: u64) {
+    if let Some(h) = held.get_mut(&node) {
+        *h = h.saturating_sub(bytes);
+        if *h == 0 {
+            held.remove(&node);
+        }
     }
 }
 
@@ -122,6 +142,8 @@ pub struct Shard {
     /// the reduces into it), until a complete copy is listed or they die, take it back or the
     /// object is deleted. Like a producer's copy, a promise keeps an object from being lost.
     promises: HashMap<ObjectId, Vec<NodeId>>,
+    /// Inline bytes held, by the node that put them (see [`INLINE_HELD_PER_NODE`]).
+    inline_held: HashMap<NodeId, u64>,
     /// Objects given up by a rank of a run whose coordinator died (`DirMsg::GiveUp`), by
     /// that coordinator, until this shard sees it down too (at most `GIVE_UPS`, oldest
     /// dropped).
@@ -166,6 +188,7 @@ impl Entry {
         Entry {
             size,
             inline: None,
+            inline_by: 0,
             locs: BTreeMap::new(),
             inline_sent: 0,
             lost: false,
@@ -377,7 +400,17 @@ impl Shard {
                     e.size = size;
                     e.locs.clear();
                 }
-                e.inline = Some(data);
+                if let Some(old) = e.inline.take() {
+                    forget_inline(&mut self.inline_held, e.inline_by, old.len() as u64);
+                }
+                let held = self.inline_held.entry(node).or_default();
+                if *held + size <= INLINE_HELD_PER_NODE {
+                    *held += size;
+                    e.inline = Some(data);
+                    e.inline_by = node;
+                } else {
+                    warn!(from, %id, "inline bytes of this node over the shard's bound: listed at the node only");
+                }
                 e.lost = false;
                 self.orphans.remove(&id);
                 self.promises.remove(&id);
@@ -482,11 +515,7 @@ impl Shard {
                 }
             },
             DirMsg::Delete { rid, id } => {
-                let nodes = self
-                    .entries
-                    .remove(&id)
-                    .map(|e| e.locs.keys().copied().collect())
-                    .unwrap_or_default();
+                let nodes = self.remove_entry(&id);
                 self.remember_tombstone(id.clone());
                 self.pending_claims.remove(&id);
                 self.epochs.remove(&id);
@@ -504,11 +533,7 @@ impl Shard {
                 // Its producer computes it again: not lost, whatever died.
                 self.pending_claims.remove(&id);
                 self.orphans.remove(&id);
-                let nodes = self
-                    .entries
-                    .remove(&id)
-                    .map(|e| e.locs.keys().copied().collect())
-                    .unwrap_or_default();
+                let nodes = self.remove_entry(&id);
                 if self.epochs.len() >= EPOCHS && !self.epochs.contains_key(&id) {
                     // Bounded: an object forgotten here starts again at epoch 0, and a pull
                     // that knows a later one restarts once (never resumes stale bytes).
@@ -1011,6 +1036,18 @@ impl Shard {
         self.waiting.put_back(id.clone(), left);
     }
 
+    /// Removes the entry of `id` (its inline bytes counted off their putter): the nodes
+    /// that held a copy.
+    fn remove_entry(&mut self, id: &ObjectId) -> Vec<NodeId> {
+        let Some(e) = self.entries.remove(id) else {
+            return Vec::new();
+        };
+        if let Some(data) = &e.inline {
+            forget_inline(&mut self.inline_held, e.inline_by, data.len() as u64);
+        }
+        e.locs.keys().copied().collect()
+    }
+
     fn notify(&mut self, id: &ObjectId, out: &mut Out) {
         let subs = self.subscribers.take(id);
         if !subs.is_empty() {
@@ -1188,6 +1225,81 @@ mod tests {
         assert!(loc(&s, 3).is_none());
         assert_eq!(loc(&s, 2).unwrap().serving, None);
         assert_eq!(located(&locate(&mut s, 4, vec![]), 4), src(2));
+    }
+
+    /// One node's inline bytes at a shard are bounded: past the bound its small objects are
+    /// listed at the node alone (a reader is sent there to pull), another node's stay
+    /// inline, and deleting the first node's objects makes room again.
+    #[test]
+    fn a_nodes_inline_bytes_are_bounded_and_further_puts_listed_at_the_node() {
+        let mut s = Shard::new();
+        let len = 60_000usize;
+        let fits = (INLINE_HELD_PER_NODE / len as u64) as usize;
+        let put = |s: &mut Shard, node: NodeId, id: &str| {
+            let mut out = Vec::new();
+            let (id, data) = (ObjectId::new(id), vec![node as u8; len]);
+            s.handle(
+                node,
+                DirMsg::PutInline {
+                    rid: NO_REPLY,
+                    id,
+                    node,
+                    data,
+                },
+                &mut out,
+            );
+        };
+        let read = |s: &mut Shard, id: &str| {
+            let mut out = Vec::new();
+            let msg = DirMsg::Locate {
+                rid: 1,
+                id: id.into(),
+                wait: false,
+                resume: false,
+                exclude: Vec::new(),
+                epoch: None,
+            };
+            s.handle(5, msg, &mut out);
+            match out.pop() {
+                Some((
+                    5,
+                    Msg::Reply {
+                        reply: Reply::Located(l),
+                        ..
+                    },
+                )) => l,
+                o => panic!("{o:?}"),
+            }
+        };
+        for k in 0..fits + 2 {
+            put(&mut s, 2, &format!("a{k}"));
+        }
+        put(&mut s, 3, "b");
+        assert!(matches!(read(&mut s, "a0"), Located::Inline(d) if d.len() == len));
+        let last = format!("a{}", fits - 1);
+        assert!(matches!(read(&mut s, &last), Located::Inline(_)));
+        // Over the bound: listed at node 2 (complete), and read from there.
+        let over = format!("a{fits}");
+        let i = s.info(&over.as_str().into()).unwrap();
+        assert!(i.locations.iter().any(|l| l.node == 2 && l.complete));
+        assert!(matches!(
+            read(&mut s, &over),
+            Located::Source { node: 2, .. }
+        ));
+        // Another node's stays inline.
+        assert!(matches!(read(&mut s, "b"), Located::Inline(d) if d[0] == 3));
+        // Deleted: room again for node 2.
+        let mut out = Vec::new();
+        s.handle(
+            2,
+            DirMsg::Delete {
+                rid: 9,
+                id: "a0".into(),
+            },
+            &mut out,
+        );
+        put(&mut s, 2, "again");
+        assert!(matches!(read(&mut s, "again"), Located::Inline(_)));
     }
 
     #[test]
