@@ -529,10 +529,13 @@ fn lengths_not_a_multiple_of_the_element_size_are_rejected() {
     ));
 }
 
-/// A reduce that fails at once (an input that is not a whole number of elements), before
-/// its promise to produce the target went out: a reader already waiting for the target on
-/// another node is told it is lost after `lost_after` (1 s here), not left to its op
-/// timeout (60 s); whether the target's entry is on the coordinator's node or elsewhere.
+/// A reduce that fails at once (an input that is not a whole number of elements): a reader
+/// already waiting for the target on another node is told it is lost after `lost_after` (1
+/// s here), not left to its op timeout (60 s); whether the target's entry is on the
+/// coordinator's node or elsewhere, and whether its promise to produce the target had gone
+/// out (inputs of 1 MiB and more: at once; for a target whose entry is the coordinator's
+/// own, to the entry's next owner, and the readers at the coordinator's shard must hear of
+/// the failure too) or not yet (small inputs: the failure came first).
 #[test]
 fn a_reader_of_a_reduce_that_failed_at_once_is_told_it_is_lost() {
     let cfg = NodeConfig {
@@ -542,19 +545,25 @@ fn a_reader_of_a_reduce_that_failed_at_once_is_told_it_is_lost() {
         ..NodeConfig::default()
     };
     let c = LocalCluster::start(3, cfg, TcpConfig::default()).unwrap();
-    c.node(0).put("bad-0", &[1u8; 4098]).unwrap();
-    c.node(1).put("bad-1", &[1u8; 4098]).unwrap();
-    let ids = [ObjectId::new("bad-0"), ObjectId::new("bad-1")];
     // Targets whose entries are on the coordinator's node, and on another.
-    let mut targets: Vec<ObjectId> = Vec::new();
-    for local in [true, false] {
-        let t = (0..)
-            .map(|k| ObjectId::new(format!("bad-out-{k}")))
-            .find(|t| (c.node(0).shard_of(t.clone()) == 0) == local)
-            .unwrap();
-        targets.push(t);
+    let mut targets: Vec<(ObjectId, usize)> = Vec::new();
+    let mut names = (0..).map(|k| ObjectId::new(format!("bad-out-{k}")));
+    for len in [4098, (1 << 20) + 2] {
+        for local in [true, false] {
+            let t = names
+                .by_ref()
+                .find(|t| (c.node(0).shard_of(t.clone()) == 0) == local)
+                .unwrap();
+            targets.push((t, len));
+        }
     }
-    for target in targets {
+    for (target, len) in targets {
+        let ids = [
+            ObjectId::new(format!("{target}-in0")),
+            ObjectId::new(format!("{target}-in1")),
+        ];
+        c.node(0).put(ids[0].clone(), &vec![1u8; len]).unwrap();
+        c.node(1).put(ids[1].clone(), &vec![1u8; len]).unwrap();
         let reader = {
             let (node, t) = (c.node(2).clone(), target.clone());
             std::thread::spawn(move || {

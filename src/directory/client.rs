@@ -217,6 +217,18 @@ impl DirClient {
             return;
         };
         match sent {
+            Some(sent) if !ok && sent.backup => {
+                // Kept by the entry's next owner: this node owns the entry, and the readers
+                // waiting there hear of the failure only from it (made and taken back, as for
+                // a promise that never went out).
+                self.send_queued(sent.to, self.promise_msg(id.clone(), sent, false));
+                let owner = Sent {
+                    to: self.shard_of(&id),
+                    backup: false,
+                };
+                self.send_queued(owner.to, self.promise_msg(id.clone(), owner, true));
+                self.send_queued(owner.to, self.promise_msg(id, owner, false));
+            }
             Some(sent) if !ok || sent.backup => {
                 self.send_queued(sent.to, self.promise_msg(id, sent, false));
             }
