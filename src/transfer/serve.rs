@@ -639,6 +639,11 @@ impl Transfers {
             if let Some(c) = fwd.as_deref().and_then(|f| f.copy.get()) {
                 break c.clone();
             }
+            // Here: served, whatever the hints say (a node that does not read an allreduce
+            // still serves the partitions its tasks made, however late it is asked).
+            if let Some(c) = self.store.lookup(id) {
+                break c;
+            }
             // Dropped here (deleted, evicted, failed) and not made again: no copy is
             // coming; the receiver asks elsewhere now rather than after the wait.
             if self.store.recently_dropped(id) {
