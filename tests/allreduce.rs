@@ -437,11 +437,34 @@ fn kill_once_stalled_and_done(
 /// told it was lost.)
 #[test]
 fn a_partition_root_killed_after_its_partition_is_done_leaves_the_survivors_correct() {
+    staged(
+        "a partition root killed after its partition is done",
+        |attempt| partition_root_killed_after_done(attempt),
+    );
+}
+
+/// Runs `attempt` (its number given) until the scenario it stages arises (it returns true),
+/// at most three times: on a loaded host the inputs' timing may shape the trees otherwise
+/// (then the attempt checks the survivors all the same, and the next one stages it again).
+fn staged(what: &str, mut attempt: impl FnMut(usize) -> bool) {
+    for k in 0..3 {
+        if attempt(k) {
+            return;
+        }
+        println!("{what}: attempt {k} did not stage it; again");
+    }
+    panic!("{what}: never staged in three attempts");
+}
+
+/// One attempt of the test above: whether the scenario arose (the survivors are checked
+/// either way).
+fn partition_root_killed_after_done(attempt: usize) -> bool {
     let n = 4;
     let size: u64 = 8 << 20;
     let dtype = DType::F32;
     let c = LocalCluster::start(n as u32, cfg(), tcp()).unwrap();
-    let tag = "late-root";
+    let tag = format!("late-root-{attempt}");
+    let tag = tag.as_str();
     let (inputs, sources) = named_inputs(tag, n, size, dtype);
     c.node(0).put(sources[0].clone(), &inputs[0]).unwrap();
     let _ = c.node(1).get(sources[0].clone()).unwrap();
@@ -468,13 +491,14 @@ fn a_partition_root_killed_after_its_partition_is_done_leaves_the_survivors_corr
         &readers,
     );
     putter.join().unwrap();
-    assert!(
-        killer.join().unwrap(),
-        "the last root's copy of {part} stalled, its partition done"
-    );
-    assert_eq!(outcome.partitions, n, "partitioned");
-    assert!(outcome.by_arrival, "trees by arrival");
+    // Staged: the last root's copy of the partition stalled, its partition done.
+    let staged = killer.join().unwrap();
     survivors_have_the_sum(&all, &inputs, (size, dtype), "late root killed");
+    if staged {
+        assert_eq!(outcome.partitions, n, "partitioned");
+        assert!(outcome.by_arrival, "trees by arrival");
+    }
+    staged
 }
 
 /// The same for one tree (1 MiB: not partitioned), a chain whose root is the last arrival:
@@ -483,11 +507,21 @@ fn a_partition_root_killed_after_its_partition_is_done_leaves_the_survivors_corr
 /// again (the same bytes), and every survivor ends with the sum.
 #[test]
 fn a_tree_root_killed_after_it_is_done_leaves_the_survivors_correct() {
+    staged(
+        "a tree root killed after it is done",
+        tree_root_killed_after_done,
+    );
+}
+
+/// One attempt of the test above: whether the scenario arose (the survivors are checked
+/// either way).
+fn tree_root_killed_after_done(attempt: usize) -> bool {
     let n = 4;
     let size: u64 = 1 << 20;
     let dtype = DType::F32;
     let c = LocalCluster::start(n as u32, cfg(), tcp()).unwrap();
-    let tag = "late-tree-root";
+    let tag = format!("late-tree-root-{attempt}");
+    let tag = tag.as_str();
     let (inputs, sources) = named_inputs(tag, n, size, dtype);
     for k in 0..n - 1 {
         c.node(k).put(sources[k].clone(), &inputs[k]).unwrap();
@@ -526,16 +560,17 @@ fn a_tree_root_killed_after_it_is_done_leaves_the_survivors_correct() {
         (all, outcome)
     });
     putter.join().unwrap();
-    assert!(
-        killer.join().unwrap(),
-        "the root's copy of {target} stalled, the root done"
-    );
-    assert_eq!(outcome.partitions, 1, "one tree");
-    // Rooted at the last arrival (its copy stalled), the root computed again on the node
-    // of its input's replica.
-    assert!(outcome.recomputed.contains(&0), "the root computed again");
-    assert_eq!(outcome.tree[0].node, 0, "on the replica's node");
+    // Staged: the root's copy to the coordinator stalled, the root done.
+    let staged = killer.join().unwrap();
     survivors_have_the_sum(&all, &inputs, (size, dtype), "tree root killed");
+    if staged {
+        assert_eq!(outcome.partitions, 1, "one tree");
+        // Rooted at the last arrival (its copy stalled), the root computed again on the
+        // node of its input's replica.
+        assert!(outcome.recomputed.contains(&0), "the root computed again");
+        assert_eq!(outcome.tree[0].node, 0, "on the replica's node");
+    }
+    staged
 }
 
 /// A coordinator that holds no input cannot size the object: one tree, and readers that wait
