@@ -439,7 +439,7 @@ fn kill_once_stalled_and_done(
 fn a_partition_root_killed_after_its_partition_is_done_leaves_the_survivors_correct() {
     staged(
         "a partition root killed after its partition is done",
-        |attempt| partition_root_killed_after_done(attempt),
+        partition_root_killed_after_done,
     );
 }
 
