@@ -1148,6 +1148,13 @@ mod tests {
         out
     }
 
+    /// `node` subscribes to `id` under `rid`: what the shard answers at once.
+    fn subscribe(s: &mut Shard, node: NodeId, rid: Rid, id: &str) -> Out {
+        let mut out = Vec::new();
+        s.handle(node, DirMsg::Subscribe { rid, id: id.into() }, &mut out);
+        out
+    }
+
     fn publish(s: &mut Shard, node: NodeId, complete: bool) -> Out {
         let mut out = Vec::new();
         s.handle(
@@ -1672,15 +1679,7 @@ mod tests {
         assert_eq!(out.len(), 6, "nothing else answered");
         out.clear();
         // Another node still waits, and is answered when the object comes.
-        s.handle(
-            4,
-            DirMsg::Subscribe {
-                rid: 1,
-                id: "x".into(),
-            },
-            &mut out,
-        );
-        assert!(out.is_empty());
+        assert!(subscribe(&mut s, 4, 1, "x").is_empty());
         let out = publish(&mut s, 2, false);
         assert!(matches!(
             &out[..],
@@ -1719,42 +1718,17 @@ mod tests {
             })
             .count();
         assert!(answered > 0);
-        out.clear();
         for k in 0..answered as u64 {
-            s.handle(
-                9,
-                DirMsg::Subscribe {
-                    rid: 900_000 + k,
-                    id: "later".into(),
-                },
-                &mut out,
-            );
+            let out = subscribe(&mut s, 9, 900_000 + k, "later");
+            assert!(out.is_empty(), "room for as many as were answered");
         }
-        assert!(out.is_empty(), "room for as many as were answered");
-        s.handle(
-            9,
-            DirMsg::Subscribe {
-                rid: 1,
-                id: "later".into(),
-            },
-            &mut out,
-        );
-        assert_eq!(out.len(), 1, "and no more");
+        assert_eq!(subscribe(&mut s, 9, 1, "later").len(), 1, "and no more");
     }
 
     #[test]
     fn subscribe_pushes_on_first_location() {
         let mut s = Shard::new();
-        let mut out = Vec::new();
-        s.handle(
-            4,
-            DirMsg::Subscribe {
-                rid: 5,
-                id: "x".into(),
-            },
-            &mut out,
-        );
-        assert!(out.is_empty());
+        assert!(subscribe(&mut s, 4, 5, "x").is_empty());
         let out = publish(&mut s, 2, false);
         match &out[..] {
             [(
