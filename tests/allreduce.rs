@@ -1204,3 +1204,81 @@ fn allreduces_of_every_regime_at_once_each_end_correct_on_every_node() {
         });
     }
 }
+
+/// The first 3 of 4 inputs, one chain: the last of the three to come roots it, and its copy
+/// to the others stalls halfway (an injected fault); once its input has a replica it is
+/// killed, the target's only complete copy with it. A first-n-of-m tree is not repaired once
+/// done (a root computed again could take another input), so nothing makes the target
+/// again: the coordinator and the reader are told it is lost, after the grace, instead of
+/// waiting out their op timeout (the target's entry was on the dead node too: the
+/// coordinator's promise, made again at the entry's new owner, kept it from being lost).
+#[test]
+fn a_first_n_tree_whose_root_dies_once_done_is_lost_to_its_readers_not_waited_for() {
+    staged(
+        "a first-n tree root killed once done",
+        first_n_root_killed_after_done,
+    );
+}
+
+fn first_n_root_killed_after_done(attempt: usize) -> bool {
+    let n = 4;
+    let size: u64 = 1 << 20;
+    let dtype = DType::F32;
+    let cfg = NodeConfig {
+        lost_after: Duration::from_secs(1),
+        ..cfg()
+    };
+    let c = LocalCluster::start(n as u32, cfg, tcp()).unwrap();
+    let tag = format!("first-root-{attempt}");
+    let (inputs, sources) = named_inputs(&tag, n, size, dtype);
+    for k in 0..2 {
+        c.node(k).put(sources[k].clone(), &inputs[k]).unwrap();
+    }
+    let victim = 2;
+    // The target's entry on the victim's node too: when it dies, the entry moves and the
+    // coordinator makes its standing promises again at the new owner.
+    let target = (0..)
+        .map(|k| ObjectId::new(format!("{tag}/out{k}")))
+        .find(|t| c.node(0).shard_of(t.clone()) == victim as u32)
+        .unwrap();
+    c.node(victim).inject_fault(FaultPlan {
+        object: target.clone(),
+        after_bytes: size / 2,
+        action: FaultAction::Stall,
+    });
+    // Input 3 never comes: a spare the first 3 do not need.
+    let order = [(victim, Duration::from_millis(50))];
+    let (done_tx, done) = crossbeam_channel::unbounded();
+    let putter = put_later(&c, &inputs, &sources, &order, true, Some(done_tx));
+    let killer = kill_once_stalled_and_done(c.node(victim), &target, victim, done);
+    let chain = ReduceOptions {
+        degree: Some(1),
+        ..ReduceOptions::default()
+    };
+    let t0 = Instant::now();
+    let (mine, read) = std::thread::scope(|s| {
+        let reader = {
+            let (node, t) = (c.node(1).clone(), target.clone());
+            s.spawn(move || node.allreduce_read(t, size).map(|v| v.to_vec()))
+        };
+        let mine =
+            c.node(0)
+                .allreduce_first(target.clone(), &sources, 3, ReduceOp::Sum, dtype, &chain);
+        (mine.map(|r| r.0.to_vec()), reader.join().unwrap())
+    });
+    let took = t0.elapsed();
+    putter.join().unwrap();
+    let staged = killer.join().unwrap();
+    // Either way nobody waits out the op timeout; staged, both are told it is lost (or
+    // read it whole, if all of it reached them before the root died).
+    assert!(took < Duration::from_secs(20), "{tag}: took {took:?}");
+    let want = reference(&inputs[..3], ReduceOp::Sum, dtype);
+    for (who, got) in [("coordinator", mine), ("reader", read)] {
+        match got {
+            Ok(v) => assert!(v == want, "{tag}: the {who}'s result is not the sum"),
+            Err(phalanx::Error::ObjectLost(t)) => assert_eq!(t, target, "{tag}: {who}"),
+            Err(e) => panic!("{tag}: the {who}: {e}"),
+        }
+    }
+    staged
+}

@@ -315,7 +315,7 @@ impl Node {
         let target = target.into();
         crate::reduce::distinct(sources)?;
         let size = self.input_size(sources);
-        self.promised(&target.clone(), size, || {
+        self.promised(&target.clone(), size, |_| {
             let r = self.allreduce_unpromised(target.clone(), sources, size, op, dtype, opts);
             self.tell_failure(&target, &r);
             r
@@ -366,7 +366,14 @@ impl Node {
                 tracing::debug!(node = self.id(), %target, "allreduce by one tree");
                 crate::hop::hop!(self.id(), "allreduce by one tree");
                 self.put(plan_id(&target), &encode_plan(&[], false))?;
-                return self.allreduce_tree(target, sources, sources.len(), op, dtype, opts);
+                return self.allreduce_tree(
+                    target,
+                    sources,
+                    sources.len(),
+                    (op, dtype),
+                    opts,
+                    &|| {},
+                );
             };
             let plan = HalvingPlan {
                 target: target.clone(),
@@ -408,7 +415,7 @@ impl Node {
             self.put(plan_id(&target), &encode_plan(&plan, by_arrival))?;
         }
         if parts.len() <= 1 {
-            return self.allreduce_tree(target, sources, sources.len(), op, dtype, opts);
+            return self.allreduce_tree(target, sources, sources.len(), (op, dtype), opts, &|| {});
         }
         self.allreduce_partitioned(target, sources, (op, dtype), opts, (&parts, by_arrival))
     }
@@ -437,14 +444,16 @@ impl Node {
         }
         crate::reduce::distinct(sources)?;
         let size = self.input_size(sources);
-        self.promised(&target.clone(), size, || {
+        self.promised(&target.clone(), size, |made| {
             // Readers of an object this size wait for the plan: one tree.
             let r = match self.readers_wait_for_plan(size) {
                 true => self.put(plan_id(&target), &encode_plan(&[], false)),
                 false => Ok(()),
             };
-            let r =
-                r.and_then(|()| self.allreduce_tree(target.clone(), sources, num, op, dtype, opts));
+            let r = r.and_then(|()| {
+                let kind = (op, dtype);
+                self.allreduce_tree(target.clone(), sources, num, kind, opts, made)
+            });
             self.tell_failure(&target, &r);
             r
         })
@@ -515,7 +524,7 @@ impl Node {
         }
         let alive = self.halving_survivors(&plan);
         let (op, dtype) = (plan.op, plan.dtype);
-        self.allreduce_tree(plan.target, &alive, alive.len(), op, dtype, opts)
+        self.allreduce_tree(plan.target, &alive, alive.len(), (op, dtype), opts, &|| {})
     }
 
     /// A participant's side of an allreduce coordinated elsewhere: waits for `target` (of
@@ -668,14 +677,18 @@ impl Node {
     }
 
     /// The tree algorithm (see the module).
+    /// `made` is called once the tree has finished when it is not held (the first `num` of
+    /// more inputs): nothing will make the target again, so the coordinator's promise ends
+    /// (if the root's node then dies before a reader has all of it, the readers, this one
+    /// too, are told it is lost rather than wait for a promise that nothing keeps).
     fn allreduce_tree(
         &self,
         target: ObjectId,
         sources: &[ObjectId],
         num: usize,
-        op: ReduceOp,
-        dtype: DType,
+        (op, dtype): (ReduceOp, DType),
         opts: &ReduceOptions,
+        made: &dyn Fn(),
     ) -> Result<(ObjectView, ReduceOutcome)> {
         // The coordinator reads the target while it is being reduced, on a pooled thread
         // started as the first task goes out (no thread is created per call); a small result
@@ -710,6 +723,9 @@ impl Node {
             .inner
             .reducer
             .reduce(target.clone(), sources, num, kind, opts, hooks)?;
+        if num < sources.len() {
+            made();
+        }
         if let Some(c) = self.inner.store.lookup(&target) {
             if c.status() == CopyStatus::Complete {
                 return Ok((ObjectView::Arena(c), outcome));

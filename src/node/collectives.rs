@@ -43,7 +43,7 @@ impl Node {
     ) -> Result<ReduceOutcome> {
         let kind = (op, dtype);
         let target = target.into();
-        self.promised(&target, self.input_size(sources), || {
+        self.promised(&target, self.input_size(sources), |_| {
             // A halving reduce when it can run; else (or abandoned) a tree.
             let alive = match self.reduce_by_halving(&target, sources, num_objects, kind, opts)? {
                 Ok(outcome) => return Ok(outcome),
@@ -68,7 +68,7 @@ impl Node {
         &self,
         target: &ObjectId,
         size: Option<u64>,
-        make: impl FnOnce() -> Result<T>,
+        make: impl FnOnce(&dyn Fn()) -> Result<T>,
     ) -> Result<T> {
         // Sent at once for an operation that may take long: large, or its inputs elsewhere
         // (its coordinator may wait for them); else after `PROMISE_AFTER`.
@@ -90,7 +90,11 @@ impl Node {
             token: self.inner.dir.promise(target, long),
             ok: false,
         };
-        let r = make();
+        // `make` may say the target is made before it returns (a tree that will not be
+        // repaired has finished): the promise ends there, as a complete copy ends it at the
+        // shard, and is not made again where the entry moves if that copy's node dies.
+        let (dir, token) = (&self.inner.dir, ends.token);
+        let r = make(&|| dir.end_promise(token, true));
         ends.ok = r.is_ok();
         r
     }
