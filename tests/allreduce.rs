@@ -399,18 +399,26 @@ fn a_node_killed_mid_allreduce_by_arrival_leaves_the_survivors_correct() {
     }
 }
 
-/// Kills `node` (input `victim`'s holder) once `puts` says its input has a replica, its
-/// armed stall fault has fired (its copy out of `id` stalled), and its own copy of `id` is
-/// complete, plus 20 ms (its task's answer reaches the coordinator); whether the fault fired
-/// and the copy completed (each waited for at most 20 s).
-fn kill_once_stalled_and_done(
-    node: &phalanx::Node,
-    id: &ObjectId,
-    victim: usize,
-    puts: crossbeam_channel::Receiver<usize>,
-) -> std::thread::JoinHandle<bool> {
-    let (node, id) = (node.clone(), id.clone());
-    std::thread::spawn(move || {
+/// Arms node `victim` with a fault that stalls its copy out of `id` after `after_bytes`,
+/// puts the inputs of `order` as [`put_later`] does (with replicas), and kills `victim` once
+/// its input has a replica, the fault has fired and its own copy of `id` is complete, plus
+/// 20 ms (its task's answer reaches the coordinator). The putter, and the killer: whether
+/// the fault fired and the copy completed (each waited for at most 20 s).
+fn stall_then_kill(
+    c: &LocalCluster,
+    (inputs, sources): (&[Vec<u8>], &[ObjectId]),
+    order: &[(usize, Duration)],
+    (victim, id, after_bytes): (usize, &ObjectId, u64),
+) -> (std::thread::JoinHandle<()>, std::thread::JoinHandle<bool>) {
+    c.node(victim).inject_fault(FaultPlan {
+        object: id.clone(),
+        after_bytes,
+        action: FaultAction::Stall,
+    });
+    let (done_tx, puts) = crossbeam_channel::unbounded();
+    let putter = put_later(c, inputs, sources, order, true, Some(done_tx));
+    let (node, id) = (c.node(victim).clone(), id.clone());
+    let killer = std::thread::spawn(move || {
         while puts.recv().is_ok_and(|k| k != victim) {}
         let deadline = Instant::now() + Duration::from_secs(20);
         let complete = || {
@@ -424,7 +432,8 @@ fn kill_once_stalled_and_done(
         let ready = node.fault_fired() && complete();
         node.kill();
         ready
-    })
+    });
+    (putter, killer)
 }
 
 /// The last arrival roots the last partition of a tree by arrival: its slice combined with
@@ -473,14 +482,8 @@ fn partition_root_killed_after_done(attempt: usize) -> bool {
     let victim = n - 1;
     let part = part_id(&target, n - 1, n);
     let bounds = partitions(size, n, dtype, PARTITION_MIN)[n - 1];
-    c.node(victim).inject_fault(FaultPlan {
-        object: part.clone(),
-        after_bytes: (bounds.1 - bounds.0) / 2,
-        action: FaultAction::Stall,
-    });
-    let (done_tx, done) = crossbeam_channel::unbounded();
-    let putter = put_later(&c, &inputs, &sources, &order, true, Some(done_tx));
-    let killer = kill_once_stalled_and_done(c.node(victim), &part, victim, done);
+    let half = (bounds.1 - bounds.0) / 2;
+    let (putter, killer) = stall_then_kill(&c, (&inputs, &sources), &order, (victim, &part, half));
     let readers: Vec<usize> = (1..n).filter(|&k| k != victim).collect();
     let (all, outcome) = run_outcome(
         &c,
@@ -529,15 +532,9 @@ fn tree_root_killed_after_done(attempt: usize) -> bool {
     }
     let target = ObjectId::new(format!("{tag}/out"));
     let victim = n - 1;
-    c.node(victim).inject_fault(FaultPlan {
-        object: target.clone(),
-        after_bytes: size / 2,
-        action: FaultAction::Stall,
-    });
     let order = [(victim, Duration::from_millis(50))];
-    let (done_tx, done) = crossbeam_channel::unbounded();
-    let putter = put_later(&c, &inputs, &sources, &order, true, Some(done_tx));
-    let killer = kill_once_stalled_and_done(c.node(victim), &target, victim, done);
+    let stall = (victim, &target, size / 2);
+    let (putter, killer) = stall_then_kill(&c, (&inputs, &sources), &order, stall);
     let chain = ReduceOptions {
         degree: Some(1),
         ..ReduceOptions::default()
@@ -1220,6 +1217,8 @@ fn a_first_n_tree_whose_root_dies_once_done_is_lost_to_its_readers_not_waited_fo
     );
 }
 
+/// One attempt of the test above: whether the scenario arose (the coordinator and the
+/// reader are checked either way).
 fn first_n_root_killed_after_done(attempt: usize) -> bool {
     let n = 4;
     let size: u64 = 1 << 20;
@@ -1241,16 +1240,10 @@ fn first_n_root_killed_after_done(attempt: usize) -> bool {
         .map(|k| ObjectId::new(format!("{tag}/out{k}")))
         .find(|t| c.node(0).shard_of(t.clone()) == victim as u32)
         .unwrap();
-    c.node(victim).inject_fault(FaultPlan {
-        object: target.clone(),
-        after_bytes: size / 2,
-        action: FaultAction::Stall,
-    });
     // Input 3 never comes: a spare the first 3 do not need.
     let order = [(victim, Duration::from_millis(50))];
-    let (done_tx, done) = crossbeam_channel::unbounded();
-    let putter = put_later(&c, &inputs, &sources, &order, true, Some(done_tx));
-    let killer = kill_once_stalled_and_done(c.node(victim), &target, victim, done);
+    let stall = (victim, &target, size / 2);
+    let (putter, killer) = stall_then_kill(&c, (&inputs, &sources), &order, stall);
     let chain = ReduceOptions {
         degree: Some(1),
         ..ReduceOptions::default()

@@ -216,32 +216,19 @@ impl DirClient {
         let Some((id, sent)) = token.and_then(|t| self.promises.end(t)) else {
             return;
         };
-        match sent {
-            Some(sent) if !ok && sent.backup => {
-                // Kept by the entry's next owner: this node owns the entry, and the readers
-                // waiting there hear of the failure only from it (made and taken back, as for
-                // a promise that never went out).
-                self.send_queued(sent.to, self.promise_msg(id.clone(), sent, false));
-                let owner = Sent {
-                    to: self.shard_of(&id),
-                    backup: false,
-                };
-                self.send_queued(owner.to, self.promise_msg(id.clone(), owner, true));
-                self.send_queued(owner.to, self.promise_msg(id, owner, false));
-            }
-            Some(sent) if !ok || sent.backup => {
-                self.send_queued(sent.to, self.promise_msg(id, sent, false));
-            }
-            Some(_) => {}
-            None if !ok => {
-                let to = Sent {
-                    to: self.shard_of(&id),
-                    backup: false,
-                };
-                self.send_queued(to.to, self.promise_msg(id.clone(), to, true));
-                self.send_queued(to.to, self.promise_msg(id, to, false));
-            }
-            None => {}
+        if let Some(sent) = sent.filter(|s| !ok || s.backup) {
+            self.send_queued(sent.to, self.promise_msg(id.clone(), sent, false));
+        }
+        // Failed, and no promise at the entry's owner to take back (none went out, or it
+        // went to the entry's next owner, this node owning the entry): made and taken back
+        // there, so that the readers waiting there hear of the failure.
+        if !ok && sent.is_none_or(|s| s.backup) {
+            let owner = Sent {
+                to: self.shard_of(&id),
+                backup: false,
+            };
+            self.send_queued(owner.to, self.promise_msg(id.clone(), owner, true));
+            self.send_queued(owner.to, self.promise_msg(id, owner, false));
         }
     }
 

@@ -713,17 +713,18 @@ impl Node {
         // Held only when every input takes part: with spares (the first `num` of more), a
         // root computed again could take another input, and readers that had the first
         // result would disagree with those that read the second.
+        let repaired = num == sources.len();
         let hooks = Hooks {
             placed: None,
             on_tree: Some(on_tree),
-            hold: (num == sources.len()).then_some(held),
+            hold: repaired.then_some(held),
         };
         let kind = (op, dtype);
         let outcome = self
             .inner
             .reducer
             .reduce(target.clone(), sources, num, kind, opts, hooks)?;
-        if num < sources.len() {
+        if !repaired {
             made();
         }
         if let Some(c) = self.inner.store.lookup(&target) {
