@@ -34,6 +34,9 @@ struct CopyState {
     users: u32,
     /// Detached from the name index (deleted, failed or evicted); freed when unused.
     detached: bool,
+    /// Failed because every copy it could fill from died (`CopyRef::fail_lost`): its readers
+    /// are told the object is lost, not that it is gone.
+    lost: bool,
     last_use: u64,
     /// Readers waiting for this copy's bytes (`CopyRef::wait_beyond`) wait here, woken by its
     /// own progress only: a chunk landing in one copy does not wake every waiter of the node.
@@ -50,6 +53,14 @@ impl CopyState {
     fn kick(&mut self) {
         self.kicks += 1;
         self.ended.notify_all();
+    }
+
+    /// Why a reader of this copy, failed or dropped before it was complete, gets no bytes.
+    fn gone(&self) -> Error {
+        match self.lost {
+            true => Error::ObjectLost(self.id.clone()),
+            false => Error::NotFound(self.id.clone()),
+        }
     }
 
     /// Complete, unpinned and still named: evicted to make room once no one uses it.
@@ -318,6 +329,7 @@ impl Store {
                 pinned,
                 users: 0,
                 detached: false,
+                lost: false,
                 last_use: 0,
                 progress: Arc::new(Condvar::new()),
                 ended: Arc::new(Condvar::new()),
@@ -562,8 +574,8 @@ impl CopyRef {
             let c = &st.copies[&self.key];
             match c.status {
                 CopyStatus::Complete => return Ok(()),
-                CopyStatus::Failed => return Err(Error::NotFound(c.id.clone())),
-                _ if c.detached => return Err(Error::NotFound(c.id.clone())),
+                CopyStatus::Failed => return Err(c.gone()),
+                _ if c.detached => return Err(c.gone()),
                 CopyStatus::Filling => {}
             }
             let now = Instant::now();
@@ -616,6 +628,18 @@ impl CopyRef {
         self.store.changed.notify_all();
     }
 
+    /// Like [`CopyRef::fail`], because the object is lost (the directory said so): its
+    /// readers get [`Error::ObjectLost`] instead of [`Error::NotFound`]. A complete copy stays
+    /// complete.
+    pub fn fail_lost(&self) {
+        let mut st = self.store.lock();
+        if let Some(c) = st.copies.get_mut(&self.key) {
+            c.lost = c.status != CopyStatus::Complete;
+        }
+        Store::fail_locked(&mut st, self.key);
+        self.store.changed.notify_all();
+    }
+
     /// Whether `other` refers to this very copy (not merely one of the same object).
     pub fn is_same(&self, other: &CopyRef) -> bool {
         self.key == other.key && Arc::ptr_eq(&self.store, &other.store)
@@ -629,10 +653,8 @@ impl CopyRef {
         loop {
             let c = &st.copies[&self.key];
             match c.status {
-                CopyStatus::Failed => return Err(Error::NotFound(c.id.clone())),
-                _ if c.detached && c.status != CopyStatus::Complete => {
-                    return Err(Error::NotFound(c.id.clone()))
-                }
+                CopyStatus::Failed => return Err(c.gone()),
+                _ if c.detached && c.status != CopyStatus::Complete => return Err(c.gone()),
                 CopyStatus::Complete => return Ok(c.size),
                 CopyStatus::Filling if c.watermark > from => return Ok(c.watermark),
                 _ => {}

@@ -901,8 +901,22 @@ fn wait_for(within: Duration, every: Duration, mut ready: impl FnMut() -> Result
     }
 }
 
-/// Every copy of an object dies with its node: a get waiting for it, one pulling it when the
-/// source dies, and one asked after fail as `ObjectLost` once `lost_after` passed, long
+/// Reads `id` whole through a stream (`Node::get_stream`), its error as the node's.
+fn stream_all(n: &Node, id: &ObjectId) -> phalanx::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut r = n.get_stream(id.clone())?;
+    let mut out = Vec::new();
+    match r.read_to_end(&mut out) {
+        Ok(_) => Ok(out),
+        Err(e) => match e.into_inner().map(|e| e.downcast::<phalanx::Error>()) {
+            Some(Ok(e)) => Err(*e),
+            other => panic!("a stream error that is not the node's: {other:?}"),
+        },
+    }
+}
+
+/// Every copy of an object dies with its node: a get waiting for it, a stream pulling it when
+/// the source dies, and a get asked after fail as `ObjectLost` once `lost_after` passed, long
 /// before the op timeout; a get of an object never put still waits; put again, the object
 /// is read as any other.
 #[test]
@@ -929,7 +943,11 @@ fn a_get_of_an_object_whose_every_copy_died_fails_as_lost() {
         let n = c.node(k).clone();
         let id = id.clone();
         std::thread::spawn(move || {
-            let r = n.get(id);
+            // Node 3 streams (its reader is told why the copy failed, as a get is).
+            let r = match k {
+                3 => stream_all(&n, &id),
+                _ => n.get(id),
+            };
             (r, Instant::now())
         })
     };
@@ -968,6 +986,55 @@ fn a_get_of_an_object_whose_every_copy_died_fails_as_lost() {
     c.node(4).put(id.clone(), &data).unwrap();
     assert!(c.node(3).get(id.clone()).unwrap() == data);
     assert!(c.node(2).get(id.clone()).unwrap() == data);
+}
+
+/// A small object's bytes stay in its entry, which sends them inline to its first readers
+/// only (`INLINE_FANOUT`) and then points readers at a copy. A reader sent to the putter's
+/// copy while the putter hangs reads the entry's bytes once the putter is found dead (it
+/// was told "not found" before: its pull was given up when the directory answered with the
+/// bytes instead of another copy).
+#[test]
+fn a_small_objects_reader_whose_source_hangs_reads_the_bytes_its_entry_keeps() {
+    let c = LocalCluster::start(4, cfg(), tcp()).unwrap();
+    let id = name_on(c.node(0), "small-hung", 0);
+    let data: Vec<u8> = (0..60_000u32).map(|i| (i * 7 + 3) as u8).collect();
+    c.node(1).put(id.clone(), &data).unwrap();
+    assert!(c.node(2).get(id.clone()).unwrap() == data, "inline");
+    assert!(c.node(1).freeze(), "TCP nodes can hang");
+    let t = Instant::now();
+    let got = c.node(3).get(id.clone()).unwrap();
+    assert!(got == data, "node 3 read other bytes");
+    // Pointed at the hung putter, it waits for its death to be known (1 s of heartbeats).
+    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+    assert!(c
+        .node(3)
+        .local_copy(id.clone())
+        .is_some_and(|i| i.watermark == 60_000));
+}
+
+/// A putter that also owns its object's entry tells the entry's next owner of its copy 10
+/// ms after the put (it waited for the dispatcher's next tick before, up to 60 ms): killed
+/// 40 ms after the put, its object is lost to a reader at once, not waited for until the op
+/// timeout as one never put.
+#[test]
+fn an_object_whose_putter_owned_its_entry_and_died_40_ms_later_is_lost_not_unknown() {
+    use phalanx::Error;
+    let c = losing_after_1s(4);
+    let victim = 1;
+    let id = name_on(c.node(0), "owned-by-putter", victim as NodeId);
+    c.node(victim).put(id.clone(), &[5u8; 1 << 20]).unwrap();
+    std::thread::sleep(Duration::from_millis(40));
+    c.node(victim).kill();
+    let t = Instant::now();
+    let r = c
+        .node(2)
+        .get_view_timeout(id.clone(), Duration::from_secs(30));
+    assert!(
+        matches!(r, Err(Error::ObjectLost(_))),
+        "{:?}",
+        r.map(|v| v.len())
+    );
+    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
 }
 
 /// The coordinator of a reduce dies while the tree streams the target: its tasks stop

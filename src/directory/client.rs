@@ -304,6 +304,12 @@ impl DirClient {
         }
     }
 
+    /// Whether a deferred promise, or a copy to tell an entry's next owner of, is due at
+    /// `now`: the dispatcher then runs [`DirClient::promise_tick`] before its next tick.
+    pub fn word_due(&self, now: Instant) -> bool {
+        self.held.any_due(now) || self.promises.any_due(now)
+    }
+
     /// Records where promise `token` of `id` went; if its operation ended meanwhile (its
     /// caller found nothing to take back), takes it back there at once, after it.
     fn recorded(&self, token: u64, id: ObjectId, sent: Option<Sent>) {

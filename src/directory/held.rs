@@ -7,7 +7,7 @@
 //! copy; if it dies, the object is an orphan there, lost after the grace unless another
 //! holder republishes a copy. Most objects of a task system live for milliseconds (the
 //! inputs and intermediates of a collective), so a copy is told only once it has been here
-//! for [`HELD_AFTER`] (the dispatcher's tick, every 50 ms, sends the due ones): a copy
+//! for [`HELD_AFTER`] (the dispatcher, which looks every 10 ms, sends the due ones): a copy
 //! dropped sooner costs nothing, and a node that dies that soon after making it leaves its
 //! readers waiting as before. Only a copy that is the only complete one the entry lists is
 //! told (another holder republishes its own when this node dies): the same tick takes back
@@ -55,6 +55,10 @@ pub type Tell = Vec<(ObjectId, NodeId, bool)>;
 #[derive(Debug, Default)]
 pub struct Held {
     copies: Mutex<HashMap<ObjectId, Since>>,
+    /// The earliest instant a copy noted since the last tick becomes due (`None`: none is
+    /// waiting to be looked at), so that the dispatcher looks then and not at its next
+    /// tick. Locked after `copies`.
+    next_due: Mutex<Option<Instant>>,
 }
 
 impl Held {
@@ -76,6 +80,16 @@ impl Held {
                 resend: false,
             },
         );
+        let mut next = self.next_due.lock().unwrap();
+        let due = now + HELD_AFTER;
+        if next.is_none_or(|n| due < n) {
+            *next = Some(due);
+        }
+    }
+
+    /// Whether a copy noted since the last tick is due at `now` (a tick should look).
+    pub fn any_due(&self, now: Instant) -> bool {
+        self.next_due.lock().unwrap().is_some_and(|d| now >= d)
     }
 
     /// The copies told to `peer`, which may have lost the word (it restarted, or its link
@@ -136,6 +150,14 @@ impl Held {
             s.resend = false;
             standing != Standing::Gone
         });
+        // The next copy to look at once due: one not told that is not due yet (those due
+        // were looked at just now; a shared one is looked at again at every tick).
+        *self.next_due.lock().unwrap() = c
+            .values()
+            .filter(|s| s.told.is_none())
+            .map(|s| s.at + HELD_AFTER)
+            .filter(|&d| d > now)
+            .min();
         // Over the bound: the oldest copies not told go (the told ones are needed to take
         // their words back).
         if c.len() > HELD_MAX {
@@ -167,13 +189,17 @@ mod tests {
         h.note(&x, t0);
         h.note(&y, t0);
         h.note(&x, t0 + HELD_AFTER); // noted once
+        assert!(!h.any_due(t0 + HELD_AFTER / 2));
+        assert!(h.any_due(t0 + HELD_AFTER), "the dispatcher looks then");
         assert!(
             h.tick(t0 + HELD_AFTER / 2, |_, _| Only(Some(3))).is_empty(),
             "not due"
         );
+        assert!(h.any_due(t0 + HELD_AFTER), "still to look at");
         // y is gone before it was due: never told, nothing to take back, forgotten.
         let look = |id: &ObjectId, _| if *id == y { Gone } else { Only(Some(3)) };
         assert_eq!(h.tick(t0 + HELD_AFTER, look), vec![(x.clone(), 3, true)]);
+        assert!(!h.any_due(t0 + HELD_AFTER * 3), "nothing new to look at");
         assert!(
             h.tick(t0 + HELD_AFTER * 3, |_, _| Only(Some(3))).is_empty(),
             "told once"

@@ -221,6 +221,26 @@ impl Transfers {
 
     /// The bytes came with the location (`Located::SourceData`): the rest of `copy` is filled
     /// from them, and the assignment ends as a pull's would.
+    /// Fills `copy` from the bytes of its entry (a small object: the directory keeps them) and
+    /// announces it complete.
+    fn fill_inline(&self, id: &ObjectId, copy: &CopyRef, data: &[u8]) -> Result<()> {
+        let from = copy.watermark();
+        if data.len() as u64 != copy.size() || from > copy.size() {
+            return Err(Error::Protocol {
+                peer: self.dir.shard_of(id),
+                what: format!(
+                    "{} inline bytes of {id}, expected {}",
+                    data.len(),
+                    copy.size()
+                ),
+            });
+        }
+        copy.append(&data[from as usize..])?;
+        hop!(self.id, "filled from the entry's bytes");
+        self.landed(copy);
+        self.dir.publish(id, copy.size(), true)
+    }
+
     fn fill_sent(
         &self,
         id: &ObjectId,
@@ -649,8 +669,20 @@ impl Transfers {
                     self.abandon_pull(shard, &id, &copy);
                     return;
                 }
-                Ok(Located::Inline(_) | Located::NotFound | Located::Local | Located::Lost)
-                | Err(_) => {
+                Ok(Located::Lost) => {
+                    // Its readers are told why: every copy it could come from died.
+                    self.abandon_pull_as(shard, &id, &copy, true);
+                    return;
+                }
+                Ok(Located::Inline(data)) => {
+                    // A small object whose bytes its entry keeps: no copy can serve this one
+                    // now (the one assigned died), so it is filled from those bytes.
+                    if copy.is_detached() || self.fill_inline(&id, &copy, &data).is_err() {
+                        self.abandon_pull(shard, &id, &copy);
+                    }
+                    return;
+                }
+                Ok(Located::NotFound | Located::Local) | Err(_) => {
                     self.abandon_pull(shard, &id, &copy);
                     return;
                 }
@@ -694,12 +726,21 @@ impl Transfers {
     /// A copy that took this one's place (a reduce output produced here, a fetch started
     /// again) keeps its location.
     fn abandon_pull(&self, shard: NodeId, id: &ObjectId, copy: &CopyRef) {
+        self.abandon_pull_as(shard, id, copy, false)
+    }
+
+    /// [`Transfers::abandon_pull`]; `lost`: because the object is lost (its readers are told
+    /// [`crate::Error::ObjectLost`]).
+    fn abandon_pull_as(&self, shard: NodeId, id: &ObjectId, copy: &CopyRef, lost: bool) {
         // Withdrawn before the copy fails: a reader that fetches again on the failure asks
         // the shard after it has forgotten this location.
         if self.store.lookup(id).is_none_or(|c| c.is_same(copy)) {
             self.dir.withdraw_at(shard, id);
         }
-        copy.fail();
+        match lost {
+            true => copy.fail_lost(),
+            false => copy.fail(),
+        }
         // Its watchers (a reduce task combining as its inputs land) hear of the end now.
         self.landed(copy);
     }
