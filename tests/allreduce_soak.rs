@@ -2,7 +2,8 @@
 //! on loopback, each drawn from a seed: 3 to 6 nodes, sizes from inline (1 KiB) through
 //! halving and doubling (64 KiB, 300 KiB) and one tree (1 MiB) to partitioned (4 MiB and
 //! up), every dtype, sum/min/max, inputs that come at once or one after another in a random
-//! order, and in a third of the runs a node killed a random while after its input (which a
+//! order (the coordinator's own among them in a quarter of the runs; the last a straggler
+//! 100-300 ms behind in a fifth), and in a third of the runs a node killed a random while after its input (which a
 //! replica keeps). Every survivor must end with the same bytes, the reduce of exactly the
 //! inputs the outcome names; an allreduce of all inputs must name every input of a node
 //! still alive, one of the first `k` exactly `k` inputs. When the node killed is the
@@ -49,10 +50,12 @@ struct Case {
     size: u64,
     dtype: DType,
     op: ReduceOp,
-    /// Input 0 is on node 0 (the coordinator) from the start; input `order[j]` comes on its
-    /// node `(j + 1) * interval` after the allreduce began.
+    /// Input 0 is on node 0 (the coordinator) from the start, unless `order` lists it; input
+    /// `order[j]` comes on its node `(j + 1) * interval` after the allreduce began, the last
+    /// one `straggle` later still.
     interval: Duration,
     order: Vec<usize>,
+    straggle: Duration,
     /// A node killed `kill_after` after its input and that input's replica are there.
     victim: Option<usize>,
     kill_after: Duration,
@@ -89,6 +92,16 @@ impl Case {
             1 if victim != Some(0) => Kind::Reduce,
             _ => Kind::Allreduce,
         };
+        // Drawn last, so that the seeds drawn before keep their cases: the coordinator's own
+        // input among the late ones, and a straggler.
+        if g.gen_bool(0.25) {
+            let at = g.gen_range(0..=order.len());
+            order.insert(at, 0);
+        }
+        let straggle = match g.gen_bool(0.2) {
+            true => Duration::from_millis(g.gen_range(100..300)),
+            false => Duration::ZERO,
+        };
         Case {
             seed,
             kind,
@@ -98,6 +111,7 @@ impl Case {
             op,
             interval,
             order,
+            straggle,
             victim,
             kill_after,
         }
@@ -176,13 +190,15 @@ impl Case {
             }
         }
         let inputs: Vec<Vec<u8>> = (0..n).map(|k| input(k, self.size, self.dtype)).collect();
-        c.node(0)
-            .put(sources[0].clone(), &inputs[0])
-            .map_err(|e| e.to_string())?;
-        for r in [self.replica_of(0), 2 % n] {
-            c.node(r)
-                .get(sources[0].clone())
-                .map_err(|e| format!("replica of input 0: {e}"))?;
+        if !self.order.contains(&0) {
+            c.node(0)
+                .put(sources[0].clone(), &inputs[0])
+                .map_err(|e| e.to_string())?;
+            for r in [self.replica_of(0), 2 % n] {
+                c.node(r)
+                    .get(sources[0].clone())
+                    .map_err(|e| format!("replica of input 0: {e}"))?;
+            }
         }
         let target = ObjectId::new(format!("{tag}/out"));
         let start = Instant::now();
@@ -193,7 +209,10 @@ impl Case {
             let c = &c;
             s.spawn(move || {
                 for (j, &k) in case.order.iter().enumerate() {
-                    let at = case.interval * (j as u32 + 1);
+                    let mut at = case.interval * (j as u32 + 1);
+                    if j + 1 == case.order.len() {
+                        at += case.straggle;
+                    }
                     std::thread::sleep(at.saturating_sub(start.elapsed()));
                     c.node(k).put(sources[k].clone(), &inputs[k]).unwrap();
                     let copy = c.node(case.replica_of(k)).get(sources[k].clone()).unwrap();
