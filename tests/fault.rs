@@ -988,6 +988,27 @@ fn a_get_of_an_object_whose_every_copy_died_fails_as_lost() {
     assert!(c.node(2).get(id.clone()).unwrap() == data);
 }
 
+/// A hung node (frozen: it sends nothing, delivers nothing) stays down for its peers once
+/// its heartbeats are missed: it neither dials them again nor answers their dials, as a hung
+/// host would not. (The hook's redial thread brought it back every second before, and the
+/// directory entries it owned went back to it each time: a reader of an object whose only
+/// copy it held waited out the op timeout instead of being told it is lost.)
+#[test]
+fn a_hung_node_stays_down_for_its_peers() {
+    let c = LocalCluster::start(3, cfg(), tcp()).unwrap();
+    assert!(c.node(1).freeze(), "TCP nodes can hang");
+    let down = || c.node(0).believes_down(1) && c.node(2).believes_down(1);
+    wait_for(Duration::from_secs(10), Duration::from_millis(10), || {
+        down().then_some(()).ok_or("node 1 not found dead".into())
+    });
+    // Three heartbeat timeouts more: never up again.
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        assert!(down(), "node 1 came back up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// A small object's bytes stay in its entry, which sends them inline to its first readers
 /// only (`INLINE_FANOUT`) and then points readers at a copy. A reader sent to the putter's
 /// copy while the putter hangs reads the entry's bytes once the putter is found dead (it

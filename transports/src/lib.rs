@@ -228,7 +228,8 @@ pub trait Transport: Send + Sync + 'static {
     }
 
     /// Test hook: the node goes silent, as a host that hangs or is cut off without closing
-    /// its sockets: no frame goes out and nothing received is delivered; links stay open.
+    /// its sockets: no frame goes out and nothing received is delivered; links stay open,
+    /// no link is dialled again and no handshake answered (a peer that dials it back fails).
     /// Returns false if the transport cannot (then use [`Transport::kill`]).
     fn freeze(&self) -> bool {
         false

@@ -313,6 +313,11 @@ impl<C: Link> LinkTable<C> {
             if self.is_closing() {
                 return;
             }
+            if self.is_frozen() {
+                // A hung node answers no handshake (the test hook of `Transport::freeze`):
+                // the dialler's setup fails, and the node stays down for its peers.
+                continue;
+            }
             if pending.len() >= MAX_HANDSHAKES {
                 self.refused(Some(from), AuthError::Overloaded);
                 continue;

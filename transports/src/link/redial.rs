@@ -135,7 +135,8 @@ fn redial_loop<C: Link>(table: Weak<LinkTable<C>>) {
                 continue;
             }
         };
-        if t.contains(peer) || t.is_closing() {
+        // A hung node (the test hook of `Transport::freeze`) dials no one.
+        if t.contains(peer) || t.is_closing() || t.is_frozen() {
             q.due.remove(&peer);
             continue;
         }
