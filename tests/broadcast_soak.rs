@@ -1,10 +1,11 @@
 //! Randomized broadcasts over real TCP on loopback, each drawn from a seed: 3 to 7 nodes,
 //! sizes from inline (1 KiB, just under 64 KiB) through one chunk and a few to many chunks
 //! (12 MiB), readers on a random subset of the other nodes that start before, during or after
-//! the put, each reading with `get`, `get_view`, a stream or a view with its own timeout; in
-//! some runs a complete replica is made first, and in half of them one node (the putter, a
-//! reader, or the replica) is killed or frozen a random while after the object is known to
-//! the directory.
+//! the put, each reading with `get`, `get_view`, a stream, a view with its own timeout or a
+//! `gather` of the object and two others put by nodes that do not die; in some runs a
+//! complete replica is made first, and in half of them one node (the putter, a reader, or
+//! the replica) is killed or frozen a random while after the object is known to the
+//! directory.
 //!
 //! Every reader that is not the victim must end with exactly the bytes put, within seconds.
 //! It may instead be told the object is lost only when no complete copy can have survived:
@@ -33,6 +34,8 @@ enum Read {
     Stream,
     /// `get_view_timeout` with a timeout longer than the run may take.
     ViewTimeout,
+    /// `gather` of the object and the case's companions.
+    Gather,
 }
 
 /// How the victim goes.
@@ -59,6 +62,9 @@ struct Case {
     put_after: Duration,
     /// A node that dies `after` the directory first knows the object.
     victim: Option<(usize, Death, Duration)>,
+    /// Objects other nodes (never the victim) put before the readers start, gathered with
+    /// the object by the `Gather` readers: (putter, size).
+    companions: Vec<(usize, usize)>,
 }
 
 impl Case {
@@ -107,6 +113,23 @@ impl Case {
             };
             (who, how, Duration::from_millis(g.gen_range(0..40)))
         });
+        // Drawn last, so that the seeds drawn before keep their cases: some readers gather
+        // the object with two companions put by nodes that do not die.
+        let mut readers: Vec<(usize, Read, Duration)> = readers;
+        for r in readers.iter_mut() {
+            if g.gen_bool(0.2) {
+                r.1 = Read::Gather;
+            }
+        }
+        let safe: Vec<usize> = (0..nodes)
+            .filter(|&k| Some(k) != victim.map(|v| v.0))
+            .collect();
+        let companions = (0..2)
+            .map(|_| {
+                let size = *[1 << 10, 100 << 10, 2 << 20].choose(&mut g).unwrap();
+                (*safe.choose(&mut g).unwrap(), size)
+            })
+            .collect();
         Case {
             seed,
             nodes,
@@ -116,6 +139,7 @@ impl Case {
             readers,
             put_after,
             victim,
+            companions,
         }
     }
 
@@ -137,9 +161,19 @@ impl Case {
         let mut data = vec![0u8; self.size];
         g.fill(&mut data[..]);
         let id = ObjectId::new(format!("bsoak{}/obj", self.seed));
+        let mut others = Vec::new();
+        for (j, &(putter, size)) in self.companions.iter().enumerate() {
+            let mut bytes = vec![0u8; size];
+            g.fill(&mut bytes[..]);
+            let cid = ObjectId::new(format!("bsoak{}/companion{j}", self.seed));
+            c.node(putter)
+                .put(cid.clone(), &bytes)
+                .map_err(|e| format!("companion {j}: {e}"))?;
+            others.push((cid, bytes));
+        }
         let shard = c.node(0).shard_of(id.clone()) as usize;
         let victim = self.victim.map(|v| v.0);
-        let (c, data, id) = (&c, &data, &id);
+        let (c, data, id, others) = (&c, &data, &id, &others);
         let mut held_at_death: Option<Vec<usize>> = None;
         let start = Instant::now();
         let results = std::thread::scope(|s| {
@@ -166,7 +200,7 @@ impl Case {
                 .map(|&(k, how, at)| {
                     let h = s.spawn(move || {
                         std::thread::sleep(at.saturating_sub(t0.elapsed()));
-                        let r = read(c.node(k), id, how);
+                        let r = read(c.node(k), id, how, others);
                         (r, t0.elapsed())
                     });
                     (k, h)
@@ -260,10 +294,27 @@ fn holds_complete(node: &Node, id: &ObjectId) -> bool {
         .is_some_and(|c| c.status == phalanx::store::CopyStatus::Complete)
 }
 
-/// One reader's read, as bytes.
-fn read(node: &Node, id: &ObjectId, how: Read) -> Result<Vec<u8>, String> {
+/// One reader's read, as bytes (a gather checks the companions' and returns the object's).
+fn read(
+    node: &Node,
+    id: &ObjectId,
+    how: Read,
+    others: &[(ObjectId, Vec<u8>)],
+) -> Result<Vec<u8>, String> {
     let text = |e: phalanx::Error| e.to_string();
     match how {
+        Read::Gather => {
+            let ids: Vec<ObjectId> = std::iter::once(id.clone())
+                .chain(others.iter().map(|o| o.0.clone()))
+                .collect();
+            let mut got = node.gather(&ids).map_err(text)?;
+            for (k, (cid, bytes)) in others.iter().enumerate() {
+                if got[k + 1] != *bytes {
+                    return Err(format!("gathered {cid} differs"));
+                }
+            }
+            Ok(got.swap_remove(0))
+        }
         Read::Get => node.get(id.clone()).map_err(text),
         Read::View => node.get_view(id.clone()).map(|v| v.to_vec()).map_err(text),
         Read::ViewTimeout => node
