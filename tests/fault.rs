@@ -916,9 +916,9 @@ fn stream_all(n: &Node, id: &ObjectId) -> phalanx::Result<Vec<u8>> {
 }
 
 /// Every copy of an object dies with its node: a get waiting for it, a stream pulling it when
-/// the source dies, and a get asked after fail as `ObjectLost` once `lost_after` passed, long
-/// before the op timeout; a get of an object never put still waits; put again, the object
-/// is read as any other.
+/// the source dies, and a get and a gather asked after fail as `ObjectLost` once `lost_after`
+/// passed, long before the op timeout; a get of an object never put still waits; put again,
+/// the object is read as any other.
 #[test]
 fn a_get_of_an_object_whose_every_copy_died_fails_as_lost() {
     use phalanx::Error;
@@ -974,6 +974,14 @@ fn a_get_of_an_object_whose_every_copy_died_fails_as_lost() {
         c.node(2).get(id.clone()),
         Err(Error::ObjectLost(_))
     ));
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    // So is a gather of it with an object that is there (its subscription waited for the
+    // object to be put again, until the op timeout).
+    let there = name_on(c.node(0), "there", 0);
+    c.node(2).put(there.clone(), b"here").unwrap();
+    let t = Instant::now();
+    let r = c.node(3).gather(&[there, id.clone()]);
+    assert!(matches!(&r, Err(Error::ObjectLost(x)) if *x == id), "{r:?}");
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     // An object never put is waited for, not lost.
     let never = name_on(c.node(0), "never-put", 0);

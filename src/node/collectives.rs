@@ -155,9 +155,29 @@ impl Node {
             }
         }
         let deadline = std::time::Instant::now() + inner.cfg.op_timeout;
-        let Some(slots) = answers.wait_until(deadline) else {
-            let what = format!("{} objects to appear", ids.len());
-            return Err(Error::Timeout(inner.cfg.op_timeout, what));
+        // A subscription waits for an object to be put (again): one whose every copy died is
+        // found by asking, whenever the answers stall, as a get would be told.
+        let slots = loop {
+            let slice = (std::time::Instant::now() + GATHER_STALL).min(deadline);
+            match answers.wait_until(slice) {
+                Ok(slots) => break slots,
+                Err(_) if std::time::Instant::now() >= deadline => {
+                    let what = format!("{} objects to appear", ids.len());
+                    return Err(Error::Timeout(inner.cfg.op_timeout, what));
+                }
+                Err(missing) => {
+                    for k in missing {
+                        if self
+                            .locate(ids[k].clone())
+                            .ok()
+                            .flatten()
+                            .is_some_and(|i| i.lost)
+                        {
+                            return Err(Error::ObjectLost(ids[k].clone()));
+                        }
+                    }
+                }
+            }
         };
         for (k, r) in slots.into_iter().enumerate() {
             match r {
@@ -199,6 +219,13 @@ impl Node {
     }
 }
 
+/// How long a gather waits for its subscriptions' answers before it asks whether a missing
+/// object was lost.
+const GATHER_STALL: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Every answer of a gather, by position (`None`: not asked: a local copy is read).
+type Answered = Vec<Option<Result<Reply>>>;
+
 /// The subscription answers of one gather, and the wake-up of its caller once all are in.
 struct Answers {
     /// The answers by position, and how many are still to come.
@@ -227,16 +254,18 @@ impl Answers {
         }
     }
 
-    /// The answers, once every one came in before `deadline`.
-    fn wait_until(&self, deadline: std::time::Instant) -> Option<Vec<Option<Result<Reply>>>> {
+    /// The answers, once every one came in before `deadline`; else the positions still
+    /// missing.
+    fn wait_until(&self, deadline: std::time::Instant) -> Result<Answered, Vec<usize>> {
         let mut st = self.state.lock().unwrap();
         while st.1 > 0 {
             let now = std::time::Instant::now();
             if now >= deadline {
-                return None;
+                let missing = (0..st.0.len()).filter(|&k| st.0[k].is_none());
+                return Err(missing.collect());
             }
             st = self.all_in.wait_timeout(st, deadline - now).unwrap().0;
         }
-        Some(std::mem::take(&mut st.0))
+        Ok(std::mem::take(&mut st.0))
     }
 }
