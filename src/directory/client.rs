@@ -15,7 +15,7 @@ use crate::{Error, ObjectId, Result};
 use crossbeam_channel::Sender;
 use phalanx_transport::NodeId;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::warn;
 
@@ -40,6 +40,8 @@ pub(crate) struct DirClient {
     /// `Membership::changes` when the tick last placed the promises and held copies (their
     /// destinations are recomputed only when it moved).
     placed_under: AtomicU64,
+    /// When the dispatcher wakes next: a promise or copy due sooner wakes it (`nudge`).
+    dispatcher_wakes: Mutex<Instant>,
 }
 
 impl DirClient {
@@ -52,6 +54,7 @@ impl DirClient {
             promises: Promises::default(),
             held: Held::default(),
             placed_under: AtomicU64::new(u64::MAX),
+            dispatcher_wakes: Mutex::new(Instant::now()),
         }
     }
 
@@ -105,8 +108,33 @@ impl DirClient {
     /// to the entry's next owner once it has been here a while (`held.rs`).
     fn note_held(&self, id: &ObjectId, shard: NodeId, complete: bool) {
         if complete && shard == self.id {
-            self.held.note(id, Instant::now());
+            if let Some(due) = self.held.note(id, Instant::now()) {
+                self.nudge(due);
+            }
         }
+    }
+
+    /// A word is due at `due`: wakes the dispatcher if it sleeps past that (one message to
+    /// its queue; most words are due after its planned wake and cost nothing).
+    fn nudge(&self, due: Instant) {
+        let mut wakes = self.dispatcher_wakes.lock().unwrap();
+        if due < *wakes {
+            *wakes = due;
+            drop(wakes);
+            self.rpc.enqueue(Work::Run(Box::new(|| {})));
+        }
+    }
+
+    /// When the next deferred promise, or copy to tell an entry's next owner of, is due; the
+    /// dispatcher says it sleeps until `wake` (at most that), and runs
+    /// [`DirClient::promise_tick`] once the word is due.
+    pub fn next_word(&self, wake: Instant) -> Instant {
+        let due = [self.held.next_due(), self.promises.next_due()]
+            .into_iter()
+            .flatten()
+            .fold(wake, Instant::min);
+        *self.dispatcher_wakes.lock().unwrap() = due;
+        due
     }
 
     fn publish_msg(&self, id: &ObjectId, size: u64, complete: bool) -> Msg {
@@ -147,7 +175,11 @@ impl DirClient {
     /// with [`DirClient::end_promise`] and the token returned (`None`: too many promises
     /// pending, this one is sent at once to the shard if that is another node, and not kept).
     pub fn promise(&self, id: &ObjectId, now_due: bool) -> Option<u64> {
-        let token = self.promises.make(id, now_due, Instant::now());
+        let now = Instant::now();
+        let token = self.promises.make(id, now_due, now);
+        if token.is_some() && !now_due {
+            self.nudge(now + super::promises::PROMISE_AFTER);
+        }
         // Made at once: written by this (caller's) thread before the operation starts, so
         // that a coordinator that dies right after it has still made it. Anything sent about
         // it later (a take-back, through the dispatcher's queue) comes after.
@@ -302,12 +334,6 @@ impl DirClient {
             });
             self.send_queued(to, msg);
         }
-    }
-
-    /// Whether a deferred promise, or a copy to tell an entry's next owner of, is due at
-    /// `now`: the dispatcher then runs [`DirClient::promise_tick`] before its next tick.
-    pub fn word_due(&self, now: Instant) -> bool {
-        self.held.any_due(now) || self.promises.any_due(now)
     }
 
     /// Records where promise `token` of `id` went; if its operation ended meanwhile (its

@@ -7,7 +7,7 @@
 //! copy; if it dies, the object is an orphan there, lost after the grace unless another
 //! holder republishes a copy. Most objects of a task system live for milliseconds (the
 //! inputs and intermediates of a collective), so a copy is told only once it has been here
-//! for [`HELD_AFTER`] (the dispatcher, which looks every 10 ms, sends the due ones): a copy
+//! for [`HELD_AFTER`] (the dispatcher wakes then and sends the due ones): a copy
 //! dropped sooner costs nothing, and a node that dies that soon after making it leaves its
 //! readers waiting as before. Only a copy that is the only complete one the entry lists is
 //! told (another holder republishes its own when this node dies): the same tick takes back
@@ -66,10 +66,12 @@ impl Held {
     /// it, or pulled it). Past `HELD_MAX`, up to twice that are noted and the tick drops the
     /// oldest copies not told (noting runs on transport threads: no scan here); with the
     /// table full of told copies, a new one is not tracked.
-    pub fn note(&self, id: &ObjectId, now: Instant) {
+    /// Returns when it is due if no copy noted before is due sooner (the dispatcher may
+    /// have to be woken for it).
+    pub fn note(&self, id: &ObjectId, now: Instant) -> Option<Instant> {
         let mut c = self.copies.lock().unwrap();
         if c.len() >= 2 * HELD_MAX || c.contains_key(id) {
-            return;
+            return None;
         }
         let told = None;
         c.insert(
@@ -82,14 +84,16 @@ impl Held {
         );
         let mut next = self.next_due.lock().unwrap();
         let due = now + HELD_AFTER;
-        if next.is_none_or(|n| due < n) {
-            *next = Some(due);
+        if next.is_some_and(|n| n <= due) {
+            return None;
         }
+        *next = Some(due);
+        Some(due)
     }
 
-    /// Whether a copy noted since the last tick is due at `now` (a tick should look).
-    pub fn any_due(&self, now: Instant) -> bool {
-        self.next_due.lock().unwrap().is_some_and(|d| now >= d)
+    /// When the next copy noted since the last tick becomes due (a tick should look then).
+    pub fn next_due(&self) -> Option<Instant> {
+        *self.next_due.lock().unwrap()
     }
 
     /// The copies told to `peer`, which may have lost the word (it restarted, or its link
@@ -186,20 +190,23 @@ mod tests {
         let h = Held::default();
         let t0 = Instant::now();
         let (x, y): (ObjectId, ObjectId) = ("x".into(), "y".into());
-        h.note(&x, t0);
-        h.note(&y, t0);
-        h.note(&x, t0 + HELD_AFTER); // noted once
-        assert!(!h.any_due(t0 + HELD_AFTER / 2));
-        assert!(h.any_due(t0 + HELD_AFTER), "the dispatcher looks then");
+        assert_eq!(h.note(&x, t0), Some(t0 + HELD_AFTER), "the first to be due");
+        assert_eq!(h.note(&y, t0), None, "due no sooner");
+        assert_eq!(h.note(&x, t0 + HELD_AFTER), None, "noted once");
+        assert_eq!(
+            h.next_due(),
+            Some(t0 + HELD_AFTER),
+            "the dispatcher looks then"
+        );
         assert!(
             h.tick(t0 + HELD_AFTER / 2, |_, _| Only(Some(3))).is_empty(),
             "not due"
         );
-        assert!(h.any_due(t0 + HELD_AFTER), "still to look at");
+        assert_eq!(h.next_due(), Some(t0 + HELD_AFTER), "still to look at");
         // y is gone before it was due: never told, nothing to take back, forgotten.
         let look = |id: &ObjectId, _| if *id == y { Gone } else { Only(Some(3)) };
         assert_eq!(h.tick(t0 + HELD_AFTER, look), vec![(x.clone(), 3, true)]);
-        assert!(!h.any_due(t0 + HELD_AFTER * 3), "nothing new to look at");
+        assert_eq!(h.next_due(), None, "nothing new to look at");
         assert!(
             h.tick(t0 + HELD_AFTER * 3, |_, _| Only(Some(3))).is_empty(),
             "told once"

@@ -6,7 +6,7 @@
 //! end within a millisecond, and one message more on the way of each was measurable in the
 //! 64 KiB allreduce (5-7 % in three rounds of four on the 8 emulated hosts), so the promise
 //! of a small operation whose inputs are here is sent only once it has run for
-//! [`PROMISE_AFTER`] (the dispatcher, which looks every 10 ms, sends the due ones): an operation
+//! [`PROMISE_AFTER`] (the dispatcher wakes then and sends the due ones): an operation
 //! that ends sooner costs nothing, and a coordinator that dies within that time leaves its
 //! readers waiting as for an object never made. Sent promises are made again to an entry's
 //! next owner when directory ownership moves ([`Promises::standing`]), and taken back when
@@ -87,12 +87,11 @@ impl Promises {
         due
     }
 
-    /// Whether a deferred promise is due at `now` (for the dispatcher's wake-ups between
-    /// its ticks: a promise goes out `PROMISE_AFTER` after its operation began, not at the
-    /// next tick).
-    pub fn any_due(&self, now: Instant) -> bool {
+    /// When the next deferred promise is due (the dispatcher wakes then: a promise goes out
+    /// `PROMISE_AFTER` after its operation began, not at the next tick).
+    pub fn next_due(&self) -> Option<Instant> {
         let s = self.state.lock().unwrap();
-        s.1.iter().any(|p| p.due.is_some_and(|d| now >= d))
+        s.1.iter().filter_map(|p| p.due).min()
     }
 
     /// Promise `token` went to `sent`. False: it is not kept (its operation ended
@@ -154,8 +153,11 @@ mod tests {
         let at = |to| Some(Sent { to, backup: false });
         let quick = ps.make(&x, false, t0).unwrap();
         assert!(ps.due(t0 + PROMISE_AFTER / 2).is_empty(), "not due yet");
-        assert!(!ps.any_due(t0 + PROMISE_AFTER / 2));
-        assert!(ps.any_due(t0 + PROMISE_AFTER), "the dispatcher looks then");
+        assert_eq!(
+            ps.next_due(),
+            Some(t0 + PROMISE_AFTER),
+            "the dispatcher looks then"
+        );
         // Ended before it was due: nothing was ever sent.
         assert_eq!(ps.end(quick), Some((x.clone(), None)));
         assert!(ps.due(t0 + PROMISE_AFTER * 2).is_empty());

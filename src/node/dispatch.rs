@@ -17,11 +17,6 @@ use tracing::{debug, error, warn};
 /// How often the dispatcher looks at the pulls no thread drives and the serves with no worker.
 const TICK: Duration = Duration::from_millis(50);
 
-/// How often it looks, between ticks, for a word due to a directory shard (a promise, or a
-/// copy told to an entry's next owner, each due 10 ms after it was made): a node that dies
-/// after that has told its shard's next owner, not only after the next tick.
-const WORD_TICK: Duration = Duration::from_millis(5);
-
 impl Inner {
     /// Stops the node: links closed (abruptly: no goodbye, as if the process died), the
     /// dispatcher stopped, and every waiting operation failed.
@@ -46,23 +41,22 @@ impl Inner {
         // Pulls that no thread drives, and serves with no worker, are looked at every
         // `TICK` (`Transfers::tick`: a stalled one, or one whose copy went, gets a thread).
         // The dispatcher wakes that often when idle rather than be told of each such pull.
+        // It also wakes when a word to a directory shard is due (a promise, or a copy told
+        // to an entry's next owner, each 10 ms after it was made; `DirClient::next_word`), so
+        // that a node that dies after that has told its shard's next owner.
         let mut next_tick = Instant::now() + TICK;
-        let mut next_word = Instant::now() + WORD_TICK;
         loop {
-            let wake = next_tick.min(next_word);
-            let w = match queue.recv_timeout(wake.saturating_duration_since(Instant::now())) {
+            let word = self.dir.next_word(next_tick);
+            let w = match queue.recv_timeout(word.saturating_duration_since(Instant::now())) {
                 Ok(w) => Some(w),
                 Err(RecvTimeoutError::Timeout) => None,
                 Err(RecvTimeoutError::Disconnected) => break,
             };
             let now = Instant::now();
-            if now >= next_word && now < next_tick {
-                if self.dir.word_due(now) {
-                    let me = self.id;
-                    self.dir
-                        .promise_tick(|id| self.shard.lock().unwrap().only_copy_on(id, me));
-                }
-                next_word = now + WORD_TICK;
+            if now >= word && now < next_tick {
+                let me = self.id;
+                self.dir
+                    .promise_tick(|id| self.shard.lock().unwrap().only_copy_on(id, me));
             }
             if now >= next_tick {
                 if self.transfers.has_lazy_work() {
