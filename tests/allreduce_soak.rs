@@ -20,12 +20,13 @@
 mod inputs;
 #[path = "common/log.rs"]
 mod log;
+#[path = "common/soak.rs"]
+mod soak;
 
 use inputs::input;
 use phalanx::ops::combine;
 use phalanx::reduce::ReduceOptions;
-use phalanx::transport::TcpConfig;
-use phalanx::{DType, LocalCluster, NodeConfig, ObjectId, ReduceOp};
+use phalanx::{DType, ObjectId, ReduceOp};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use std::time::{Duration, Instant};
@@ -165,18 +166,7 @@ impl Case {
     /// Runs the case on a fresh cluster; what went wrong, if anything.
     fn run(mut self) -> Result<Duration, String> {
         let n = self.nodes;
-        let cfg = NodeConfig {
-            arena_size: 512 << 20,
-            op_timeout: Duration::from_secs(30),
-            // A coordinator's death leaves its target lost to its readers after this.
-            lost_after: Duration::from_secs(1),
-            ..NodeConfig::default()
-        };
-        let tcp = TcpConfig {
-            heartbeat_timeout: Duration::from_secs(1),
-            ..TcpConfig::default()
-        };
-        let c = LocalCluster::start(n as u32, cfg, tcp).map_err(|e| e.to_string())?;
+        let c = soak::cluster(n, 512 << 20)?;
         let tag = format!("soak{}", self.seed);
         let sources: Vec<ObjectId> = (0..n)
             .map(|k| ObjectId::new(format!("{tag}/in{k}")))
@@ -329,27 +319,10 @@ impl Case {
     }
 }
 
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 #[test]
 fn randomized_allreduces_end_correct_with_and_without_a_kill() {
     log::from_env();
-    let runs = env_u64("PHALANX_SOAK_RUNS", 24);
-    let first = env_u64("PHALANX_SOAK_SEED", 1);
-    let mut kills = 0;
-    for seed in first..first + runs {
-        let case = Case::draw(seed);
-        let what = format!("{case:?}");
-        kills += usize::from(case.victim.is_some());
-        match case.run() {
-            Ok(took) => println!("{what}: ok in {:.1} ms", took.as_secs_f64() * 1e3),
-            Err(e) => panic!("{what}: {e}"),
-        }
-    }
-    println!("{runs} runs from seed {first}, {kills} with a node killed: all correct");
+    let (runs, first, deaths) =
+        soak::soak(24, Case::draw, |c| c.victim.is_some(), |case| case.run());
+    println!("{runs} runs from seed {first}, {deaths} with a node killed: all correct");
 }

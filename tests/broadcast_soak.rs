@@ -18,9 +18,10 @@
 
 #[path = "common/log.rs"]
 mod log;
+#[path = "common/soak.rs"]
+mod soak;
 
-use phalanx::transport::TcpConfig;
-use phalanx::{LocalCluster, Node, NodeConfig, ObjectId};
+use phalanx::{Node, ObjectId};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use std::io::Read as _;
@@ -146,17 +147,7 @@ impl Case {
     /// Runs the case on a fresh cluster; what went wrong, if anything.
     fn run(&self) -> Result<Duration, String> {
         let n = self.nodes;
-        let cfg = NodeConfig {
-            arena_size: 256 << 20,
-            op_timeout: Duration::from_secs(30),
-            lost_after: Duration::from_secs(1),
-            ..NodeConfig::default()
-        };
-        let tcp = TcpConfig {
-            heartbeat_timeout: Duration::from_secs(1),
-            ..TcpConfig::default()
-        };
-        let c = LocalCluster::start(n as u32, cfg, tcp).map_err(|e| e.to_string())?;
+        let c = soak::cluster(n, 256 << 20)?;
         let mut g = rand::rngs::StdRng::seed_from_u64(self.seed ^ 0x5eed);
         let mut data = vec![0u8; self.size];
         g.fill(&mut data[..]);
@@ -330,26 +321,10 @@ fn read(
     }
 }
 
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 #[test]
 fn randomized_broadcasts_end_with_the_bytes_put_with_and_without_a_death() {
     log::from_env();
-    let runs = env_u64("PHALANX_SOAK_RUNS", 16);
-    let first = env_u64("PHALANX_SOAK_SEED", 1);
-    let mut deaths = 0;
-    for seed in first..first + runs {
-        let case = Case::draw(seed);
-        deaths += usize::from(case.victim.is_some());
-        match case.run() {
-            Ok(took) => println!("{case:?}: ok in {:.1} ms", took.as_secs_f64() * 1e3),
-            Err(e) => panic!("{case:?}: {e}"),
-        }
-    }
+    let (runs, first, deaths) =
+        soak::soak(16, Case::draw, |c| c.victim.is_some(), |case| case.run());
     println!("{runs} runs from seed {first}, {deaths} with a node killed or frozen: all correct");
 }
