@@ -5,9 +5,10 @@
 //! `gather` of the object and two others put by nodes that do not die; in some runs a
 //! complete replica is made first, and in half of them one node (the putter, a reader, or
 //! the replica) is killed or frozen a random while after the object is known to the
-//! directory.
+//! directory; in some runs with no death a node deletes the object meanwhile.
 //!
-//! Every reader that is not the victim must end with exactly the bytes put, within seconds.
+//! Every reader that is not the victim must end with exactly the bytes put, or "not found"
+//! if the object was deleted, within seconds.
 //! It may instead be told the object is lost only when no complete copy can have survived:
 //! the victim held the only complete copy it could read (no live node had a complete copy
 //! when it died, and for a small object the directory's inline copy died with it too).
@@ -66,6 +67,9 @@ struct Case {
     /// Objects other nodes (never the victim) put before the readers start, gathered with
     /// the object by the `Gather` readers: (putter, size).
     companions: Vec<(usize, usize)>,
+    /// In a run with no victim: a node that deletes the object `after` the directory first
+    /// knows it (its readers then end with the bytes or "not found").
+    delete: Option<(usize, Duration)>,
 }
 
 impl Case {
@@ -131,6 +135,12 @@ impl Case {
                 (*safe.choose(&mut g).unwrap(), size)
             })
             .collect();
+        let delete = (victim.is_none() && g.gen_bool(0.3)).then(|| {
+            (
+                g.gen_range(0..nodes),
+                Duration::from_millis(g.gen_range(0..40)),
+            )
+        });
         Case {
             seed,
             nodes,
@@ -141,6 +151,7 @@ impl Case {
             put_after,
             victim,
             companions,
+            delete,
         }
     }
 
@@ -197,6 +208,19 @@ impl Case {
                     (k, h)
                 })
                 .collect();
+            if let Some((d, after)) = self.delete {
+                s.spawn(move || {
+                    let t = Instant::now();
+                    while c.node(d).locate(id.clone()).ok().flatten().is_none() {
+                        if t.elapsed() > Duration::from_secs(10) {
+                            return;
+                        }
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    std::thread::sleep(after);
+                    c.node(d).delete(id.clone()).unwrap();
+                });
+            }
             if let Some((v, how, mut after)) = self.victim {
                 // The putter that owns the object's entry too tells the entry's next owner
                 // of its copy 10 ms after the put (README "Not covered": before that, its
@@ -233,7 +257,9 @@ impl Case {
             }
             if let Some(put) = put {
                 match put.join().unwrap() {
-                    Err(e) if victim != Some(self.source) => return Err(format!("put: {e}")),
+                    Err(e) if victim != Some(self.source) && self.delete.is_none() => {
+                        return Err(format!("put: {e}"))
+                    }
                     _ => {}
                 }
             }
@@ -267,6 +293,7 @@ impl Case {
                     ));
                 }
                 Err(e) if may_be_lost && e.contains("lost") => {}
+                Err(e) if self.delete.is_some() && e.contains("not found") => {}
                 Err(e) => {
                     return Err(format!(
                         "reader {k} ({took:?}): {e} (complete copies on live nodes at the \
