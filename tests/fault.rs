@@ -996,6 +996,38 @@ fn a_get_of_an_object_whose_every_copy_died_fails_as_lost() {
     assert!(c.node(2).get(id.clone()).unwrap() == data);
 }
 
+/// An object deleted while its putter still writes it stays deleted: the put does not
+/// announce the copy complete (the delete dropped it), and a reader is told "not found" at
+/// once. (The put announced it before, the entry came back with a copy that was gone, and a
+/// reader was sent to it until its op timeout; broadcast soak seeds 40041, 40106.) A node
+/// asked for a copy it dropped also withdraws its location.
+#[test]
+fn an_object_deleted_while_it_is_put_stays_deleted() {
+    use phalanx::Error;
+    let c = LocalCluster::start(3, cfg(), tcp()).unwrap();
+    let id = name_on(c.node(0), "deleted-while-put", 2);
+    let data = pattern(7);
+    std::thread::scope(|s| {
+        let put = s.spawn(|| c.node(1).put(id.clone(), &data));
+        while c.node(2).locate(id.clone()).unwrap().is_none() {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        c.node(2).delete(id.clone()).unwrap();
+        // Deleted before it was complete (an error) or after (Ok): deleted either way.
+        let _ = put.join().unwrap();
+    });
+    let t = Instant::now();
+    let r = c
+        .node(0)
+        .get_view_timeout(id.clone(), Duration::from_secs(20));
+    assert!(
+        matches!(r, Err(Error::NotFound(_))),
+        "{:?}",
+        r.map(|v| v.len())
+    );
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+}
+
 /// A hung node (frozen: it sends nothing, delivers nothing) stays down for its peers once
 /// its heartbeats are missed: it neither dials them again nor answers their dials, as a hung
 /// host would not. (The hook's redial thread brought it back every second before, and the

@@ -126,6 +126,11 @@ impl Node {
             // On to receivers that pull it already (see `transfer/serve.rs`).
             inner.transfers.landed(&copy);
         }
+        // Deleted while it was written: announced complete now, the entry would come back
+        // with a copy that is gone.
+        if copy.is_detached() {
+            return Err(Error::NotFound(id));
+        }
         inner.dir.publish(&id, size, true)
     }
 

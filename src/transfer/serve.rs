@@ -645,8 +645,10 @@ impl Transfers {
                 break c;
             }
             // Dropped here (deleted, evicted, failed) and not made again: no copy is
-            // coming; the receiver asks elsewhere now rather than after the wait.
+            // coming; the receiver asks elsewhere now rather than after the wait, and the
+            // location goes if it is still listed (announced as the copy was deleted).
             if self.store.recently_dropped(id) {
+                self.dir.withdraw(std::slice::from_ref(id));
                 return Err(Error::NotFound(id.clone()));
             }
             // Named as a partition's source by its coordinator, and nothing here takes the
