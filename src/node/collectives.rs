@@ -166,7 +166,8 @@ impl Node {
                     return Err(Error::Timeout(inner.cfg.op_timeout, what));
                 }
                 Err(missing) => {
-                    for k in missing {
+                    // Those asked only: a local copy is read below.
+                    for k in missing.into_iter().filter(|k| asked.contains(k)) {
                         if self
                             .locate(ids[k].clone())
                             .ok()
