@@ -165,7 +165,31 @@ fn eight_ranks_hand_the_plan_on_and_read_their_own_copies() {
             let pulled = c.node(k).transfer_log().iter().any(|r| r.id == target);
             assert!(!pulled, "{tag}: node {k} pulled the result");
         }
-        c.node(0).delete_allreduce(target, SIZE, n, dtype).unwrap();
+        // Every rank's copy is listed (the coordinator names them all in one message as the
+        // run commits; the ranks store theirs with no word to the directory): a reader
+        // anywhere may be sent to any of them, and a delete reaches every one.
+        let info = c.node(3).locate(target.clone()).unwrap().expect("listed");
+        let mut holders: Vec<u32> = info
+            .locations
+            .iter()
+            .filter(|l| l.complete)
+            .map(|l| l.node)
+            .collect();
+        holders.sort_unstable();
+        assert_eq!(holders, (0..n as u32).collect::<Vec<_>>(), "{tag}");
+        c.node(0)
+            .delete_allreduce(target.clone(), SIZE, n, dtype)
+            .unwrap();
+        for k in 0..n {
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while c.node(k).local_copy(target.clone()).is_some() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{tag}: node {k} kept it"
+                );
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
     }
 }
 

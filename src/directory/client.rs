@@ -94,14 +94,30 @@ impl DirClient {
         self.tolerate_shard_down(id, r)
     }
 
-    /// [`DirClient::publish`] from a thread that must not block (a transport thread); it
-    /// keeps its place before this node's later messages to the shard.
-    pub fn publish_without_blocking(&self, id: &ObjectId, size: u64, complete: bool) {
-        hop!(self.id, "publish", complete = complete);
+    /// Announces the complete copies of `id` a halving run coordinated here made, on
+    /// `copies` (its ranks: this node among them if it has its copy), in one message to the
+    /// shard (`DirMsg::PublishRun`), from a thread that must not block. Each rank that
+    /// stores its copy says [`DirClient::listed`]; one that cannot withdraws it.
+    pub fn publish_run_without_blocking(&self, id: &ObjectId, size: u64, copies: Vec<NodeId>) {
+        hop!(self.id, "publish run", copies = copies.len() as u64);
         let shard = self.shard_of(id);
-        self.note_held(id, shard, complete);
-        let msg = self.publish_msg(id, size, complete);
+        if copies.contains(&self.id) {
+            self.note_held(id, shard, true);
+        }
+        let msg = Msg::Dir(DirMsg::PublishRun {
+            id: id.clone(),
+            size,
+            node: self.id,
+            copies,
+        });
         self.rpc.send_without_blocking(shard, msg);
+    }
+
+    /// A complete copy of `id` stored here that another node listed (a rank's copy of a
+    /// halving run, listed by its coordinator): no message, but where the entry is here its
+    /// next owner is told of the copy, as of one this node published.
+    pub fn listed(&self, id: &ObjectId) {
+        self.note_held(id, self.shard_of(id), true);
     }
 
     /// A complete copy of an object whose entry is here (`shard`: the entry's owner) is told

@@ -172,6 +172,9 @@ const GIVE_UPS: usize = 1 << 12;
 /// into the same target promises it; a reduce is redone at most a few times).
 const PROMISERS: usize = 16;
 
+/// Most copies one `DirMsg::PublishRun` names (the most ranks a halving run takes).
+const MAX_RUN_COPIES: usize = crate::reduce::MAX_HALVING_RANKS;
+
 /// Claims the shard keeps for sources it has not heard of yet.
 const PENDING_CLAIMS: usize = 1 << 12;
 
@@ -281,6 +284,7 @@ impl Shard {
         // A node speaks only for itself: a copy it publishes, withdraws or fills is its own.
         let speaks_for = match &msg {
             DirMsg::Publish { node, .. }
+            | DirMsg::PublishRun { node, .. }
             | DirMsg::PutInline { node, .. }
             | DirMsg::Withdraw { node, .. }
             | DirMsg::Promise { node, .. }
@@ -305,29 +309,25 @@ impl Shard {
                 node,
                 complete,
             } => {
-                self.forget_tombstone(&id);
-                let e = self
-                    .entries
-                    .entry(id.clone())
-                    .or_insert_with(|| Entry::new(size));
-                if e.locs.is_empty() && e.inline.is_none() {
-                    // An entry left with no copy (lost) knows no size: this copy's is it.
-                    e.size = size;
+                self.add_copy(&id, size, node, complete);
+                self.notify(&id, out);
+                self.serve_waiters(&id, out);
+            }
+            DirMsg::PublishRun {
+                id,
+                size,
+                node: _,
+                mut copies,
+            } => {
+                copies.sort_unstable();
+                copies.dedup();
+                if copies.len() > MAX_RUN_COPIES {
+                    warn!(from, %id, "a run's copies name {} nodes: ignored", copies.len());
+                    return;
                 }
-                let l = e.locs.entry(node).or_insert(Loc {
-                    complete,
-                    serving: None,
-                    token: 0,
-                    depends_on: None,
-                });
-                l.complete |= complete;
-                if l.complete {
-                    l.depends_on = None;
-                    self.promises.remove(&id);
+                for n in copies {
+                    self.add_copy(&id, size, n, true);
                 }
-                e.lost = false;
-                self.orphans.remove(&id);
-                self.apply_pending_claims(&id, node);
                 self.notify(&id, out);
                 self.serve_waiters(&id, out);
             }
@@ -870,6 +870,33 @@ impl Shard {
     }
 
     /// `source` published `id`: the claims that waited for it take effect.
+    /// A copy of `id` (of `size` bytes) on `node`, partial or `complete` (`DirMsg::Publish`).
+    fn add_copy(&mut self, id: &ObjectId, size: u64, node: NodeId, complete: bool) {
+        self.forget_tombstone(id);
+        let e = self
+            .entries
+            .entry(id.clone())
+            .or_insert_with(|| Entry::new(size));
+        if e.locs.is_empty() && e.inline.is_none() {
+            // An entry left with no copy (lost) knows no size: this copy's is it.
+            e.size = size;
+        }
+        let l = e.locs.entry(node).or_insert(Loc {
+            complete,
+            serving: None,
+            token: 0,
+            depends_on: None,
+        });
+        l.complete |= complete;
+        if l.complete {
+            l.depends_on = None;
+            self.promises.remove(id);
+        }
+        e.lost = false;
+        self.orphans.remove(id);
+        self.apply_pending_claims(id, node);
+    }
+
     fn apply_pending_claims(&mut self, id: &ObjectId, source: NodeId) {
         let Some(mut claims) = self.pending_claims.remove(id) else {
             return;
@@ -1786,6 +1813,71 @@ mod tests {
             "no inline object on behalf of node 2"
         );
         assert!(s.assignments().is_empty(), "no claim on behalf of node 2");
+    }
+
+    /// A halving run's coordinator lists its ranks' copies in one message: each is a
+    /// complete copy a waiting reader is sent to, the run's promise ends, and a message
+    /// that names more nodes than a run has, or comes from another node than the one it
+    /// names as the coordinator, changes nothing.
+    #[test]
+    fn a_runs_coordinator_lists_its_ranks_copies_in_one_message() {
+        let mut s = Shard::new();
+        let mut out = Vec::new();
+        let promise = DirMsg::Promise {
+            id: "x".into(),
+            node: 0,
+            promised: true,
+        };
+        s.handle(0, promise, &mut out);
+        let run = |node, copies: Vec<NodeId>| DirMsg::PublishRun {
+            id: "x".into(),
+            size: 100,
+            node,
+            copies,
+        };
+        // Forged: sent by node 3 in node 0's name; too many copies.
+        s.handle(3, run(0, vec![1, 2]), &mut out);
+        let many = (0..=MAX_RUN_COPIES as NodeId).collect();
+        s.handle(0, run(0, many), &mut out);
+        assert!(out.is_empty(), "{out:?}");
+        assert!(s.info(&"x".into()).is_none_or(|i| i.locations.is_empty()));
+        // A reader waits; the coordinator lists ranks 1, 2 and 5 (5 twice).
+        let _ = locate(&mut s, 7, vec![]);
+        s.handle(0, run(0, vec![5, 1, 2, 5]), &mut out);
+        let info = s.info(&"x".into()).expect("entry");
+        let mut holders: Vec<NodeId> = info.locations.iter().map(|l| l.node).collect();
+        holders.sort_unstable();
+        assert_eq!(
+            holders,
+            vec![1, 2, 5, 7],
+            "the ranks, and the reader's partial copy"
+        );
+        assert!(info.locations.iter().all(|l| l.complete == (l.node != 7)));
+        assert!(!s.promises.contains_key(&"x".into()), "the promise ends");
+        match &out[..] {
+            [(
+                7,
+                Msg::Reply {
+                    reply: Reply::Located(Located::Source { node, .. }),
+                    ..
+                },
+            )] => {
+                assert!([1, 2, 5].contains(node))
+            }
+            o => panic!("the waiting reader is sent to a rank: {o:?}"),
+        }
+        // A rank that could not store its copy withdraws it.
+        out.clear();
+        s.handle(
+            2,
+            DirMsg::Withdraw {
+                id: "x".into(),
+                node: 2,
+            },
+            &mut out,
+        );
+        let info = s.info(&"x".into()).expect("entry");
+        assert!(info.locations.iter().all(|l| l.node != 2));
     }
 
     /// A claim on a source not listed yet waits for it to publish; if the claimant's copy

@@ -162,6 +162,20 @@ pub enum DirMsg {
         copy: bool,
         kept: bool,
     },
+    /// The complete copies of `id` a halving-doubling allreduce coordinated by `node` made:
+    /// `copies` are its ranks (`node` among them when its own rank has the result). Sent
+    /// once, by the coordinator, when the run commits, so that its ranks store their copies
+    /// without a message each to the directory at the moment the others finish. The one
+    /// exception to "a node speaks only for itself", and a bounded one: a node named that has
+    /// no copy (it never heard the commit, or could not store the result) withdraws its
+    /// location when it fails to store, or when a reader comes for it, within the wait a
+    /// source gives a copy the directory lists before it is made (`serve::COPY_WAIT`).
+    PublishRun {
+        id: ObjectId,
+        size: u64,
+        node: NodeId,
+        copies: Vec<NodeId>,
+    },
 }
 
 impl DirMsg {
@@ -181,7 +195,8 @@ impl DirMsg {
             | DirMsg::Reset { id, .. }
             | DirMsg::Promise { id, .. }
             | DirMsg::GiveUp { id, .. }
-            | DirMsg::Backup { id, .. } => id,
+            | DirMsg::Backup { id, .. }
+            | DirMsg::PublishRun { id, .. } => id,
         }
     }
 }

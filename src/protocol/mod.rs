@@ -81,6 +81,7 @@ impl Msg {
         match self {
             Msg::Dir(m) => match m {
                 DirMsg::Publish { .. } => "Publish",
+                DirMsg::PublishRun { .. } => "PublishRun",
                 DirMsg::PutInline { .. } => "PutInline",
                 DirMsg::Locate { .. } => "Locate",
                 DirMsg::Claim { .. } => "Claim",

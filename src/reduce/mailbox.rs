@@ -101,6 +101,8 @@ struct RunBox {
     /// and when one of them did.
     others: Vec<NodeId>,
     committed_by_rank: Option<Instant>,
+    /// On the coordinator's node: the size of the run's result.
+    size: u64,
     /// When something last happened to the run here.
     touched: Instant,
 }
@@ -121,6 +123,7 @@ impl Default for RunBox {
             decided: None,
             others: Vec::new(),
             committed_by_rank: None,
+            size: 0,
             touched: Instant::now(),
         }
     }
@@ -210,7 +213,9 @@ impl Mailbox {
         let parked = if wakes { b.parked.take() } else { None };
         st.bytes = st.bytes + len - old;
         st.bound();
-        self.changed.notify_all();
+        // No waiter needs a block (a parked rank is handed back instead; the coordinator's
+        // wait looks at the run's time again within `RECHECK`): waking them for each block
+        // cost the coordinator's node a thread switch per block.
         parked
     }
 
@@ -313,18 +318,25 @@ impl Mailbox {
 
     /// On the coordinator's node: the run's other ranks, any of which may commit the run by
     /// saying it has the whole result ([`Mailbox::rank_done`]).
-    pub fn coordinate(&self, key: &RunKey, others: Vec<NodeId>) {
+    pub fn coordinate(&self, key: &RunKey, others: Vec<NodeId>, size: u64) {
         let mut st = self.lock();
-        st.run(key).others = others;
+        let b = st.run(key);
+        b.others = others;
+        b.size = size;
         st.bound();
     }
 
     /// On the coordinator's node: rank `from` has the whole result of the plan of digest
     /// `plan`. Commits the run if it is one this node coordinates, `from` is one of its
     /// ranks, the plan is the coordinator's and nothing was decided yet: then the ranks to
-    /// tell, `from` first (it waits for the word). `None`: ignored (forged, late, or
-    /// decided already).
-    pub fn rank_done(&self, key: &RunKey, from: NodeId, plan: [u8; 16]) -> Option<Vec<NodeId>> {
+    /// tell, `from` first (it waits for the word), and the result's size. `None`: ignored
+    /// (forged, late, or decided already).
+    pub fn rank_done(
+        &self,
+        key: &RunKey,
+        from: NodeId,
+        plan: [u8; 16],
+    ) -> Option<(Vec<NodeId>, u64)> {
         let mut st = self.lock();
         if st.outcomes.contains_key(key) {
             return None;
@@ -337,8 +349,9 @@ impl Mailbox {
         b.committed_by_rank = Some(Instant::now());
         let mut tell = vec![from];
         tell.extend(b.others.iter().copied().filter(|&n| n != from));
+        let size = b.size;
         self.changed.notify_all();
-        Some(tell)
+        Some((tell, size))
     }
 
     /// The coordinator's last word on a run (kept with the node that said it), and what it
@@ -736,13 +749,13 @@ mod tests {
         let m = Mailbox::default();
         let k = key("t", 1);
         m.register(&k, 0, D);
-        m.coordinate(&k, vec![1, 2, 3]);
+        m.coordinate(&k, vec![1, 2, 3], 8);
         // Not a rank, another plan, another run: ignored, nothing decided.
         assert_eq!(m.rank_done(&k, 9, D), None);
         assert_eq!(m.rank_done(&k, 2, [9; 16]), None);
         assert_eq!(m.rank_done(&key("t", 2), 2, D), None);
         // A rank of the plan: committed, that rank told first.
-        assert_eq!(m.rank_done(&k, 2, D), Some(vec![2, 1, 3]));
+        assert_eq!(m.rank_done(&k, 2, D), Some((vec![2, 1, 3], 8)));
         // The first decision stands: a second word, the coordinator's own rank, an abandon.
         assert_eq!(m.rank_done(&k, 3, D), None);
         assert!(!m.decide(&k, true));
@@ -750,7 +763,7 @@ mod tests {
         // Abandoned first: a late word commits nothing.
         let a = key("t", 3);
         m.register(&a, 0, D);
-        m.coordinate(&a, vec![1, 2]);
+        m.coordinate(&a, vec![1, 2], 8);
         assert!(m.decide(&a, false));
         assert_eq!(m.rank_done(&a, 1, D), None);
         // A node that does not coordinate the run (no ranks given) commits nothing.
@@ -768,7 +781,7 @@ mod tests {
             m.register(x, 5, D);
         }
         m.register(&coord, 0, D);
-        m.coordinate(&coord, vec![1, 2]);
+        m.coordinate(&coord, vec![1, 2], 8);
         assert!(
             m.waiting_for_word(0, Duration::ZERO).is_empty(),
             "no result yet"
