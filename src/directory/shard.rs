@@ -118,6 +118,9 @@ pub struct Assignment {
 
 #[derive(Debug, Default)]
 pub struct Shard {
+    /// The cluster's size when known (`Shard::for_cluster`): a run's listing names members
+    /// only.
+    nodes: Option<u32>,
     entries: HashMap<ObjectId, Entry>,
     /// Reads waiting for a copy, and subscriptions, by object: at most
     /// [`queued::MAX_PER_NODE`] of each per requesting node.
@@ -270,6 +273,14 @@ impl Shard {
         Shard::default()
     }
 
+    /// The shard of a node of a cluster of `nodes` members.
+    pub fn for_cluster(nodes: u32) -> Shard {
+        Shard {
+            nodes: Some(nodes),
+            ..Shard::default()
+        }
+    }
+
     /// Recent source assignments, oldest first.
     pub fn assignments(&self) -> Vec<Assignment> {
         self.log.iter().cloned().collect()
@@ -325,6 +336,9 @@ impl Shard {
                     warn!(from, %id, "a run's copies name {} nodes: ignored", copies.len());
                     return;
                 }
+                // Members only, and none this shard has seen die (it holds no copy).
+                let nodes = self.nodes.unwrap_or(NodeId::MAX);
+                copies.retain(|n| *n < nodes && !self.seen_down.contains(n));
                 for n in copies {
                     self.add_copy(&id, size, n, true);
                 }
@@ -1821,7 +1835,7 @@ mod tests {
     /// names as the coordinator, changes nothing.
     #[test]
     fn a_runs_coordinator_lists_its_ranks_copies_in_one_message() {
-        let mut s = Shard::new();
+        let mut s = Shard::for_cluster(8);
         let mut out = Vec::new();
         let promise = DirMsg::Promise {
             id: "x".into(),
@@ -1841,9 +1855,11 @@ mod tests {
         s.handle(0, run(0, many), &mut out);
         assert!(out.is_empty(), "{out:?}");
         assert!(s.info(&"x".into()).is_none_or(|i| i.locations.is_empty()));
-        // A reader waits; the coordinator lists ranks 1, 2 and 5 (5 twice).
+        // A reader waits; the coordinator lists ranks 1, 2 and 5 (5 twice), a rank this
+        // shard saw die (6), and nodes that are no members (the cluster has 8).
         let _ = locate(&mut s, 7, vec![]);
-        s.handle(0, run(0, vec![5, 1, 2, 5]), &mut out);
+        s.node_down(6, Instant::now(), &|_| false, &mut out);
+        s.handle(0, run(0, vec![5, 1, 2, 5, 6, 8, 4000]), &mut out);
         let info = s.info(&"x".into()).expect("entry");
         let mut holders: Vec<NodeId> = info.locations.iter().map(|l| l.node).collect();
         holders.sort_unstable();

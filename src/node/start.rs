@@ -77,7 +77,7 @@ impl Node {
                 cfg,
                 transport,
                 store,
-                shard: Mutex::new(Shard::new()),
+                shard: Mutex::new(Shard::for_cluster(nodes)),
                 rpc,
                 members,
                 dir,
