@@ -193,6 +193,56 @@ fn eight_ranks_hand_the_plan_on_and_read_their_own_copies() {
     }
 }
 
+/// A rank with no room for its copy of a committed run withdraws the listing its
+/// coordinator made for it: the run still commits, every reader gets the result, and the
+/// directory soon stops sending readers to that rank (a reader sent there would wait a second
+/// for a copy that never comes).
+#[test]
+fn a_rank_with_no_room_for_the_result_withdraws_its_listing() {
+    let n = 4;
+    let c = LocalCluster::start(n as u32, cfg(), tcp()).unwrap();
+    let dtype = DType::F32;
+    let inputs: Vec<Vec<u8>> = (0..n).map(|k| input(k, SIZE, dtype)).collect();
+    let sources: Vec<ObjectId> = (0..n)
+        .map(|k| ObjectId::new(format!("full/in{k}")))
+        .collect();
+    for k in 0..n {
+        c.node(k).put(sources[k].clone(), &inputs[k]).unwrap();
+    }
+    // Node 3's arena full of its own objects (pinned: nothing to evict).
+    let full = 3;
+    let mut i = 0;
+    while c.node(full).arena_free() >= SIZE {
+        let len = (c.node(full).arena_free() / 2).clamp(4096, 8 << 20);
+        c.node(full)
+            .put(format!("full/filler{i}"), &vec![7u8; len as usize])
+            .unwrap();
+        i += 1;
+    }
+    let target = ObjectId::new("full/out");
+    let (all, outcome) = run(&c, &target, &sources, ReduceOp::Sum, dtype, &[1, 2]);
+    assert!(outcome.tree.is_empty(), "the halving run committed");
+    let want = reference(&inputs.iter().collect::<Vec<_>>(), ReduceOp::Sum, dtype);
+    for (k, got) in all.iter().enumerate() {
+        assert!(*got == want, "result {k} differs");
+    }
+    assert!(c.node(full).local_copy(target.clone()).is_none());
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let info = c.node(1).locate(target.clone()).unwrap().expect("listed");
+        let listed: Vec<u32> = info.locations.iter().map(|l| l.node).collect();
+        if !listed.contains(&(full as u32)) {
+            assert!(listed.contains(&0) && listed.contains(&1) && listed.contains(&2));
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "node {full} still listed: {listed:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 #[test]
 fn inputs_two_to_a_node_or_missing_take_the_tree() {
     let n = 3;
