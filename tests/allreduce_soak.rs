@@ -3,8 +3,8 @@
 //! halving and doubling (64 KiB, 300 KiB) and one tree (1 MiB) to partitioned (4 MiB and
 //! up), every dtype, sum/min/max, inputs that come at once or one after another in a random
 //! order (the coordinator's own among them in a quarter of the runs; the last a straggler
-//! 100-300 ms behind in a fifth), and in a third of the runs a node killed a random while after its input (which a
-//! replica keeps). Every survivor must end with the same bytes, the reduce of exactly the
+//! 100-300 ms behind in a fifth), and in a third of the runs a node killed a random while
+//! after its input (which a replica keeps); in some runs links are made on demand. Every survivor must end with the same bytes, the reduce of exactly the
 //! inputs the outcome names; an allreduce of all inputs must name every input of a node
 //! still alive, one of the first `k` exactly `k` inputs. When the node killed is the
 //! coordinator, each reader must get either the result (the same bytes as the others; the
@@ -60,6 +60,8 @@ struct Case {
     /// A node killed `kill_after` after its input and that input's replica are there.
     victim: Option<usize>,
     kill_after: Duration,
+    /// Links made on demand (deaths then spread from the victim's ring watchers).
+    on_demand: bool,
 }
 
 impl Case {
@@ -103,6 +105,7 @@ impl Case {
             true => Duration::from_millis(g.gen_range(100..300)),
             false => Duration::ZERO,
         };
+        let on_demand = g.gen_bool(0.3);
         Case {
             seed,
             kind,
@@ -115,6 +118,7 @@ impl Case {
             straggle,
             victim,
             kill_after,
+            on_demand,
         }
     }
 
@@ -166,7 +170,7 @@ impl Case {
     /// Runs the case on a fresh cluster; what went wrong, if anything.
     fn run(mut self) -> Result<Duration, String> {
         let n = self.nodes;
-        let c = soak::cluster(n, 512 << 20)?;
+        let c = soak::cluster(n, 512 << 20, self.on_demand)?;
         let tag = format!("soak{}", self.seed);
         let sources: Vec<ObjectId> = (0..n)
             .map(|k| ObjectId::new(format!("{tag}/in{k}")))

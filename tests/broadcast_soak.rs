@@ -5,7 +5,9 @@
 //! `gather` of the object and two others put by nodes that do not die; in some runs a
 //! complete replica is made first, and in half of them one node (the putter, a reader, or
 //! the replica) is killed or frozen a random while after the object is known to the
-//! directory; in some runs with no death a node deletes the object meanwhile.
+//! directory; in some runs with no death a node deletes the object meanwhile. Some clusters
+//! have one or two nodes more that take no part but own directory entries, and some make
+//! their links on demand.
 //!
 //! Every reader that is not the victim must end with exactly the bytes put, or "not found"
 //! if the object was deleted, within seconds.
@@ -70,6 +72,11 @@ struct Case {
     /// In a run with no victim: a node that deletes the object `after` the directory first
     /// knows it (its readers then end with the bytes or "not found").
     delete: Option<(usize, Duration)>,
+    /// Nodes more that take no part but own directory entries (the object's, the
+    /// companions'), and whether links are made on demand (deaths then spread from the
+    /// victim's ring watchers).
+    spare: usize,
+    on_demand: bool,
 }
 
 impl Case {
@@ -141,6 +148,9 @@ impl Case {
                 Duration::from_millis(g.gen_range(0..40)),
             )
         });
+        // Drawn last too.
+        let spare = *[0, 0, 1, 2].choose(&mut g).unwrap();
+        let on_demand = g.gen_bool(0.3);
         Case {
             seed,
             nodes,
@@ -152,13 +162,15 @@ impl Case {
             victim,
             companions,
             delete,
+            spare,
+            on_demand,
         }
     }
 
     /// Runs the case on a fresh cluster; what went wrong, if anything.
     fn run(&self) -> Result<Duration, String> {
         let n = self.nodes;
-        let c = soak::cluster(n, 256 << 20)?;
+        let c = soak::cluster(n + self.spare, 256 << 20, self.on_demand)?;
         let mut g = rand::rngs::StdRng::seed_from_u64(self.seed ^ 0x5eed);
         let mut data = vec![0u8; self.size];
         g.fill(&mut data[..]);

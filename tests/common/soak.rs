@@ -8,9 +8,10 @@ use std::fmt::Debug;
 use std::time::Duration;
 
 /// A soak case's cluster: `nodes` nodes of `arena` bytes each, on loopback, that find a dead
-/// node within a second (heartbeats) and tell its objects' readers they are lost a second
-/// later (a coordinator's death, too); operations give up after 30 s.
-pub fn cluster(nodes: usize, arena: u64) -> Result<LocalCluster, String> {
+/// node within a second (heartbeats, or with links made `on_demand` their ring watchers) and
+/// tell its objects' readers they are lost a second later (a coordinator's death, too);
+/// operations give up after 30 s.
+pub fn cluster(nodes: usize, arena: u64, on_demand: bool) -> Result<LocalCluster, String> {
     let cfg = NodeConfig {
         arena_size: arena,
         op_timeout: Duration::from_secs(30),
@@ -20,6 +21,10 @@ pub fn cluster(nodes: usize, arena: u64) -> Result<LocalCluster, String> {
     let tcp = TcpConfig {
         heartbeat_timeout: Duration::from_secs(1),
         ..TcpConfig::default()
+    };
+    let tcp = match on_demand {
+        true => tcp.on_demand(),
+        false => tcp,
     };
     LocalCluster::start(nodes as u32, cfg, tcp).map_err(|e| e.to_string())
 }
