@@ -883,7 +883,6 @@ impl Shard {
         true
     }
 
-    /// `source` published `id`: the claims that waited for it take effect.
     /// A copy of `id` (of `size` bytes) on `node`, partial or `complete` (`DirMsg::Publish`).
     fn add_copy(&mut self, id: &ObjectId, size: u64, node: NodeId, complete: bool) {
         self.forget_tombstone(id);
@@ -911,6 +910,7 @@ impl Shard {
         self.apply_pending_claims(id, node);
     }
 
+    /// `source` published `id`: the claims that waited for it take effect.
     fn apply_pending_claims(&mut self, id: &ObjectId, source: NodeId) {
         let Some(mut claims) = self.pending_claims.remove(id) else {
             return;
