@@ -280,7 +280,8 @@ impl Reducer {
                     // The ranks' copies are listed, and the ranks commit now, while this
                     // node stores its own.
                     let others = self.other_ranks(&plan);
-                    self.list_copies(&key.0, plan.size, &others);
+                    self.dir
+                        .publish_run_without_blocking(&key.0, plan.size, others.clone());
                     self.send_end_to(&key, plan.digest(), &others, true);
                 }
                 return match self.halving.rank_finished(&key, Ok(v)) {
@@ -345,18 +346,10 @@ impl Reducer {
                 "halving run committed by a rank's word",
                 from = from as u64
             );
-            self.list_copies(&key.0, size, &ranks);
+            self.dir
+                .publish_run_without_blocking(&key.0, size, ranks.clone());
             self.send_end_to(&key, plan, &ranks, true);
         }
-    }
-
-    /// Lists the copies of `target` (`size` bytes) that the ranks on `ranks` store as a
-    /// committed run's result, in one message to the directory for them all
-    /// (`DirMsg::PublishRun`): the ranks store theirs without a word (`Announce::Listed`),
-    /// this node announces its own as it stores it.
-    fn list_copies(&self, target: &ObjectId, size: u64, ranks: &[NodeId]) {
-        self.dir
-            .publish_run_without_blocking(target, size, ranks.to_vec());
     }
 
     /// Stores a committed result (its coordinator listed it with the directory): here if the
