@@ -165,18 +165,31 @@ fn eight_ranks_hand_the_plan_on_and_read_their_own_copies() {
             let pulled = c.node(k).transfer_log().iter().any(|r| r.id == target);
             assert!(!pulled, "{tag}: node {k} pulled the result");
         }
-        // Every rank's copy is listed (the coordinator names them all in one message as the
-        // run commits; the ranks store theirs with no word to the directory): a reader
-        // anywhere may be sent to any of them, and a delete reaches every one.
-        let info = c.node(3).locate(target.clone()).unwrap().expect("listed");
-        let mut holders: Vec<u32> = info
-            .locations
-            .iter()
-            .filter(|l| l.complete)
-            .map(|l| l.node)
-            .collect();
-        holders.sort_unstable();
-        assert_eq!(holders, (0..n as u32).collect::<Vec<_>>(), "{tag}");
+        // Every rank's copy is listed: a reader anywhere may be sent to any of them, and a
+        // delete reaches every one. The coordinator names the other ranks in one message as
+        // the run commits (they store theirs with no word to the directory); its own copy
+        // it publishes as it stores it, which may land after the readers returned (node 0
+        // reads nothing here), so the listing is awaited, for a bounded time.
+        let all_ranks: Vec<u32> = (0..n as u32).collect();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let info = c.node(3).locate(target.clone()).unwrap().expect("listed");
+            let mut holders: Vec<u32> = info
+                .locations
+                .iter()
+                .filter(|l| l.complete)
+                .map(|l| l.node)
+                .collect();
+            holders.sort_unstable();
+            if holders == all_ranks {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{tag}: listed {holders:?}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
         c.node(0)
             .delete_allreduce(target.clone(), SIZE, n, dtype)
             .unwrap();
