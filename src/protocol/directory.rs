@@ -163,8 +163,9 @@ pub enum DirMsg {
         kept: bool,
     },
     /// The complete copies of `id` a halving-doubling allreduce coordinated by `node` made:
-    /// `copies` are its other ranks (the coordinator announces its own copy as it stores
-    /// it). Sent once, by the coordinator, when the run commits, so that its ranks store their
+    /// `copies` are its ranks' nodes (the coordinator's among them when its own rank
+    /// committed the run; committed by another rank's word, it announces its copy as it
+    /// stores it). Sent once, by the coordinator, when the run commits, so that its ranks store their
     /// copies without a message each to the directory at the moment the others finish. The one
     /// exception to "a node speaks only for itself", and a bounded one: a node named that has
     /// no copy (it never heard the commit, or could not store the result) withdraws its

@@ -13,7 +13,9 @@
 //! is held up), and the thread that word lands on decides. Either tells every rank
 //! (`HalvingEnd { commit: true }`), after listing every rank's copy with the directory in one
 //! message (`DirMsg::PublishRun`: a message to the shard from each rank, as each finished,
-//! cost the nodes still running 1-5 % of a 64 KiB allreduce on the 8 emulated hosts). Each
+//! cost the nodes still running 1-5 % of a 64 KiB allreduce on the 8 emulated hosts); the
+//! coordinator's own copy is in that listing when its own rank decided (else, held up, it
+//! announces its copy as it stores it). Each
 //! rank stores its copy where that word (or its own result) lands, without a word to the
 //! directory (one that cannot withdraws its listing), and its node's reader, which watches
 //! for the commit, returns that copy. All ranks end with the same bytes, so any of them may
@@ -277,11 +279,14 @@ impl Reducer {
                 hop!(self.id, "halving rank has the result");
                 if plan.coordinator == self.id && self.halving.decide(&key, true) && !plan.reduce {
                     // Every block was reduced from every input: the run's result is final.
-                    // The ranks' copies are listed, and the ranks commit now, while this
-                    // node stores its own.
+                    // Every rank's copy is listed, this node's too (its caller's thread
+                    // stores it in a moment, `coordinate_halving`), and the other ranks
+                    // commit now.
                     let others = self.other_ranks(&plan);
+                    let mut copies = others.clone();
+                    copies.push(self.id);
                     self.dir
-                        .publish_run_without_blocking(&key.0, plan.size, others.clone());
+                        .publish_run_without_blocking(&key.0, plan.size, copies);
                     self.send_end_to(&key, plan.digest(), &others, true);
                 }
                 return match self.halving.rank_finished(&key, Ok(v)) {
@@ -563,6 +568,10 @@ impl Reducer {
             Err(_) => match self.halving.wait_result(&key, self.step_wait(), &behind) {
                 Ok(Ok(v)) => Some(v),
                 _ => {
+                    if !plan.reduce && self.halving.committed_by_own_rank(&key) {
+                        // Listed with the ranks' copies, and none will be stored here.
+                        self.dir.withdraw(std::slice::from_ref(&plan.target));
+                    }
                     announce()?;
                     self.halving.finish(&key, Outcome::Abandoned);
                     return Ok(Ran::Elsewhere);
@@ -578,12 +587,19 @@ impl Reducer {
         // Announced first: the ranks are committing already.
         let announced = announce();
         // A reduce's caller may have the result read anywhere once it returns: the
-        // directory has it by then (an allreduce's readers read their own copies).
+        // directory has it by then (an allreduce's readers read their own copies). An
+        // allreduce's copy here was listed with the ranks' when this node's rank committed
+        // the run; committed by another rank's word, it is announced as it is stored.
         let how = match plan.reduce {
             true => Announce::Confirmed,
+            false if self.halving.committed_by_own_rank(&key) => Announce::Listed,
             false => Announce::Sent,
         };
         let stored = store_result(&self.store, &self.dir, &plan.target, &v, how);
+        if how == Announce::Listed && stored.is_err() {
+            // Listed: readers are not to come here.
+            self.dir.withdraw(std::slice::from_ref(&plan.target));
+        }
         if t0.elapsed() > SLOW_RUN {
             debug!(
                 node = self.id,

@@ -316,6 +316,15 @@ impl Mailbox {
         true
     }
 
+    /// On the coordinator's node: whether the run was committed by this node's own rank
+    /// (its thread lists this node's copy with the others'), not by another rank's word.
+    pub fn committed_by_own_rank(&self, key: &RunKey) -> bool {
+        let st = self.lock();
+        st.runs
+            .get(key)
+            .is_some_and(|b| b.decided == Some(true) && b.committed_by_rank.is_none())
+    }
+
     /// On the coordinator's node: the run's other ranks, any of which may commit the run by
     /// saying it has the whole result ([`Mailbox::rank_done`]).
     pub fn coordinate(&self, key: &RunKey, others: Vec<NodeId>, size: u64) {
@@ -760,11 +769,23 @@ mod tests {
         assert_eq!(m.rank_done(&k, 3, D), None);
         assert!(!m.decide(&k, true));
         assert!(!m.decide(&k, false));
+        // Committed by a rank's word: the coordinator's copy was not listed with the others.
+        assert!(!m.committed_by_own_rank(&k));
+        // Committed by the coordinator's own rank: it was.
+        let own = key("t", 5);
+        m.register(&own, 0, D);
+        m.coordinate(&own, vec![1, 2], 8);
+        assert!(!m.committed_by_own_rank(&own));
+        assert!(m.decide(&own, true));
+        assert!(m.committed_by_own_rank(&own));
+        assert_eq!(m.rank_done(&own, 1, D), None);
+        assert!(m.committed_by_own_rank(&own));
         // Abandoned first: a late word commits nothing.
         let a = key("t", 3);
         m.register(&a, 0, D);
         m.coordinate(&a, vec![1, 2], 8);
         assert!(m.decide(&a, false));
+        assert!(!m.committed_by_own_rank(&a));
         assert_eq!(m.rank_done(&a, 1, D), None);
         // A node that does not coordinate the run (no ranks given) commits nothing.
         let r = key("t", 4);
