@@ -5,9 +5,11 @@
 //! `gather` of the object and two others put by nodes that do not die; in some runs a
 //! complete replica is made first, and in half of them one node (the putter, a reader, or
 //! the replica) is killed or frozen a random while after the object is known to the
-//! directory; in some runs with no death a node deletes the object meanwhile. Some clusters
-//! have one or two nodes more that take no part but own directory entries, and some make
-//! their links on demand.
+//! directory; in some runs a node deletes the object meanwhile (with a death or without).
+//! Some readers read from the putter only (`get_view_from`, the star baseline's read), where
+//! the putter does not die. Some clusters have one or two nodes more that take no part but
+//! own directory entries, some a crowd of three to six more readers (up to 15 nodes in all),
+//! and some make their links on demand.
 //!
 //! Every reader that is not the victim must end with exactly the bytes put, or "not found"
 //! if the object was deleted, within seconds.
@@ -28,6 +30,7 @@ use phalanx::{Node, ObjectId};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use std::io::Read as _;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// How a reader reads.
@@ -40,6 +43,8 @@ enum Read {
     ViewTimeout,
     /// `gather` of the object and the case's companions.
     Gather,
+    /// `get_view_from` the putter (no tree): only where the putter does not die.
+    FromSource,
 }
 
 /// How the victim goes.
@@ -69,14 +74,17 @@ struct Case {
     /// Objects other nodes (never the victim) put before the readers start, gathered with
     /// the object by the `Gather` readers: (putter, size).
     companions: Vec<(usize, usize)>,
-    /// In a run with no victim: a node that deletes the object `after` the directory first
-    /// knows it (its readers then end with the bytes or "not found").
+    /// A node that deletes the object `after` the directory first knows it (its readers then
+    /// end with the bytes or "not found"); in a run with a victim, never the victim.
     delete: Option<(usize, Duration)>,
     /// Nodes more that take no part but own directory entries (the object's, the
     /// companions'), and whether links are made on demand (deaths then spread from the
     /// victim's ring watchers).
     spare: usize,
     on_demand: bool,
+    /// Readers more, on nodes of their own after the spares, each reading with `get` at a
+    /// random instant (never the victim).
+    crowd: Vec<Duration>,
 }
 
 impl Case {
@@ -151,6 +159,27 @@ impl Case {
         // Drawn last too.
         let spare = *[0, 0, 1, 2].choose(&mut g).unwrap();
         let on_demand = g.gen_bool(0.3);
+        // Drawn last too: a delete while a node dies, reads from the putter only (which
+        // must then live), a crowd of readers more.
+        let delete = match victim {
+            Some((v, _, _)) if g.gen_bool(0.3) => {
+                let d = *safe.choose(&mut g).unwrap_or(&((v + 1) % nodes));
+                Some((d, Duration::from_millis(g.gen_range(0..40))))
+            }
+            _ => delete,
+        };
+        let putter_lives = victim.is_none_or(|v| v.0 != source);
+        for r in readers.iter_mut() {
+            if putter_lives && g.gen_bool(0.15) {
+                r.1 = Read::FromSource;
+            }
+        }
+        let crowd = match g.gen_bool(0.15) {
+            true => (0..g.gen_range(3..=6))
+                .map(|_| Duration::from_millis(g.gen_range(0..60)))
+                .collect(),
+            false => Vec::new(),
+        };
         Case {
             seed,
             nodes,
@@ -164,13 +193,15 @@ impl Case {
             delete,
             spare,
             on_demand,
+            crowd,
         }
     }
 
     /// Runs the case on a fresh cluster; what went wrong, if anything.
     fn run(&self) -> Result<Duration, String> {
         let n = self.nodes;
-        let c = soak::cluster(n + self.spare, 256 << 20, self.on_demand)?;
+        let crowd_at = n + self.spare;
+        let c = soak::cluster(crowd_at + self.crowd.len(), 256 << 20, self.on_demand)?;
         let mut g = rand::rngs::StdRng::seed_from_u64(self.seed ^ 0x5eed);
         let mut data = vec![0u8; self.size];
         g.fill(&mut data[..]);
@@ -189,6 +220,7 @@ impl Case {
         let victim = self.victim.map(|v| v.0);
         let (c, data, id, others) = (&c, &data, &id, &others);
         let mut held_at_death: Option<Vec<usize>> = None;
+        let known = &AtomicBool::new(false);
         let start = Instant::now();
         let results = std::thread::scope(|s| {
             // The replica first, complete before the clock starts for the readers.
@@ -208,31 +240,49 @@ impl Case {
                 }
             }
             let t0 = Instant::now();
+            let crowd = self
+                .crowd
+                .iter()
+                .enumerate()
+                .map(|(j, &at)| (crowd_at + j, Read::Get, at));
             let readers: Vec<_> = self
                 .readers
                 .iter()
-                .map(|&(k, how, at)| {
+                .copied()
+                .chain(crowd)
+                .map(|(k, how, at)| {
                     let h = s.spawn(move || {
                         std::thread::sleep(at.saturating_sub(t0.elapsed()));
-                        let r = read(c.node(k), id, how, others);
+                        let r = read(c.node(k), id, how, others, self.source);
                         (r, t0.elapsed())
                     });
                     (k, h)
                 })
                 .collect();
-            if let Some((d, after)) = self.delete {
-                s.spawn(move || {
+            let deleter = self.delete.map(|(d, after)| {
+                s.spawn(move || -> Result<(), String> {
                     let t = Instant::now();
                     while c.node(d).locate(id.clone()).ok().flatten().is_none() {
                         if t.elapsed() > Duration::from_secs(10) {
-                            return;
+                            return Ok(());
                         }
                         std::thread::sleep(Duration::from_millis(1));
                     }
+                    known.store(true, Ordering::Release);
                     std::thread::sleep(after);
-                    c.node(d).delete(id.clone()).unwrap();
-                });
-            }
+                    let t = Instant::now();
+                    let r = c.node(d).delete(id.clone());
+                    if t.elapsed() > Duration::from_secs(15) {
+                        return Err(format!("the delete took {:?}", t.elapsed()));
+                    }
+                    // With a death meanwhile the delete may fail (the entry's owner died
+                    // under it); it must still return, and readers still end.
+                    match (r, victim) {
+                        (Err(e), None) => Err(format!("delete: {e}")),
+                        _ => Ok(()),
+                    }
+                })
+            });
             if let Some((v, how, mut after)) = self.victim {
                 // The putter that owns the object's entry too tells the entry's next owner
                 // of its copy 10 ms after the put (README "Not covered": before that, its
@@ -241,16 +291,19 @@ impl Case {
                 if v == self.source && shard == v {
                     after = after.max(Duration::from_millis(60));
                 }
-                // Known to the directory first: a put that never began is not a loss.
+                // Known to the directory first: a put that never began is not a loss. (The
+                // deleter may have seen it first and deleted it since.)
                 let watcher = (0..n).find(|&k| k != v).unwrap();
-                while c.node(watcher).locate(id.clone()).ok().flatten().is_none() {
+                while !known.load(Ordering::Acquire)
+                    && c.node(watcher).locate(id.clone()).ok().flatten().is_none()
+                {
                     if t0.elapsed() > Duration::from_secs(10) {
                         return Err("the object never reached the directory".into());
                     }
                     std::thread::sleep(Duration::from_millis(1));
                 }
                 std::thread::sleep(after);
-                let held: Vec<usize> = (0..n)
+                let held: Vec<usize> = (0..crowd_at + self.crowd.len())
                     .filter(|&k| k != v)
                     .filter(|&k| holds_complete(c.node(k), id))
                     .collect();
@@ -266,6 +319,9 @@ impl Case {
             for (k, h) in readers {
                 let (r, took) = h.join().map_err(|_| format!("reader {k} panicked"))?;
                 out.push((k, r, took));
+            }
+            if let Some(d) = deleter {
+                d.join().map_err(|_| "the deleter panicked".to_string())??;
             }
             if let Some(put) = put {
                 match put.join().unwrap() {
@@ -330,6 +386,7 @@ fn read(
     id: &ObjectId,
     how: Read,
     others: &[(ObjectId, Vec<u8>)],
+    source: usize,
 ) -> Result<Vec<u8>, String> {
     let text = |e: phalanx::Error| e.to_string();
     match how {
@@ -347,6 +404,10 @@ fn read(
         }
         Read::Get => node.get(id.clone()).map_err(text),
         Read::View => node.get_view(id.clone()).map(|v| v.to_vec()).map_err(text),
+        Read::FromSource => node
+            .get_view_from(id.clone(), source as u32)
+            .map(|v| v.to_vec())
+            .map_err(text),
         Read::ViewTimeout => node
             .get_view_timeout(id.clone(), Duration::from_secs(25))
             .map(|v| v.to_vec())

@@ -705,6 +705,35 @@ fn a_dead_home_hands_its_entries_to_a_living_node() {
     assert!(c2.get(large).unwrap() == a);
 }
 
+/// A delete is remembered by the entry's next owner: when the node that owned the entry of a
+/// deleted object dies, a reader of it is told "not found" at the new owner within the
+/// failure detection, not left waiting its op timeout as for an object never put; and an
+/// object put again after its delete is found there.
+#[test]
+fn a_delete_outlives_the_death_of_the_entrys_owner() {
+    let c = LocalCluster::start(4, cfg(), tcp()).unwrap();
+    let gone = ObjectId::homed(3, "deleted-then-home-dies");
+    let again = ObjectId::homed(3, "deleted-then-put-again");
+    let data: Vec<u8> = pattern(21)[..(1 << 20)].to_vec();
+    for id in [&gone, &again] {
+        c.node(0).put(id.clone(), &data).unwrap();
+        assert!(c.node(1).get(id.clone()).unwrap() == data);
+        c.node(2).delete(id.clone()).unwrap();
+    }
+    c.node(1).put(again.clone(), b"again").unwrap();
+    assert_eq!(c.node(2).get(again.clone()).unwrap(), b"again");
+    c.node(3).kill();
+    let t = Instant::now();
+    let got = c.node(2).get(gone.clone());
+    assert!(
+        matches!(got, Err(phalanx::Error::NotFound(_))),
+        "after {:?}: {got:?}",
+        t.elapsed()
+    );
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    assert_eq!(c.node(0).get(again).unwrap(), b"again");
+}
+
 /// A pull that no thread drives (a get with a deadline, a reduce task's input) whose source
 /// stops sending while staying up is noticed by the lack of progress: after the op timeout
 /// it gets a driver, which cancels the stream and resumes at the watermark, here from the

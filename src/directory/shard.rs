@@ -163,6 +163,12 @@ pub struct Shard {
     /// again after a take-back comes again: its older place is skipped).
     backup_order: VecDeque<((ObjectId, bool), u64)>,
     backups_made: u64,
+    /// Objects deleted at the nodes that own their entries, kept here as the entries' next
+    /// owner (`DirMsg::Tombstone`): by object, the owner and the number it came under, until
+    /// taken back or that owner dies (then the object is deleted here too). At most
+    /// `TOMBSTONES`, oldest dropped.
+    backup_tombstones: HashMap<ObjectId, (NodeId, u64)>,
+    backup_tombstone_order: VecDeque<(ObjectId, u64)>,
 }
 
 /// Promises and copies a shard keeps for the entries it would own if their owners died.
@@ -300,6 +306,7 @@ impl Shard {
             | DirMsg::Withdraw { node, .. }
             | DirMsg::Promise { node, .. }
             | DirMsg::Backup { node, .. }
+            | DirMsg::Tombstone { node, .. }
             | DirMsg::GiveUp { node, .. } => Some(*node),
             DirMsg::Claim { receiver, .. } | DirMsg::TransferDone { receiver, .. } => {
                 Some(*receiver)
@@ -636,6 +643,7 @@ impl Shard {
                 self.backups.insert(key.clone(), (node, made));
                 self.backup_order.push_back((key, made));
             }
+            DirMsg::Tombstone { id, node, kept } => self.backup_tombstone(id, node, kept),
             DirMsg::GiveUp {
                 id, coordinator, ..
             } => {
@@ -758,6 +766,29 @@ impl Shard {
         for id in given_up {
             self.give_ups.remove(&id);
             self.orphan_given_up(id, now);
+        }
+        // Objects `node` deleted while it owned their entries: deleted here too, unless a
+        // copy was published here since (the object was put again), and their readers and
+        // subscribers are told so.
+        let deleted: Vec<ObjectId> = self
+            .backup_tombstones
+            .iter()
+            .filter(|&(id, &(p, _))| p == node && moved_here(id))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in deleted {
+            self.backup_tombstones.remove(&id);
+            if self.entries.contains_key(&id) || self.producible(&id) {
+                continue;
+            }
+            self.remember_tombstone(id.clone());
+            self.orphans.remove(&id);
+            for w in self.waiting.take(&id) {
+                reply(out, w.node, w.rid, Reply::Located(Located::NotFound));
+            }
+            for (n, r) in self.subscribers.take(&id) {
+                reply(out, n, r, Reply::Info(None));
+            }
         }
         let mut ids: Vec<ObjectId> = self.entries.keys().cloned().collect();
         ids.extend(
@@ -1097,6 +1128,51 @@ impl Shard {
                 reply(out, n, rid, ready.clone());
             }
         }
+    }
+
+    /// Whether `id` was deleted here (and not published again since).
+    pub fn has_tombstone(&self, id: &ObjectId) -> bool {
+        self.tombstones.contains(id)
+    }
+
+    /// A `DirMsg::Tombstone` from `node`: kept aside (`kept`), or taken back.
+    fn backup_tombstone(&mut self, id: ObjectId, node: NodeId, kept: bool) {
+        if !kept {
+            if self
+                .backup_tombstones
+                .get(&id)
+                .is_some_and(|&(n, _)| n == node)
+            {
+                self.backup_tombstones.remove(&id);
+            }
+            return;
+        }
+        if self.backup_tombstone_order.len() >= 2 * TOMBSTONES {
+            // Take-backs leave their places in the order: drop them now and then.
+            let kept = &self.backup_tombstones;
+            self.backup_tombstone_order
+                .retain(|(k, made)| kept.get(k).is_some_and(|&(_, m)| m == *made));
+        }
+        if self.backup_tombstones.len() >= TOMBSTONES && !self.backup_tombstones.contains_key(&id) {
+            while let Some((old, made)) = self.backup_tombstone_order.pop_front() {
+                if self
+                    .backup_tombstones
+                    .get(&old)
+                    .is_some_and(|&(_, m)| m == made)
+                {
+                    self.backup_tombstones.remove(&old);
+                    break;
+                }
+            }
+        }
+        self.backups_made += 1;
+        let made = self.backups_made;
+        if let Some(t) = self.backup_tombstones.get_mut(&id) {
+            t.0 = node; // told again: its place in the order stays
+            return;
+        }
+        self.backup_tombstones.insert(id.clone(), (node, made));
+        self.backup_tombstone_order.push_back((id, made));
     }
 
     fn remember_tombstone(&mut self, id: ObjectId) {
@@ -1560,6 +1636,64 @@ mod tests {
         // A resumed pull, and a node with a copy of its own, get the bytes inline.
         assert!(inline(&locate_as(&mut s, a, true, vec![]), a));
         assert!(inline(&locate(&mut s, 0, vec![]), 0));
+    }
+
+    #[test]
+    fn a_deleted_objects_tombstone_outlives_its_owner_at_the_next_owner() {
+        let tomb = |s: &mut Shard, from: NodeId, node: NodeId, kept: bool| {
+            let id = "x".into();
+            s.handle(from, DirMsg::Tombstone { id, node, kept }, &mut Vec::new());
+        };
+        let t0 = Instant::now();
+        // Kept aside: while its owner lives a reader here waits (not this shard's entry).
+        let mut s = Shard::new();
+        tomb(&mut s, 7, 7, true);
+        assert!(locate(&mut s, 3, vec![]).is_empty(), "waits");
+        // The owner dies and the entry moves here: the reader waiting, and later ones, are
+        // told it is not found.
+        let mut out = Vec::new();
+        s.node_down(7, t0, &|_| true, &mut out);
+        assert_eq!(located(&out, 3), Located::NotFound);
+        assert_eq!(located(&locate(&mut s, 4, vec![]), 4), Located::NotFound);
+        // Taken back (the object was put again): a reader waits for its holders to
+        // republish, and is sent to one.
+        let mut s = Shard::new();
+        tomb(&mut s, 7, 7, true);
+        tomb(&mut s, 7, 7, false);
+        s.node_down(7, t0, &|_| true, &mut Vec::new());
+        assert!(locate(&mut s, 3, vec![]).is_empty());
+        assert_eq!(located(&publish(&mut s, 5, true), 3), src(5));
+        // Said by another node than the owner (forged), or the entry did not move here:
+        // nothing.
+        for (from, moved) in [(2, true), (7, false)] {
+            let mut s = Shard::new();
+            tomb(&mut s, from, 7, true);
+            s.node_down(7, t0, &|_| moved, &mut Vec::new());
+            assert!(locate(&mut s, 3, vec![]).is_empty(), "{from} {moved}");
+        }
+        // A copy published here since (put again, republished by its holder): it stands.
+        let mut s = Shard::new();
+        tomb(&mut s, 7, 7, true);
+        publish(&mut s, 5, true);
+        s.node_down(7, t0, &|_| true, &mut Vec::new());
+        assert_eq!(located(&locate(&mut s, 3, vec![]), 3), src(5));
+        // Bounded: the oldest are dropped.
+        let mut s = Shard::new();
+        for k in 0..TOMBSTONES + 10 {
+            let (id, node) = (ObjectId::new(format!("t{k}")), 7);
+            s.handle(
+                node,
+                DirMsg::Tombstone {
+                    id,
+                    node,
+                    kept: true,
+                },
+                &mut Vec::new(),
+            );
+        }
+        assert_eq!(s.backup_tombstones.len(), TOMBSTONES);
+        assert!(!s.backup_tombstones.contains_key(&ObjectId::new("t0")));
+        assert!(s.backup_tombstone_order.len() <= 2 * TOMBSTONES);
     }
 
     #[test]

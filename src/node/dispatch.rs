@@ -5,7 +5,7 @@
 
 use super::Inner;
 use crate::hop::hop;
-use crate::protocol::{Msg, Reply, StoreMsg};
+use crate::protocol::{DirMsg, Msg, Reply, StoreMsg};
 use crate::rpc::Work;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use phalanx_transport::{Event, NodeId};
@@ -258,7 +258,25 @@ impl Inner {
             Msg::Dir(m) => {
                 let id = m.id().clone();
                 let mut out = Vec::new();
-                self.shard.lock().unwrap().handle(from, m, &mut out);
+                let (had, has) = {
+                    let mut shard = self.shard.lock().unwrap();
+                    let had = shard.has_tombstone(&id);
+                    shard.handle(from, m, &mut out);
+                    (had, shard.has_tombstone(&id))
+                };
+                if had != has && self.members.shard_of(&id) == self.id {
+                    // Deleted here (or put again since): the entry's next owner keeps the
+                    // tombstone aside, for readers that come to it if this node dies.
+                    if let Some(next) = self.members.next_shard_of(&id) {
+                        let (node, kept) = (self.id, has);
+                        let t = Msg::Dir(DirMsg::Tombstone {
+                            id: id.clone(),
+                            node,
+                            kept,
+                        });
+                        self.deliver(next, t, thread);
+                    }
+                }
                 for (to, m) in out {
                     // Every location answer of this message is about `id`.
                     let m = self.transfers.with_local_bytes(&id, to, m);

@@ -177,6 +177,15 @@ pub enum DirMsg {
         node: NodeId,
         copies: Vec<NodeId>,
     },
+    /// What the owner of `id`'s entry tells the entry's next owner when `id` is deleted
+    /// (`kept`), or published again after that (`kept` false): the next owner keeps the
+    /// tombstone aside and takes it up if `node` dies while owning the entry, so that a reader
+    /// of the deleted object is told it is not found rather than wait as for one never put.
+    Tombstone {
+        id: ObjectId,
+        node: NodeId,
+        kept: bool,
+    },
 }
 
 impl DirMsg {
@@ -197,7 +206,8 @@ impl DirMsg {
             | DirMsg::Promise { id, .. }
             | DirMsg::GiveUp { id, .. }
             | DirMsg::Backup { id, .. }
-            | DirMsg::PublishRun { id, .. } => id,
+            | DirMsg::PublishRun { id, .. }
+            | DirMsg::Tombstone { id, .. } => id,
         }
     }
 }

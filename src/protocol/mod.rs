@@ -95,6 +95,7 @@ impl Msg {
                 DirMsg::Promise { .. } => "Promise",
                 DirMsg::GiveUp { .. } => "GiveUp",
                 DirMsg::Backup { .. } => "Backup",
+                DirMsg::Tombstone { .. } => "Tombstone",
             },
             Msg::Pull(m) => match m {
                 PullMsg::Pull { .. } => "Pull",
