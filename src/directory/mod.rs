@@ -3,6 +3,7 @@
 
 mod client;
 mod held;
+mod kept;
 mod promises;
 mod queued;
 mod shard;

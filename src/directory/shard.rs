@@ -3,6 +3,7 @@
 //! source and withholds that source until the receiver reports back, so broadcast receivers
 //! arrange themselves into a tree. It is a plain state machine: messages in, messages out.
 
+use super::kept::Kept;
 use super::queued::{self, FromNode, Queued};
 use crate::config::INLINE_LIMIT;
 use crate::protocol::{DirMsg, Located, LocationInfo, Msg, ObjectInfo, Reply, Rid};
@@ -158,17 +159,12 @@ pub struct Shard {
     /// kept here as the entries' next owner (`DirMsg::Backup`): by object and kind (copy or
     /// not), the node, until it takes it back or dies (then the object is an orphan here). At
     /// most `BACKUPS`, oldest dropped.
-    backups: HashMap<(ObjectId, bool), (NodeId, u64)>,
-    /// The backups in the order they came, each with the number it came under (a name told
-    /// again after a take-back comes again: its older place is skipped).
-    backup_order: VecDeque<((ObjectId, bool), u64)>,
-    backups_made: u64,
+    backups: Kept<(ObjectId, bool), BACKUPS>,
     /// Objects deleted at the nodes that own their entries, kept here as the entries' next
     /// owner (`DirMsg::Tombstone`): by object, the owner and the number it came under, until
     /// taken back or that owner dies (then the object is deleted here too). At most
     /// `TOMBSTONES`, oldest dropped.
-    backup_tombstones: HashMap<ObjectId, (NodeId, u64)>,
-    backup_tombstone_order: VecDeque<(ObjectId, u64)>,
+    backup_tombstones: Kept<ObjectId, TOMBSTONES>,
 }
 
 /// Promises and copies a shard keeps for the entries it would own if their owners died.
@@ -610,40 +606,14 @@ impl Shard {
                 node,
                 copy,
                 kept,
-            } => {
-                let key = (id, copy);
-                if !kept {
-                    if self.backups.get(&key).is_some_and(|&(n, _)| n == node) {
-                        self.backups.remove(&key);
-                    }
-                    return;
-                }
-                if self.backup_order.len() >= 2 * BACKUPS {
-                    // Take-backs leave their places in the order: drop them now and then.
-                    let kept = &self.backups;
-                    self.backup_order
-                        .retain(|(k, made)| kept.get(k).is_some_and(|&(_, m)| m == *made));
-                }
-                if self.backups.len() >= BACKUPS && !self.backups.contains_key(&key) {
-                    // The oldest goes; a place taken back or come again is skipped over.
-                    while let Some((old, made)) = self.backup_order.pop_front() {
-                        if self.backups.get(&old).is_some_and(|&(_, m)| m == made) {
-                            self.backups.remove(&old);
-                            break;
-                        }
-                    }
-                }
-                if let Some((n, _)) = self.backups.get_mut(&key) {
-                    // Told again: the same place in the order.
-                    *n = node;
-                    return;
-                }
-                self.backups_made += 1;
-                let made = self.backups_made;
-                self.backups.insert(key.clone(), (node, made));
-                self.backup_order.push_back((key, made));
-            }
-            DirMsg::Tombstone { id, node, kept } => self.backup_tombstone(id, node, kept),
+            } => match kept {
+                true => self.backups.keep((id, copy), node),
+                false => self.backups.take_back(&(id, copy), node),
+            },
+            DirMsg::Tombstone { id, node, kept } => match kept {
+                true => self.backup_tombstones.keep(id, node),
+                false => self.backup_tombstones.take_back(&id, node),
+            },
             DirMsg::GiveUp {
                 id, coordinator, ..
             } => {
@@ -735,9 +705,9 @@ impl Shard {
         // dropped, a false suspicion) does not know to tell them again.
         let backed: Vec<ObjectId> = self
             .backups
-            .iter()
-            .filter(|&(k, &(p, _))| p == node && moved_here(&k.0))
-            .map(|(k, _)| k.0.clone())
+            .of(node)
+            .filter(|k| moved_here(&k.0))
+            .map(|k| k.0.clone())
             .collect();
         for id in backed {
             self.orphan_given_up(id, now);
@@ -772,9 +742,9 @@ impl Shard {
         // subscribers are told so.
         let deleted: Vec<ObjectId> = self
             .backup_tombstones
-            .iter()
-            .filter(|&(id, &(p, _))| p == node && moved_here(id))
-            .map(|(id, _)| id.clone())
+            .of(node)
+            .filter(|id| moved_here(id))
+            .cloned()
             .collect();
         for id in deleted {
             self.backup_tombstones.remove(&id);
@@ -1133,46 +1103,6 @@ impl Shard {
     /// Whether `id` was deleted here (and not published again since).
     pub fn has_tombstone(&self, id: &ObjectId) -> bool {
         self.tombstones.contains(id)
-    }
-
-    /// A `DirMsg::Tombstone` from `node`: kept aside (`kept`), or taken back.
-    fn backup_tombstone(&mut self, id: ObjectId, node: NodeId, kept: bool) {
-        if !kept {
-            if self
-                .backup_tombstones
-                .get(&id)
-                .is_some_and(|&(n, _)| n == node)
-            {
-                self.backup_tombstones.remove(&id);
-            }
-            return;
-        }
-        if self.backup_tombstone_order.len() >= 2 * TOMBSTONES {
-            // Take-backs leave their places in the order: drop them now and then.
-            let kept = &self.backup_tombstones;
-            self.backup_tombstone_order
-                .retain(|(k, made)| kept.get(k).is_some_and(|&(_, m)| m == *made));
-        }
-        if self.backup_tombstones.len() >= TOMBSTONES && !self.backup_tombstones.contains_key(&id) {
-            while let Some((old, made)) = self.backup_tombstone_order.pop_front() {
-                if self
-                    .backup_tombstones
-                    .get(&old)
-                    .is_some_and(|&(_, m)| m == made)
-                {
-                    self.backup_tombstones.remove(&old);
-                    break;
-                }
-            }
-        }
-        self.backups_made += 1;
-        let made = self.backups_made;
-        if let Some(t) = self.backup_tombstones.get_mut(&id) {
-            t.0 = node; // told again: its place in the order stays
-            return;
-        }
-        self.backup_tombstones.insert(id.clone(), (node, made));
-        self.backup_tombstone_order.push_back((id, made));
     }
 
     fn remember_tombstone(&mut self, id: ObjectId) {
@@ -1692,8 +1622,8 @@ mod tests {
             );
         }
         assert_eq!(s.backup_tombstones.len(), TOMBSTONES);
-        assert!(!s.backup_tombstones.contains_key(&ObjectId::new("t0")));
-        assert!(s.backup_tombstone_order.len() <= 2 * TOMBSTONES);
+        assert!(!s.backup_tombstones.contains(&ObjectId::new("t0")));
+        assert!(s.backup_tombstones.order_len() <= 2 * TOMBSTONES);
     }
 
     #[test]
@@ -2605,7 +2535,7 @@ mod tests {
             backup(&mut s, 7, &format!("t{k}"), true);
             backup(&mut s, 7, &format!("t{k}"), false);
         }
-        assert!(s.backups.is_empty() && s.backup_order.len() <= 2 * BACKUPS);
+        assert!(s.backups.len() == 0 && s.backups.order_len() <= 2 * BACKUPS);
         // Told, taken back and told again: one place in the order, the newest.
         let mut s = Shard::new();
         backup(&mut s, 7, "a", true);
@@ -2618,18 +2548,18 @@ mod tests {
         }
         backup(&mut s, 7, "last", true);
         assert!(
-            !s.backups.contains_key(&("b".into(), false)),
+            !s.backups.contains(&("b".into(), false)),
             "b was the oldest"
         );
-        assert!(s.backups.contains_key(&("a".into(), false)));
+        assert!(s.backups.contains(&("a".into(), false)));
         assert_eq!(s.backups.len(), BACKUPS);
         for k in 0..BACKUPS + 10 {
             backup(&mut s, 7, &format!("o{k}"), true);
         }
         assert_eq!(s.backups.len(), BACKUPS);
-        assert!(!s.backups.contains_key(&("o0".into(), false)));
+        assert!(!s.backups.contains(&("o0".into(), false)));
         let newest = (ObjectId::from(format!("o{}", BACKUPS + 9)), false);
-        assert!(s.backups.contains_key(&newest));
+        assert!(s.backups.contains(&newest));
     }
 
     /// A rank of a run whose coordinator died gives the target up: lost after the grace once
