@@ -166,10 +166,10 @@ fn eight_ranks_hand_the_plan_on_and_read_their_own_copies() {
             assert!(!pulled, "{tag}: node {k} pulled the result");
         }
         // Every rank's copy is listed: a reader anywhere may be sent to any of them, and a
-        // delete reaches every one. The coordinator names the other ranks in one message as
-        // the run commits (they store theirs with no word to the directory); its own copy
-        // it publishes as it stores it, which may land after the readers returned (node 0
-        // reads nothing here), so the listing is awaited, for a bounded time.
+        // delete reaches every one. The coordinator names the ranks in one message as the run
+        // commits (they store theirs with no word to the directory), sent without waiting:
+        // it may land after the readers returned (or, with the coordinator's own rank held
+        // up, its copy is published as it stores it), so the listing is awaited, bounded.
         let all_ranks: Vec<u32> = (0..n as u32).collect();
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         loop {
@@ -245,8 +245,8 @@ fn a_rank_with_no_room_for_the_result_withdraws_its_listing() {
         let info = c.node(1).locate(target.clone()).unwrap().expect("listed");
         let mut listed: Vec<u32> = info.locations.iter().map(|l| l.node).collect();
         listed.sort_unstable();
-        // The coordinator (node 0) publishes its own copy as it stores it, which may land
-        // after its allreduce returned: awaited like the withdraw.
+        // The run's listing (the coordinator's own copy too) is sent without waiting and may
+        // land after the allreduce returned: awaited like the withdraw.
         if listed == [0, 1, 2] {
             break;
         }

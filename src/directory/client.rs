@@ -94,10 +94,10 @@ impl DirClient {
         self.tolerate_shard_down(id, r)
     }
 
-    /// Announces the complete copies of `id` a halving run coordinated here made on its other
-    /// ranks, `copies`, in one message to the shard (`DirMsg::PublishRun`), from a thread
-    /// that must not block (this node announces its own copy as it stores it). Each rank
-    /// that stores its copy says [`DirClient::listed`]; one that cannot withdraws it.
+    /// Announces the complete copies of `id` a halving run coordinated here made on `copies`
+    /// (its ranks' nodes; this one among them when its own rank committed the run), in one
+    /// message to the shard (`DirMsg::PublishRun`), from a thread that must not block. Each
+    /// rank that stores its copy says [`DirClient::listed`]; one that cannot withdraws it.
     pub fn publish_run_without_blocking(&self, id: &ObjectId, size: u64, copies: Vec<NodeId>) {
         hop!(self.id, "publish run", copies = copies.len() as u64);
         let shard = self.shard_of(id);

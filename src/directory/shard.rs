@@ -161,9 +161,8 @@ pub struct Shard {
     /// most `BACKUPS`, oldest dropped.
     backups: Kept<(ObjectId, bool), BACKUPS>,
     /// Objects deleted at the nodes that own their entries, kept here as the entries' next
-    /// owner (`DirMsg::Tombstone`): by object, the owner and the number it came under, until
-    /// taken back or that owner dies (then the object is deleted here too). At most
-    /// `TOMBSTONES`, oldest dropped.
+    /// owner (`DirMsg::Tombstone`): by object, the owner, until taken back or that owner dies
+    /// (then the object is deleted here too). At most `TOMBSTONES`, oldest dropped.
     backup_tombstones: Kept<ObjectId, TOMBSTONES>,
 }
 
@@ -533,17 +532,10 @@ impl Shard {
             },
             DirMsg::Delete { rid, id } => {
                 let nodes = self.remove_entry(&id);
-                self.remember_tombstone(id.clone());
                 self.pending_claims.remove(&id);
                 self.epochs.remove(&id);
-                self.orphans.remove(&id);
                 self.promises.remove(&id);
-                for w in self.waiting.take(&id) {
-                    reply(out, w.node, w.rid, Reply::Located(Located::NotFound));
-                }
-                for (n, r) in self.subscribers.take(&id) {
-                    reply(out, n, r, Reply::Info(None));
-                }
+                self.deleted(id, out);
                 reply(out, from, rid, Reply::Deleted(nodes));
             }
             DirMsg::Reset { rid, id } => {
@@ -748,16 +740,8 @@ impl Shard {
             .collect();
         for id in deleted {
             self.backup_tombstones.remove(&id);
-            if self.entries.contains_key(&id) || self.producible(&id) {
-                continue;
-            }
-            self.remember_tombstone(id.clone());
-            self.orphans.remove(&id);
-            for w in self.waiting.take(&id) {
-                reply(out, w.node, w.rid, Reply::Located(Located::NotFound));
-            }
-            for (n, r) in self.subscribers.take(&id) {
-                reply(out, n, r, Reply::Info(None));
+            if !self.entries.contains_key(&id) && !self.producible(&id) {
+                self.deleted(id, out);
             }
         }
         let mut ids: Vec<ObjectId> = self.entries.keys().cloned().collect();
@@ -1098,6 +1082,19 @@ impl Shard {
                 reply(out, n, rid, ready.clone());
             }
         }
+    }
+
+    /// `id` is deleted here: later lookups fail at once, and the reads and subscriptions
+    /// waiting for it are told so.
+    fn deleted(&mut self, id: ObjectId, out: &mut Out) {
+        self.orphans.remove(&id);
+        for w in self.waiting.take(&id) {
+            reply(out, w.node, w.rid, Reply::Located(Located::NotFound));
+        }
+        for (n, r) in self.subscribers.take(&id) {
+            reply(out, n, r, Reply::Info(None));
+        }
+        self.remember_tombstone(id);
     }
 
     /// Whether `id` was deleted here (and not published again since).
