@@ -1,5 +1,5 @@
 //! Randomized allreduces (and some first-n-of-m allreduces and plain reduces) over real TCP
-//! on loopback, each drawn from a seed: 3 to 6 nodes, sizes from inline (1 KiB) through
+//! on loopback, each drawn from a seed: 3 to 6 nodes (7 to 9 in a sixth of the runs), sizes from inline (1 KiB) through
 //! halving and doubling (64 KiB, 300 KiB) and one tree (1 MiB) to partitioned (4 MiB and
 //! up), every dtype, sum/min/max, inputs that come at once or one after another in a random
 //! order (the coordinator's own among them in a quarter of the runs; the last a straggler
@@ -67,7 +67,7 @@ struct Case {
 impl Case {
     fn draw(seed: u64) -> Case {
         let mut g = rand::rngs::StdRng::seed_from_u64(seed);
-        let nodes = g.gen_range(3..=6);
+        let mut nodes = g.gen_range(3..=6);
         let dtype = *[DType::F32, DType::F64, DType::I32, DType::I64, DType::U8]
             .choose(&mut g)
             .unwrap();
@@ -106,6 +106,17 @@ impl Case {
             false => Duration::ZERO,
         };
         let on_demand = g.gen_bool(0.3);
+        // Drawn last as well: in a sixth of the runs a larger cluster, 7 to 9 nodes (halving
+        // runs with extra ranks, more partitions and deeper trees), the added nodes' inputs
+        // coming at random places in the order.
+        if g.gen_bool(1.0 / 6.0) {
+            let more = g.gen_range(7..=9);
+            for k in nodes..more {
+                let at = g.gen_range(0..=order.len());
+                order.insert(at, k);
+            }
+            nodes = more;
+        }
         Case {
             seed,
             kind,
