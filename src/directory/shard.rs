@@ -30,6 +30,9 @@ struct Loc {
     /// The assignment the copy is serving (see `Located::Source::token`).
     token: u64,
     depends_on: Option<NodeId>,
+    /// The assignment (or claim) the copy fills from, with `depends_on` (0: not known): a
+    /// transfer report of another one is about an earlier copy of the node's.
+    filled_by: u64,
 }
 
 #[derive(Debug)]
@@ -437,6 +440,7 @@ impl Shard {
                         serving: None,
                         token: 0,
                         depends_on: None,
+                        filled_by: 0,
                     },
                 );
                 if rid != NO_REPLY {
@@ -488,11 +492,23 @@ impl Shard {
             } => {
                 self.end_pending_claim(&id, (source, receiver, token), ok);
                 if let Some(e) = self.entries.get_mut(&id) {
-                    // The receiver's copy is complete whatever the source does now.
+                    // The receiver's copy is complete whatever the source does now; unless
+                    // the report is of an earlier copy of the receiver's (deleted since, and
+                    // filling again under another assignment: listed complete, it would be
+                    // handed out as a source it is not, and readers could wait on each other
+                    // in a circle).
                     if ok {
                         if let Some(r) = e.locs.get_mut(&receiver) {
-                            r.complete = true;
-                            r.depends_on = None;
+                            let earlier = match r.depends_on {
+                                Some(d) => {
+                                    d != source || (r.filled_by != 0 && r.filled_by != token)
+                                }
+                                None => false,
+                            };
+                            if !earlier {
+                                r.complete = true;
+                                r.depends_on = None;
+                            }
                         }
                     }
                     let current = e
@@ -852,9 +868,11 @@ impl Shard {
             serving: None,
             token: 0,
             depends_on: None,
+            filled_by: 0,
         });
         if !r.complete {
             r.depends_on = Some(source);
+            r.filled_by = token;
         }
         if self.log.len() == LOG_LIMIT {
             self.log.pop_front();
@@ -884,6 +902,7 @@ impl Shard {
             serving: None,
             token: 0,
             depends_on: None,
+            filled_by: 0,
         });
         l.complete |= complete;
         if l.complete {
@@ -915,6 +934,7 @@ impl Shard {
                         serving: None,
                         token: 0,
                         depends_on: None,
+                        filled_by: 0,
                     },
                 );
             }
@@ -1023,8 +1043,10 @@ impl Shard {
             serving: None,
             token: 0,
             depends_on: None,
+            filled_by: 0,
         });
         r.depends_on = Some(source);
+        r.filled_by = w.rid;
         r.complete = false;
         let size = e.size;
         self.drop_pending_claims_of(id, w.node);
@@ -1989,6 +2011,62 @@ mod tests {
         publish(&mut t, 4, true);
         assert!(loc(&t, 3).is_none(), "the void claim lists no copy on 3");
         assert_eq!(loc(&t, 4).unwrap().serving, None, "and 4 serves nobody");
+    }
+
+    /// A receiver's pull ends well, its copy is deleted before the report reaches the shard,
+    /// and it fills again under another assignment: the late report is of the earlier copy
+    /// and must not list the new one complete (seed 95616 of the broadcast soak: listed
+    /// complete with no source, it was handed out as a source, and readers waited on each
+    /// other in a circle until the op timeout).
+    #[test]
+    fn a_late_report_of_an_earlier_copy_does_not_list_the_new_one_complete() {
+        let mut s = Shard::new();
+        publish(&mut s, 4, true);
+        publish(&mut s, 1, false);
+        assert_eq!(located(&locate(&mut s, 8, vec![]), 8), src(4));
+        // 8's copy is deleted; it asks again and is sent to the partial copy on 1.
+        let mut out = Vec::new();
+        let w = DirMsg::Withdraw {
+            id: "x".into(),
+            node: 8,
+        };
+        s.handle(8, w, &mut out);
+        assert_eq!(located(&locate(&mut s, 8, vec![4]), 8), src(1));
+        // The first pull's report comes now.
+        done(&mut s, 4, 8, 8, true);
+        let l = loc(&s, 8).unwrap();
+        assert!(!l.complete && l.depends_on == Some(1), "{l:?}");
+        // So 1, asking for another source, is not sent to 8 (which fills from 1).
+        assert!(locate_epoch(&mut s, 1, true, vec![4], Some(0)).is_empty());
+        // The same source under a later assignment: only that assignment's report counts.
+        let mut t = Shard::new();
+        publish(&mut t, 4, true);
+        assert_eq!(located(&locate(&mut t, 8, vec![]), 8), src(4));
+        done(&mut t, 4, 8, 8, false);
+        let mut out = Vec::new();
+        let again = DirMsg::Locate {
+            rid: 99,
+            id: "x".into(),
+            wait: true,
+            resume: true,
+            exclude: vec![],
+            epoch: Some(0),
+        };
+        t.handle(8, again, &mut out);
+        assert_eq!(located(&out, 8), src(4));
+        done(&mut t, 4, 8, 8, true);
+        assert!(
+            !loc(&t, 8).unwrap().complete,
+            "a report of the earlier assignment"
+        );
+        done(&mut t, 4, 8, 99, true);
+        let l = loc(&t, 8).unwrap();
+        assert!(l.complete && l.depends_on.is_none(), "{l:?}");
+        // A receiver whose source is not known here (listed by its own publish) is still
+        // listed complete by a good report.
+        publish(&mut t, 5, false);
+        done(&mut t, 4, 5, 7, true);
+        assert!(loc(&t, 5).unwrap().complete);
     }
 
     /// A node listed with a complete copy that asks to resume a pull (a stale pull on a node
