@@ -1,14 +1,15 @@
-//! Randomized allreduces (and some first-n-of-m allreduces and plain reduces) over real TCP
-//! on loopback, each drawn from a seed: 3 to 6 nodes (7 to 9 in a sixth of the runs), sizes from inline (1 KiB) through
-//! halving and doubling (64 KiB, 300 KiB) and one tree (1 MiB) to partitioned (4 MiB and
-//! up), every dtype, sum/min/max, inputs that come at once or one after another in a random
-//! order (the coordinator's own among them in a quarter of the runs; the last a straggler
-//! 100-300 ms behind in a fifth), and in a third of the runs a node killed a random while
-//! after its input (which a replica keeps); in some runs links are made on demand. Every survivor must end with the same bytes, the reduce of exactly the
-//! inputs the outcome names; an allreduce of all inputs must name every input of a node
-//! still alive, one of the first `k` exactly `k` inputs. When the node killed is the
-//! coordinator, each reader must get either the result (the same bytes as the others; the
-//! reduce of every input for an allreduce of all of them) or `ObjectLost`, within seconds.
+//! Randomized allreduces (and some first-n-of-m allreduces and plain reduces) over real TCP on
+//! loopback, each drawn from a seed: 3 to 6 nodes (7 to 9 in a sixth of the runs), sizes from
+//! inline (1 KiB) through halving and doubling (64 KiB, 300 KiB) and one tree (1 MiB) to
+//! partitioned (4 MiB and up), every dtype, sum/min/max, inputs that come at once or one after
+//! another in a random order (the coordinator's own among them in a quarter of the runs; the
+//! last a straggler 100-300 ms behind in a fifth), and in a third of the runs a node killed a
+//! random while after its input (which a replica keeps); in some runs links are made on demand.
+//! Every survivor must end with the same bytes, the reduce of exactly the inputs the outcome
+//! names; an allreduce of all inputs must name every input of a node still alive, one of the
+//! first `k` exactly `k` inputs. When the node killed is the coordinator, each reader must get
+//! either the result (the same bytes as the others; the reduce of every input for an allreduce
+//! of all of them) or `ObjectLost`, within seconds.
 //!
 //! Bounded: `PHALANX_SOAK_RUNS` runs (default 24, a few seconds) from seed
 //! `PHALANX_SOAK_SEED` (default 1); a failure names its seed, which alone replays it:

@@ -29,10 +29,16 @@ struct Loc {
     serving: Option<NodeId>,
     /// The assignment the copy is serving (see `Located::Source::token`).
     token: u64,
-    depends_on: Option<NodeId>,
-    /// The assignment (or claim) the copy fills from, with `depends_on` (0: not known): a
-    /// transfer report of another one is about an earlier copy of the node's.
-    filled_by: u64,
+    /// The source a partial copy fills from and the assignment (or claim) it fills under: a
+    /// transfer report under another one is about an earlier copy of the node's.
+    fills_from: Option<(NodeId, u64)>,
+}
+
+impl Loc {
+    /// The node this copy fills from, if it fills from another copy.
+    fn depends_on(&self) -> Option<NodeId> {
+        self.fills_from.map(|(n, _)| n)
+    }
 }
 
 #[derive(Debug)]
@@ -213,7 +219,7 @@ impl Entry {
             || self
                 .locs
                 .values()
-                .any(|l| l.complete || l.depends_on.is_none())
+                .any(|l| l.complete || l.fills_from.is_none())
     }
 
     /// What a subscriber is told once the object has a location: the entry, with the bytes
@@ -236,7 +242,7 @@ impl Entry {
                     node,
                     complete: l.complete,
                     serving: l.serving,
-                    depends_on: l.depends_on,
+                    depends_on: l.depends_on(),
                 })
                 .collect(),
             lost: self.lost,
@@ -247,7 +253,7 @@ impl Entry {
     fn depends_on(&self, node: NodeId, requester: NodeId) -> bool {
         let mut cur = node;
         for _ in 0..=self.locs.len() {
-            match self.locs.get(&cur).and_then(|l| l.depends_on) {
+            match self.locs.get(&cur).and_then(Loc::depends_on) {
                 Some(d) if d == requester => return true,
                 Some(d) => cur = d,
                 None => return false,
@@ -439,8 +445,7 @@ impl Shard {
                         complete: true,
                         serving: None,
                         token: 0,
-                        depends_on: None,
-                        filled_by: 0,
+                        fills_from: None,
                     },
                 );
                 if rid != NO_REPLY {
@@ -499,15 +504,10 @@ impl Shard {
                     // in a circle).
                     if ok {
                         if let Some(r) = e.locs.get_mut(&receiver) {
-                            let earlier = match r.depends_on {
-                                Some(d) => {
-                                    d != source || (r.filled_by != 0 && r.filled_by != token)
-                                }
-                                None => false,
-                            };
+                            let earlier = r.fills_from.is_some_and(|f| f != (source, token));
                             if !earlier {
                                 r.complete = true;
-                                r.depends_on = None;
+                                r.fills_from = None;
                             }
                         }
                     }
@@ -867,12 +867,10 @@ impl Shard {
             complete: false,
             serving: None,
             token: 0,
-            depends_on: None,
-            filled_by: 0,
+            fills_from: None,
         });
         if !r.complete {
-            r.depends_on = Some(source);
-            r.filled_by = token;
+            r.fills_from = Some((source, token));
         }
         if self.log.len() == LOG_LIMIT {
             self.log.pop_front();
@@ -901,12 +899,11 @@ impl Shard {
             complete,
             serving: None,
             token: 0,
-            depends_on: None,
-            filled_by: 0,
+            fills_from: None,
         });
         l.complete |= complete;
         if l.complete {
-            l.depends_on = None;
+            l.fills_from = None;
             self.promises.remove(id);
         }
         e.lost = false;
@@ -933,8 +930,7 @@ impl Shard {
                         complete: true,
                         serving: None,
                         token: 0,
-                        depends_on: None,
-                        filled_by: 0,
+                        fills_from: None,
                     },
                 );
             }
@@ -1021,7 +1017,7 @@ impl Shard {
                 id = id.as_str(),
                 requester = w.node,
                 exclude = ?w.exclude,
-                locations = ?e.locs.iter().map(|(n, l)| (*n, l.complete, l.serving, l.depends_on)).collect::<Vec<_>>(),
+                locations = ?e.locs.iter().map(|(n, l)| (*n, l.complete, l.serving, l.depends_on())).collect::<Vec<_>>(),
                 "locate waits: no free source"
             );
             return Some(w);
@@ -1042,11 +1038,9 @@ impl Shard {
             complete: false,
             serving: None,
             token: 0,
-            depends_on: None,
-            filled_by: 0,
+            fills_from: None,
         });
-        r.depends_on = Some(source);
-        r.filled_by = w.rid;
+        r.fills_from = Some((source, w.rid));
         r.complete = false;
         let size = e.size;
         self.drop_pending_claims_of(id, w.node);
