@@ -115,6 +115,10 @@ enum PlanWait {
     Readable,
 }
 
+/// Says why an allreduce's assembly is to give up (its coordinator said it failed, or a
+/// partition's reduce did), shared by the partitions' fetches.
+type Gone = std::sync::Arc<dyn Fn() -> Option<Error> + Send + Sync>;
+
 /// At most this many partitions (each fetched at once by every participant; a plan that
 /// names more is refused).
 pub const MAX_PARTITIONS: usize = 64;
@@ -579,8 +583,11 @@ impl Node {
         if self.complete_elsewhere(&target) {
             return self.get_view(target);
         }
-        let gone = || self.failed_at_coordinator(&target);
-        match self.assemble(&target, (&parts, by_arrival), coordinator, &gone) {
+        let gone: Gone = std::sync::Arc::new({
+            let (node, target) = (self.clone(), target.clone());
+            move || node.failed_at_coordinator(&target)
+        });
+        match self.assemble(&target, (&parts, by_arrival), coordinator, gone) {
             Ok(()) => self.get_view(target),
             // A partition gone while the whole is complete elsewhere: read it whole.
             Err(Error::ObjectLost(_)) if self.complete_elsewhere(&target) => self.get_view(target),
@@ -795,12 +802,15 @@ impl Node {
                 )
             })
             .collect::<Result<Vec<_>>>()?;
-        let gone = || {
-            failed
-                .load(std::sync::atomic::Ordering::Acquire)
-                .then(|| Error::CoordinatorFailed(target.clone(), "a partition failed".into()))
-        };
-        let assembled = self.assemble(&target, (parts, by_arrival), None, &gone);
+        let gone: Gone = std::sync::Arc::new({
+            let target = target.clone();
+            move || {
+                failed
+                    .load(std::sync::atomic::Ordering::Acquire)
+                    .then(|| Error::CoordinatorFailed(target.clone(), "a partition failed".into()))
+            }
+        });
+        let assembled = self.assemble(&target, (parts, by_arrival), None, gone);
         drop(hold);
         let mut outcomes = Vec::with_capacity(n);
         for h in handles {
@@ -834,12 +844,8 @@ impl Node {
         target: &ObjectId,
         (parts, by_arrival): (&[(u64, u64)], bool),
         coordinator: Option<NodeId>,
-        gone: &(dyn Fn() -> Option<Error> + Sync),
+        gone: Gone,
     ) -> Result<()> {
-        // A reader (the coordinator named) gives a partition up when it finds no complete
-        // copy of it while the whole result is complete elsewhere (see
-        // `Node::view_while_up_until`); the coordinator does not (its trees are held).
-        let whole = coordinator.is_some().then_some(target);
         let inner = &self.inner;
         if inner
             .store
@@ -854,22 +860,26 @@ impl Node {
         let (copy, evicted) = inner.store.create(target, size, true)?;
         inner.dir.withdraw(&evicted);
         crate::hop::hop!(self.id(), "assemble: fetching the partitions");
-        let result = std::thread::scope(|s| -> Result<()> {
-            let fetches: Vec<_> = (0..n)
-                .map(|p| {
-                    let id = part_id(target, p, n);
-                    let size = parts[p].1 - parts[p].0;
-                    s.spawn(move || {
-                        self.fetch_partition(&id, size, (coordinator, whole), by_arrival, gone)
-                    })
-                })
-                .collect();
+        // Every partition fetched at once, on the node's workers (no thread made per
+        // partition).
+        let jobs = (0..n).map(|p| {
+            let (node, id, target) = (self.clone(), part_id(target, p, n), target.clone());
+            let size = parts[p].1 - parts[p].0;
+            let gone = gone.clone();
+            Box::new(move || {
+                // A reader (the coordinator named) gives a partition up when it finds no
+                // complete copy of it while the whole result is complete elsewhere (see
+                // `Node::view_while_up_until`); the coordinator does not (its trees are held).
+                let whole = coordinator.is_some().then_some(&target);
+                node.fetch_partition(&id, size, (coordinator, whole), by_arrival, &*gone)
+            }) as Box<dyn FnOnce() -> Result<ObjectView> + Send>
+        });
+        let fetches = self.on_workers(jobs);
+        let result = (|| -> Result<()> {
             // In order: the copy fills front to back, so readers of a partial copy could
             // stream it; each part is dropped here once copied.
-            for (p, f) in fetches.into_iter().enumerate() {
-                let view = f.join().map_err(|_| {
-                    Error::InvalidArgument("an allreduce partition fetch panicked".into())
-                })??;
+            for (p, f) in fetches.iter().enumerate() {
+                let view = Node::joined(f, "an allreduce partition fetch")?;
                 let (lo, hi) = parts[p];
                 if view.len() as u64 != hi - lo {
                     return Err(Error::InvalidArgument(format!(
@@ -883,7 +893,7 @@ impl Node {
                 self.evict_local(part_id(target, p, n).as_str());
             }
             Ok(())
-        });
+        })();
         if let Err(e) = result {
             copy.fail();
             inner.store.delete(target);

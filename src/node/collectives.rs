@@ -191,8 +191,8 @@ impl Node {
             }
         }
         // Complete copies here (this node's own input) are read on this thread; the others
-        // (large objects, or copies still filling) are fetched at once, a thread each when
-        // there are several.
+        // (large objects, or copies still filling) are fetched at once, on the node's workers
+        // when there are several.
         for (id, o) in ids.iter().zip(&mut out).filter(|(_, o)| o.is_none()) {
             let here = inner.store.lookup(id);
             if here.is_some_and(|c| c.status() == crate::store::CopyStatus::Complete) {
@@ -207,14 +207,19 @@ impl Node {
         if let [(id, o)] = rest.as_mut_slice() {
             **o = Some(self.get((*id).clone())?);
         } else {
-            std::thread::scope(|s| {
-                let hs: Vec<_> = rest
-                    .into_iter()
-                    .map(|(id, o)| s.spawn(move || self.get(id.clone()).map(|v| *o = Some(v))))
-                    .collect();
-                hs.into_iter()
-                    .try_for_each(|h| h.join().expect("gather thread"))
-            })?;
+            // On the node's workers (no thread made per object), the last one on this thread.
+            let last = rest.pop();
+            let jobs = rest.iter().map(|(id, _)| {
+                let (node, id) = (self.clone(), (*id).clone());
+                Box::new(move || node.get(id)) as Box<dyn FnOnce() -> Result<Vec<u8>> + Send>
+            });
+            let fetches = self.on_workers(jobs);
+            if let Some((id, o)) = last {
+                *o = Some(self.get(id.clone())?);
+            }
+            for ((_, o), f) in rest.into_iter().zip(&fetches) {
+                *o = Some(Node::joined(f, "a gather's fetch")?);
+            }
         }
         Ok(out.into_iter().map(|o| o.expect("every object")).collect())
     }

@@ -279,6 +279,43 @@ impl Node {
         }
     }
 
+    /// Runs each job at once on the node's worker pool (steady traffic creates no thread: an
+    /// idle worker takes it) and returns a receiver per job, in order, for its result. A job
+    /// that no worker could be started for runs on the caller's thread before this returns;
+    /// a job that panicked ends its receiver without a result (see [`Node::joined`]).
+    pub(crate) fn on_workers<T: Send + 'static>(
+        &self,
+        jobs: impl IntoIterator<Item = Box<dyn FnOnce() -> Result<T> + Send>>,
+    ) -> Vec<Receiver<Result<T>>> {
+        jobs.into_iter()
+            .map(|job| {
+                let (tx, rx) = crossbeam_channel::bounded(1);
+                let slot = Arc::new(Mutex::new(Some(job)));
+                let taken = slot.clone();
+                let sent = tx.clone();
+                let started = self.inner.workers.spawn(move || {
+                    if let Some(job) = taken.lock().expect("job slot").take() {
+                        let _ = sent.send(job());
+                    }
+                });
+                if let Err(e) = started {
+                    tracing::warn!(node = self.id(), "no worker for a fetch ({e}); run here");
+                    if let Some(job) = slot.lock().expect("job slot").take() {
+                        let _ = tx.send(job());
+                    }
+                }
+                rx
+            })
+            .collect()
+    }
+
+    /// The result of a job started by [`Node::on_workers`] (`what` names it in the error of
+    /// one that panicked).
+    pub(crate) fn joined<T>(rx: &Receiver<Result<T>>, what: &str) -> Result<T> {
+        rx.recv()
+            .unwrap_or_else(|_| Err(Error::InvalidArgument(format!("{what} panicked"))))
+    }
+
     /// Whether this node believes `peer` dead (its link failed, or, with links made on
     /// demand, its watchers said so).
     pub fn believes_down(&self, peer: NodeId) -> bool {

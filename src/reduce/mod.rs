@@ -294,8 +294,8 @@ impl Reducer {
         self.coordinate_reduce(target, sources, num, kind, opts, hooks)
     }
 
-    /// Starts a reduce coordinated from this node on a thread of its own; `how` says who is
-    /// told as it ends, and how long its tree is repaired.
+    /// Starts a reduce coordinated from this node on a worker of the node's pool; `how` says
+    /// who is told as it ends, and how long its tree is repaired.
     pub fn start(
         self: &Arc<Self>,
         target: ObjectId,
@@ -311,21 +311,23 @@ impl Reducer {
         let (done_tx, done) = crossbeam_channel::bounded(1);
         let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = finished.clone();
-        phalanx_transport::threads::spawn(self.id, "reduce", move || {
-            let hooks = Hooks {
-                placed: Some(tx),
-                on_tree: None,
-                hold,
-            };
-            let r = me.coordinate_reduce(target, &sources, num, kind, &opts, hooks);
-            if let Some(ended) = ended {
-                ended(r.is_ok());
-            }
-            // The handle may be gone: nobody waits for the result then.
-            let _ = done_tx.send(r);
-            flag.store(true, std::sync::atomic::Ordering::Release);
-        })
-        .map_err(|e| Error::Config(format!("spawn a reduce coordinator: {e}")))?;
+        // On the node's workers: steady traffic starts no thread per reduce.
+        self.workers
+            .spawn(move || {
+                let hooks = Hooks {
+                    placed: Some(tx),
+                    on_tree: None,
+                    hold,
+                };
+                let r = me.coordinate_reduce(target, &sources, num, kind, &opts, hooks);
+                if let Some(ended) = ended {
+                    ended(r.is_ok());
+                }
+                // The handle may be gone: nobody waits for the result then.
+                let _ = done_tx.send(r);
+                flag.store(true, std::sync::atomic::Ordering::Release);
+            })
+            .map_err(|e| Error::Config(format!("spawn a reduce coordinator: {e}")))?;
         Ok(ReduceHandle {
             placed: rx,
             done,
