@@ -299,7 +299,10 @@ impl Node {
                     }
                 });
                 if let Err(e) = started {
-                    tracing::warn!(node = self.id(), "no worker for a fetch ({e}); run here");
+                    tracing::warn!(
+                        node = self.id(),
+                        "no worker for a job ({e}); run on the caller"
+                    );
                     if let Some(job) = slot.lock().expect("job slot").take() {
                         let _ = tx.send(job());
                     }
