@@ -1381,3 +1381,72 @@ fn warm_partitioned_allreduces_and_gathers_start_no_thread_per_object() {
         "{started} threads started during three warm rounds"
     );
 }
+
+/// Participants that hand in their input and read the result in one call
+/// (`Node::allreduce_join`) get the coordinator's result, for every op and dtype: with the
+/// inputs' entries on the result's shard (one message each way), on other shards (the plain
+/// way), and when they join long before the coordinator starts.
+#[test]
+fn participants_that_join_with_their_input_read_the_result() {
+    let n = 4;
+    let c = LocalCluster::start(n as u32, cfg(), tcp()).unwrap();
+    let size = 1000u64;
+    let mut round = 0;
+    for dtype in [DType::F32, DType::F64, DType::I32, DType::I64, DType::U8] {
+        for op in [ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max, ReduceOp::Prod] {
+            for (layout, coordinator_after) in [
+                ("homed", Duration::ZERO),
+                ("hashed", Duration::ZERO),
+                ("homed", Duration::from_millis(300)),
+            ] {
+                round += 1;
+                let size = size / dtype.size() as u64 * dtype.size() as u64;
+                let name = |what: &str| match layout {
+                    // Every entry on node 2: each input goes with the request for the result.
+                    "homed" => ObjectId::homed(2, format!("join/{round}/{what}")),
+                    _ => ObjectId::new(format!("join/{round}/{what}")),
+                };
+                let inputs: Vec<Vec<u8>> = (0..n).map(|k| input(k, size, dtype)).collect();
+                let sources: Vec<ObjectId> = (0..n).map(|k| name(&format!("in{k}"))).collect();
+                let target = name("out");
+                let want = reference(&inputs, op, dtype);
+                let got = std::thread::scope(|s| {
+                    let joins: Vec<_> = (1..n)
+                        .map(|k| {
+                            let (node, t, id) = (c.node(k), target.clone(), sources[k].clone());
+                            let data = &inputs[k];
+                            s.spawn(move || node.allreduce_join(t, id, data).map(|v| v.to_vec()))
+                        })
+                        .collect();
+                    std::thread::sleep(coordinator_after);
+                    c.node(0).put(sources[0].clone(), &inputs[0]).unwrap();
+                    let opts = ReduceOptions::default();
+                    let (mine, _) = c
+                        .node(0)
+                        .allreduce(target.clone(), &sources, op, dtype, &opts)
+                        .expect("coordinator");
+                    let mut all = vec![mine];
+                    for j in joins {
+                        all.push(j.join().unwrap().expect("participant"));
+                    }
+                    all
+                });
+                for (k, bytes) in got.iter().enumerate() {
+                    assert!(
+                        *bytes == want,
+                        "{dtype:?} {op:?} {layout} after {coordinator_after:?}: node {k}"
+                    );
+                }
+                // Each participant's input is a listed object like any put.
+                for (k, id) in sources.iter().enumerate().skip(1) {
+                    let listed = c.node(0).locate(id.clone()).unwrap();
+                    assert!(listed.is_some_and(|i| i.locations.iter().any(|l| l.node == k as u32)));
+                }
+                c.node(0).delete(target).unwrap();
+                for s in sources {
+                    c.node(0).delete(s).unwrap();
+                }
+            }
+        }
+    }
+}

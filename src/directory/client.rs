@@ -176,9 +176,46 @@ impl DirClient {
                 id: id.clone(),
                 node: self.id,
                 data: data.to_vec(),
+                then_subscribe: None,
             },
         );
         self.tolerate_shard_down(id, r)
+    }
+
+    /// [`DirClient::put_inline`] with a subscription to `then` carried in the same message,
+    /// whose answer (or the put's refusal) goes to `on_reply` (see `DirMsg::PutInline`).
+    /// `InvalidArgument` unless both entries live on one shard; an error means nothing was
+    /// sent (or the link to the shard failed), and the caller puts the plain way.
+    pub fn put_inline_then_subscribe(
+        &self,
+        id: &ObjectId,
+        data: &[u8],
+        then: &ObjectId,
+        on_reply: crate::rpc::OnReply,
+    ) -> Result<()> {
+        debug_assert!((data.len() as u64) < INLINE_LIMIT);
+        let shard = self.shard_of(id);
+        if self.shard_of(then) != shard {
+            return Err(Error::InvalidArgument(format!(
+                "{id} and {then} have their entries on different shards"
+            )));
+        }
+        hop!(
+            self.id,
+            "put inline, then subscribe",
+            len = data.len() as u64
+        );
+        self.note_held(id, shard, true);
+        let make = |rid| {
+            Msg::Dir(DirMsg::PutInline {
+                rid,
+                id: id.clone(),
+                node: self.id,
+                data: data.to_vec(),
+                then_subscribe: Some(then.clone()),
+            })
+        };
+        self.rpc.call_then(shard, make, on_reply)
     }
 
     /// Promises that this node will produce `id` (it coordinates the reduce into it): if
@@ -606,6 +643,7 @@ impl DirClient {
                     id: id.clone(),
                     node: self.id,
                     data: c.filled(0, size).to_vec(),
+                    then_subscribe: None,
                 },
                 _ => DirMsg::Publish {
                     id: id.clone(),

@@ -399,6 +399,7 @@ impl Shard {
                 id,
                 node,
                 data,
+                then_subscribe,
             } => {
                 if data.len() as u64 >= INLINE_LIMIT {
                     // Only small objects live in the directory; a larger one is a forgery or a
@@ -448,11 +449,17 @@ impl Shard {
                         fills_from: None,
                     },
                 );
-                if rid != NO_REPLY {
+                let subscribe = then_subscribe.filter(|_| rid != NO_REPLY);
+                if rid != NO_REPLY && subscribe.is_none() {
                     reply(out, from, rid, Reply::Ack);
                 }
                 self.notify(&id, out);
                 self.serve_waiters(&id, out);
+                // The sender's subscription to another object (an allreduce's result, which
+                // this input may complete), answered on the put's request id.
+                if let Some(target) = subscribe {
+                    self.handle(from, DirMsg::Subscribe { rid, id: target }, out);
+                }
             }
             DirMsg::Locate {
                 rid,
@@ -1312,6 +1319,7 @@ mod tests {
                     id,
                     node,
                     data,
+                    then_subscribe: None,
                 },
                 &mut out,
             );
@@ -1378,6 +1386,7 @@ mod tests {
             id: "x".into(),
             node: 2,
             data: vec![0; INLINE_LIMIT as usize],
+            then_subscribe: None,
         };
         s.handle(2, msg, &mut out);
         assert!(s.info(&"x".into()).is_none(), "nothing stored");
@@ -1553,6 +1562,7 @@ mod tests {
             id: "x".into(),
             node: 0,
             data: vec![7u8; size as usize],
+            then_subscribe: None,
         };
         s.handle(0, put, &mut out);
         let inline = |out: &Out, r: NodeId| match located(out, r) {
@@ -1650,6 +1660,7 @@ mod tests {
                 id: "x".into(),
                 node: 0,
                 data: vec![1, 2],
+                then_subscribe: None,
             },
             &mut out,
         );
@@ -1863,6 +1874,94 @@ mod tests {
         }
     }
 
+    /// `node` puts `id` inline (one byte per `len`), asking for `then` on `rid`.
+    fn put_then(s: &mut Shard, node: NodeId, rid: Rid, id: &str, then: &str, len: usize) -> Out {
+        let mut out = Vec::new();
+        let put = DirMsg::PutInline {
+            rid,
+            id: id.into(),
+            node,
+            data: vec![node as u8; len],
+            then_subscribe: Some(then.into()),
+        };
+        s.handle(node, put, &mut out);
+        out
+    }
+
+    #[test]
+    fn a_put_that_asks_for_another_object_is_answered_with_it() {
+        let mut s = Shard::new();
+        // The result is not there: the put is stored, and nothing is answered yet (no Ack).
+        assert!(put_then(&mut s, 2, 7, "in2", "out", 8).is_empty());
+        assert!(s.info(&"in2".into()).is_some(), "the input is listed");
+        // A second participant, and a put that asks for nothing.
+        assert!(put_then(&mut s, 3, 8, "in3", "out", 8).is_empty());
+        assert!(put_then(&mut s, 4, NO_REPLY, "in4", "out", 8).is_empty());
+        // The result comes: both askers get its bytes on their put's request id.
+        let mut out = Vec::new();
+        let result = DirMsg::PutInline {
+            rid: NO_REPLY,
+            id: "out".into(),
+            node: 1,
+            data: vec![9; 8],
+            then_subscribe: None,
+        };
+        s.handle(1, result, &mut out);
+        out.sort_by_key(|(to, _)| *to);
+        match &out[..] {
+            [(
+                2,
+                Msg::Reply {
+                    rid: 7,
+                    reply: Reply::InfoInline(_, a),
+                },
+            ), (
+                3,
+                Msg::Reply {
+                    rid: 8,
+                    reply: Reply::InfoInline(_, b),
+                },
+            )] => assert!(a == &vec![9; 8] && b == &vec![9; 8]),
+            o => panic!("{o:?}"),
+        }
+        // Once the result is there, such a put is answered at once.
+        match &put_then(&mut s, 5, 9, "in5", "out", 8)[..] {
+            [(
+                5,
+                Msg::Reply {
+                    rid: 9,
+                    reply: Reply::InfoInline(..),
+                },
+            )] => {}
+            o => panic!("{o:?}"),
+        }
+        // An object too large to be inline is refused with an error, and nothing is asked.
+        match &put_then(&mut s, 6, 10, "in6", "later", INLINE_LIMIT as usize)[..] {
+            [(
+                6,
+                Msg::Reply {
+                    rid: 10,
+                    reply: Reply::Error(_),
+                },
+            )] => {}
+            o => panic!("{o:?}"),
+        }
+        assert!(s.info(&"in6".into()).is_none(), "not stored");
+        let mut out = Vec::new();
+        let later = DirMsg::PutInline {
+            rid: NO_REPLY,
+            id: "later".into(),
+            node: 1,
+            data: vec![1],
+            then_subscribe: None,
+        };
+        s.handle(1, later, &mut out);
+        assert!(
+            out.is_empty(),
+            "the refused put subscribed to nothing: {out:?}"
+        );
+    }
+
     #[test]
     fn a_node_cannot_speak_for_another() {
         let mut s = Shard::new();
@@ -1885,6 +1984,7 @@ mod tests {
                 id: "y".into(),
                 node: 2,
                 data: vec![1],
+                then_subscribe: None,
             },
             DirMsg::Claim {
                 id: "x".into(),
@@ -2239,6 +2339,7 @@ mod tests {
                 id: "x".into(),
                 node: 1,
                 data: vec![7; 10],
+                then_subscribe: None,
             },
             &mut out,
         );

@@ -76,13 +76,18 @@ pub enum DirMsg {
         node: NodeId,
         complete: bool,
     },
-    /// Stores a small object in the directory.
+    /// Stores a small object in the directory. With a `rid` (not `NO_REPLY`) the put is
+    /// answered: `Ack`, or, with `then_subscribe`, the answer a `Subscribe` of that object
+    /// (on the same shard) would get, as soon as it has one: a participant of an allreduce
+    /// hands in its input and asks for the result in one message (`Node::allreduce_join`).
+    /// A put refused is answered with the error either way.
     PutInline {
         rid: Rid,
         id: ObjectId,
         node: NodeId,
         #[serde(with = "serde_bytes")]
         data: Vec<u8>,
+        then_subscribe: Option<ObjectId>,
     },
     /// Hands the requester one source (reserving it) or the inline bytes; with `wait`, held
     /// until the object exists and a source is free. `exclude` lists sources that failed;

@@ -157,6 +157,7 @@ mod tests {
             id: "y".into(),
             node: 0,
             data: vec![],
+            then_subscribe: None,
         })
         .encode();
         let n = evil.len();

@@ -182,15 +182,20 @@ impl<'a> Round<'a> {
         };
         let released = self.barrier()?;
         if node.id() != 0 {
-            let mut done = put_input()?;
-            if spec.collective == Collective::Allreduce {
-                let v = node.allreduce_read(target, self.size)?;
-                done = now_ns();
+            let done = if spec.collective == Collective::Allreduce {
+                // A participant hands in its input and reads the result in one call.
+                std::thread::sleep(interval * node.id());
+                let own = inputs[node.id() as usize].clone();
+                let v = node.allreduce_join(target, own, &self.payload)?;
+                let done = now_ns();
                 // Of a subset, only rank 0 knows which inputs were used: it checks.
                 if num == n {
                     check_sum(&v, &(0..n).collect::<Vec<_>>(), self.size)?;
                 }
-            }
+                done
+            } else {
+                put_input()?
+            };
             self.finish(released, Some(done))?;
             return Ok(None);
         }
