@@ -4,7 +4,9 @@
 //! partitioned (4 MiB and up), every dtype, sum/min/max, inputs that come at once or one after
 //! another in a random order (the coordinator's own among them in a quarter of the runs; the
 //! last a straggler 100-300 ms behind in a fifth), and in a third of the runs a node killed a
-//! random while after its input (which a replica keeps); in some runs links are made on demand.
+//! random while after its input (which a replica keeps); in some runs links are made on demand;
+//! in three in ten allreduces of every input the live participants hand their inputs in with
+//! `allreduce_join` as they come, instead of a `put` and an `allreduce_read`.
 //! Every survivor must end with the same bytes, the reduce of exactly the inputs the outcome
 //! names; an allreduce of all inputs must name every input of a node still alive, one of the
 //! first `k` exactly `k` inputs. When the node killed is the coordinator, each reader must get
@@ -63,6 +65,9 @@ struct Case {
     kill_after: Duration,
     /// Links made on demand (deaths then spread from the victim's ring watchers).
     on_demand: bool,
+    /// An allreduce of every input whose live participants hand their inputs in with
+    /// `allreduce_join` (as they come) instead of a `put` and an `allreduce_read`.
+    join: bool,
 }
 
 impl Case {
@@ -118,6 +123,8 @@ impl Case {
             }
             nodes = more;
         }
+        // Drawn last as well: participants that join with their input.
+        let join = kind == Kind::Allreduce && g.gen_bool(0.3);
         Case {
             seed,
             kind,
@@ -131,7 +138,24 @@ impl Case {
             victim,
             kill_after,
             on_demand,
+            join,
         }
+    }
+
+    /// When input `k` comes, after the allreduce began (`None`: there from the start).
+    fn arrival_of(&self, k: usize) -> Option<Duration> {
+        let j = self.order.iter().position(|&o| o == k)?;
+        let mut at = self.interval * (j as u32 + 1);
+        if j + 1 == self.order.len() {
+            at += self.straggle;
+        }
+        Some(at)
+    }
+
+    /// Whether node `k` hands its input in with `allreduce_join` (a live participant whose
+    /// input comes during the allreduce).
+    fn joins(&self, k: usize) -> bool {
+        self.join && k != 0 && Some(k) != self.victim && self.order.contains(&k)
     }
 
     /// The checks of a case whose coordinator (node 0) was killed, or was told the target is
@@ -214,13 +238,13 @@ impl Case {
             let (inputs, sources) = (&inputs, &sources);
             let c = &c;
             s.spawn(move || {
-                for (j, &k) in case.order.iter().enumerate() {
-                    let mut at = case.interval * (j as u32 + 1);
-                    if j + 1 == case.order.len() {
-                        at += case.straggle;
-                    }
+                for &k in &case.order {
+                    let at = case.arrival_of(k).expect("in the order");
                     std::thread::sleep(at.saturating_sub(start.elapsed()));
-                    c.node(k).put(sources[k].clone(), &inputs[k]).unwrap();
+                    // A joining participant puts its own input (the replica's get waits).
+                    if !case.joins(k) {
+                        c.node(k).put(sources[k].clone(), &inputs[k]).unwrap();
+                    }
                     let copy = c.node(case.replica_of(k)).get(sources[k].clone()).unwrap();
                     assert!(copy == inputs[k], "replica of input {k}");
                     let _ = done_tx.send(k);
@@ -250,7 +274,15 @@ impl Case {
                 .into_iter()
                 .map(|k| {
                     let t = target.clone();
-                    let read = move || c.node(k).allreduce_read(t, case.size).map(|v| v.to_vec());
+                    let read = move || match case.joins(k) {
+                        true => {
+                            let at = case.arrival_of(k).expect("in the order");
+                            std::thread::sleep(at.saturating_sub(start.elapsed()));
+                            let (id, data) = (sources[k].clone(), &inputs[k]);
+                            c.node(k).allreduce_join(t, id, data).map(|v| v.to_vec())
+                        }
+                        false => c.node(k).allreduce_read(t, case.size).map(|v| v.to_vec()),
+                    };
                     (k, s.spawn(read))
                 })
                 .collect();
