@@ -8,7 +8,7 @@ use super::NO_REPLY;
 use crate::config::INLINE_LIMIT;
 use crate::hop::hop;
 use crate::membership::Membership;
-use crate::protocol::{DirMsg, Located, Msg, ObjectInfo, Reply, StoreMsg};
+use crate::protocol::{DirMsg, Located, Msg, ObjectInfo, Reply, Rid, StoreMsg};
 use crate::rpc::{unexpected_reply, Rpc, Work};
 use crate::store::{CopyStatus, Store};
 use crate::{Error, ObjectId, Result};
@@ -169,17 +169,27 @@ impl DirClient {
         hop!(self.id, "put inline", len = data.len() as u64);
         let shard = self.shard_of(id);
         self.note_held(id, shard, true);
-        let r = self.rpc.send(
-            shard,
-            DirMsg::PutInline {
-                rid: NO_REPLY,
-                id: id.clone(),
-                node: self.id,
-                data: data.to_vec(),
-                then_subscribe: None,
-            },
-        );
+        let r = self
+            .rpc
+            .send(shard, self.put_inline_msg(NO_REPLY, id, data, None));
         self.tolerate_shard_down(id, r)
+    }
+
+    /// A `PutInline` of this node's `id`.
+    fn put_inline_msg(
+        &self,
+        rid: Rid,
+        id: &ObjectId,
+        data: &[u8],
+        then: Option<&ObjectId>,
+    ) -> DirMsg {
+        DirMsg::PutInline {
+            rid,
+            id: id.clone(),
+            node: self.id,
+            data: data.to_vec(),
+            then_subscribe: then.cloned(),
+        }
     }
 
     /// [`DirClient::put_inline`] with a subscription to `then` carried in the same message,
@@ -206,15 +216,7 @@ impl DirClient {
             len = data.len() as u64
         );
         self.note_held(id, shard, true);
-        let make = |rid| {
-            Msg::Dir(DirMsg::PutInline {
-                rid,
-                id: id.clone(),
-                node: self.id,
-                data: data.to_vec(),
-                then_subscribe: Some(then.clone()),
-            })
-        };
+        let make = |rid| Msg::Dir(self.put_inline_msg(rid, id, data, Some(then)));
         self.rpc.call_then(shard, make, on_reply)
     }
 

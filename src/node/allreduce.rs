@@ -621,24 +621,19 @@ impl Node {
             self.put(input, data)?;
             return self.allreduce_read(target, size);
         }
-        let inner = &self.inner;
-        let (copy, evicted) = inner.store.create(&input, size, true)?;
-        dir.withdraw(&evicted);
-        copy.append(data)?;
-        drop(copy);
         let (tx, answer) = crossbeam_channel::bounded(1);
         let on_reply = Box::new(move |r: Result<crate::protocol::Reply>| {
             let _ = tx.try_send(r);
         });
-        if dir
-            .put_inline_then_subscribe(&input, data, &target, on_reply)
-            .is_err()
-        {
-            // Not sent (or its link failed): put the plain way, which tolerates a shard that
-            // is down; a second copy of the same put is harmless.
-            dir.put_inline(&input, data).inspect_err(|_| {
-                inner.store.delete(&input);
-            })?;
+        // Not sent (or its link failed): put the plain way, which tolerates a shard that is
+        // down; a second copy of the same put is harmless.
+        let asked = self.put_small(&input, data, || {
+            match dir.put_inline_then_subscribe(&input, data, &target, on_reply) {
+                Ok(()) => Ok(true),
+                Err(_) => dir.put_inline(&input, data).map(|()| false),
+            }
+        })?;
+        if !asked {
             return self.allreduce_read(target, size);
         }
         match answer.recv_timeout(PLAN_STALL) {

@@ -105,15 +105,12 @@ impl Node {
     pub fn put(&self, id: impl Into<ObjectId>, data: &[u8]) -> Result<()> {
         let id = id.into();
         let inner = &self.inner;
-        let (copy, evicted) = inner.store.create(&id, data.len() as u64, true)?;
-        inner.dir.withdraw(&evicted);
         let size = data.len() as u64;
         if size < INLINE_LIMIT {
-            copy.append(data)?;
-            return inner.dir.put_inline(&id, data).inspect_err(|_| {
-                inner.store.delete(&id);
-            });
+            return self.put_small(&id, data, || inner.dir.put_inline(&id, data));
         }
+        let (copy, evicted) = inner.store.create(&id, size, true)?;
+        inner.dir.withdraw(&evicted);
         let step = inner.cfg.put_step.max(4096);
         // Published partial first only when the copy-in takes more than one step: readers
         // then stream it while it is written. A single step is done before a reader could
@@ -132,6 +129,25 @@ impl Node {
             return Err(Error::NotFound(id));
         }
         inner.dir.publish(&id, size, true)
+    }
+
+    /// Stores a small object's local copy (pinned, as every put's) and sends its bytes to
+    /// the directory with `announce`; the copy is dropped again if that fails.
+    pub(crate) fn put_small<T>(
+        &self,
+        id: &ObjectId,
+        data: &[u8],
+        announce: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        debug_assert!((data.len() as u64) < INLINE_LIMIT);
+        let inner = &self.inner;
+        let (copy, evicted) = inner.store.create(id, data.len() as u64, true)?;
+        inner.dir.withdraw(&evicted);
+        copy.append(data)?;
+        drop(copy);
+        announce().inspect_err(|_| {
+            inner.store.delete(id);
+        })
     }
 
     /// Fetches a copy of the object's bytes, waiting for the object to be put if needed.

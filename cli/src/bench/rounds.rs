@@ -174,8 +174,10 @@ impl<'a> Round<'a> {
         let num = spec.first.map_or(n, |k| k.clamp(1, n));
         let inputs: Vec<ObjectId> = (0..n).map(|k| self.name(it, "in", k)).collect();
         let target = self.name(it, "out", 0);
+        // Rank k's input is ready k intervals after the start.
+        let arrive = || std::thread::sleep(interval * node.id());
         let put_input = || -> Result<u64> {
-            std::thread::sleep(interval * node.id());
+            arrive();
             node.put(inputs[node.id() as usize].clone(), &self.payload)?;
             bench_hop(node.id(), "bench: put returned");
             Ok(now_ns())
@@ -184,7 +186,7 @@ impl<'a> Round<'a> {
         if node.id() != 0 {
             let done = if spec.collective == Collective::Allreduce {
                 // A participant hands in its input and reads the result in one call.
-                std::thread::sleep(interval * node.id());
+                arrive();
                 let own = inputs[node.id() as usize].clone();
                 let v = node.allreduce_join(target, own, &self.payload)?;
                 let done = now_ns();
