@@ -6,6 +6,12 @@
 //! writes, and only above the watermark; readers read only below it. A copy's range is freed
 //! only when it is deleted, failed or evicted *and* no [`CopyRef`] holds it: senders,
 //! readers, views and inbound transfers (whose writer may still be in flight) all hold one.
+//!
+//! A copy may also be made *within* another, in a part of its range above its watermark
+//! ([`Store::create_within`]: a pull into its place in a larger object, with no copy
+//! afterwards). That part is then the inner copy's filler's to write: the outer copy's filler
+//! cannot write there, nor move the outer watermark over it, while the inner copy exists
+//! unfinished, and the inner copy holds the outer one's memory (as a use) while it lives.
 
 use crate::alloc::RangeAllocator;
 use crate::{Error, ObjectId, Result};
@@ -46,9 +52,39 @@ struct CopyState {
     ended: Arc<Condvar>,
     /// Kicks so far (`CopyRef::kick`), its end counted as one.
     kicks: u64,
+    /// The copy whose range holds this one's bytes ([`Store::create_within`]): this one
+    /// allocated nothing, and counts as a user of that one while it lives.
+    within: Option<u64>,
+    /// Copies within this one that still exist.
+    inner: u32,
 }
 
 impl CopyState {
+    /// A new copy of `size` bytes at arena offset `offset`, nothing filled, unused.
+    fn new(id: ObjectId, offset: u64, size: u64, pinned: bool) -> CopyState {
+        CopyState {
+            id,
+            offset,
+            size,
+            watermark: 0,
+            status: if size == 0 {
+                CopyStatus::Complete
+            } else {
+                CopyStatus::Filling
+            },
+            pinned,
+            users: 0,
+            detached: false,
+            lost: false,
+            last_use: 0,
+            progress: Arc::new(Condvar::new()),
+            ended: Arc::new(Condvar::new()),
+            kicks: 0,
+            within: None,
+            inner: 0,
+        }
+    }
+
     /// Counts a kick (the copy's end counts as one) and wakes the waiters of both.
     fn kick(&mut self) {
         self.kicks += 1;
@@ -202,11 +238,13 @@ impl Store {
                     capacity: st.alloc.capacity(),
                 });
             };
-            let c = st.copies.remove(&k).expect("victim exists");
-            st.by_id.remove(&c.id);
-            st.alloc.free(c.offset, c.size);
-            st.dropped.note(c.id.clone());
-            evicted.push(c.id);
+            let id = st.copies[&k].id.clone();
+            st.by_id.remove(&id);
+            st.dropped.note(id.clone());
+            evicted.push(id);
+            // A copy within another frees nothing itself: its outer copy's memory goes once
+            // that one is unused too.
+            Self::remove_unused(st, k);
         }
     }
 
@@ -314,28 +352,8 @@ impl Store {
         };
         let key = st.next_key;
         st.next_key += 1;
-        st.copies.insert(
-            key,
-            CopyState {
-                id: id.clone(),
-                offset,
-                size,
-                watermark: 0,
-                status: if size == 0 {
-                    CopyStatus::Complete
-                } else {
-                    CopyStatus::Filling
-                },
-                pinned,
-                users: 0,
-                detached: false,
-                lost: false,
-                last_use: 0,
-                progress: Arc::new(Condvar::new()),
-                ended: Arc::new(Condvar::new()),
-                kicks: 0,
-            },
-        );
+        st.copies
+            .insert(key, CopyState::new(id.clone(), offset, size, pinned));
         st.by_id.insert(id.clone(), key);
         st.dropped.forget(id);
         let r = self.new_ref(&mut st, key);
@@ -429,9 +447,92 @@ impl Store {
         let c = st.copies.get_mut(&k).expect("live copy");
         c.detached = true;
         if c.users == 0 {
-            let c = st.copies.remove(&k).expect("live copy");
-            st.alloc.free(c.offset, c.size);
+            Self::remove_unused(st, k);
         }
+    }
+
+    /// Removes copy `k`, which no one uses, and returns its memory: its range to the
+    /// allocator, or, for a copy within another, its use of that one (removed in turn if it
+    /// was the last use of a detached copy).
+    fn remove_unused(st: &mut State, k: u64) {
+        let c = st.copies.remove(&k).expect("live copy");
+        debug_assert!(c.users == 0 && c.inner == 0);
+        match c.within {
+            None => st.alloc.free(c.offset, c.size),
+            Some(o) => {
+                let outer = st.copies.get_mut(&o).expect("held by the copy within it");
+                outer.users -= 1;
+                outer.inner -= 1;
+                if outer.users == 0 && outer.detached {
+                    Self::remove_unused(st, o);
+                }
+            }
+        }
+    }
+
+    /// Makes an unpinned copy of `id`, `len` bytes, in the range of `outer` that starts `at`
+    /// bytes in, for an inbound transfer: it allocates nothing, and holds `outer`'s memory
+    /// while it lives. The range must be above `outer`'s watermark and no other copy's;
+    /// `outer`'s filler then leaves it to this copy's until this one is complete
+    /// ([`CopyRef::advance_over`]). Fails with `AlreadyExists` when the node has a copy of
+    /// `id` already.
+    pub fn create_within(
+        self: &Arc<Self>,
+        outer: &CopyRef,
+        id: &ObjectId,
+        at: u64,
+        len: u64,
+    ) -> Result<CopyRef> {
+        if !Arc::ptr_eq(self, &outer.store) {
+            return Err(Error::InvalidArgument(
+                "a copy within another store's".into(),
+            ));
+        }
+        let mut st = self.lock();
+        if st.by_id.contains_key(id) {
+            return Err(Error::AlreadyExists(id.clone()));
+        }
+        let o = &st.copies[&outer.key];
+        let fits = at.checked_add(len).is_some_and(|end| end <= o.size);
+        if len == 0
+            || !fits
+            || at < o.watermark
+            || o.status != CopyStatus::Filling
+            || o.detached
+            || o.within.is_some()
+            || Self::inner_in(&st, outer.key, at, at + len)
+                .next()
+                .is_some()
+        {
+            return Err(Error::InvalidArgument(format!(
+                "no room for {id} ({len} bytes at {at}) within {}",
+                o.id
+            )));
+        }
+        let offset = o.offset + at;
+        let o = st.copies.get_mut(&outer.key).expect("live copy");
+        o.users += 1;
+        o.inner += 1;
+        let key = st.next_key;
+        st.next_key += 1;
+        let mut c = CopyState::new(id.clone(), offset, len, false);
+        c.within = Some(outer.key);
+        st.copies.insert(key, c);
+        st.by_id.insert(id.clone(), key);
+        st.dropped.forget(id);
+        let r = self.new_ref(&mut st, key);
+        self.changed.notify_all();
+        Ok(r)
+    }
+
+    /// The copies within copy `outer` whose ranges meet `[from, to)` of it (offsets in
+    /// `outer`).
+    fn inner_in(st: &State, outer: u64, from: u64, to: u64) -> impl Iterator<Item = &CopyState> {
+        let o = &st.copies[&outer];
+        let (lo, hi, any) = (o.offset + from, o.offset + to, o.inner > 0);
+        st.copies.values().filter(move |c| {
+            any && c.within == Some(outer) && c.offset < hi && lo < c.offset + c.size
+        })
     }
 
     /// Whether this node had a copy of `id` and dropped it (deleted, evicted or failed) and
@@ -454,8 +555,7 @@ impl Store {
         let c = st.copies.get_mut(&key).expect("live copy");
         c.users -= 1;
         if c.users == 0 && c.detached {
-            let c = st.copies.remove(&key).expect("live copy");
-            st.alloc.free(c.offset, c.size);
+            Self::remove_unused(&mut st, key);
         } else if c.users == 0 && c.evictable_when_released() {
             // An allocation may be waiting for it.
             self.changed.notify_all();
@@ -494,36 +594,87 @@ impl CopyRef {
         self.with(|c| c.detached)
     }
 
-    /// Appends bytes at the watermark (the filler's path for a local put).
-    pub fn append(&self, data: &[u8]) -> Result<()> {
-        let (off, wm, size) = self.with(|c| (c.offset, c.watermark, c.size));
-        if wm + data.len() as u64 > size {
+    /// The arena offset and watermark of a filler's next `len` bytes, checked: inside the
+    /// copy, and no copy within this one there (those bytes are its filler's).
+    fn next_to_fill(&self, len: u64, what: &str) -> Result<(u64, u64)> {
+        let st = self.store.lock();
+        let c = &st.copies[&self.key];
+        let (off, wm, size) = (c.offset, c.watermark, c.size);
+        if wm.checked_add(len).is_none_or(|end| end > size) {
             return Err(Error::InvalidArgument(format!(
-                "append of {} bytes at {wm} overflows a copy of {size}",
-                data.len()
+                "{what} of {len} bytes at {wm} overflows a copy of {size}"
             )));
         }
+        if Store::inner_in(&st, self.key, wm, wm + len)
+            .next()
+            .is_some()
+        {
+            return Err(Error::InvalidArgument(format!(
+                "{what} of {len} bytes at {wm} over a copy within {}",
+                c.id
+            )));
+        }
+        Ok((off, wm))
+    }
+
+    /// Appends bytes at the watermark (the filler's path for a local put).
+    pub fn append(&self, data: &[u8]) -> Result<()> {
+        let len = data.len() as u64;
+        let (off, wm) = self.next_to_fill(len, "append")?;
         // SAFETY: in bounds (checked above, copy lies in the arena); bytes above the watermark
-        // are written only by this copy's single filler and read by nobody.
-        unsafe { self.store.arena.slice_mut(off + wm, data.len() as u64) }.copy_from_slice(data);
-        self.advance_to(wm + data.len() as u64);
+        // with no copy within this one there are written only by this copy's single filler
+        // and read by nobody.
+        unsafe { self.store.arena.slice_mut(off + wm, len) }.copy_from_slice(data);
+        self.advance_to(wm + len);
         Ok(())
     }
 
     /// Appends `len` bytes at the watermark, computed in place by `f` (the filler's path for a
     /// reduce output: no staging buffer).
     pub fn fill_with(&self, len: u64, f: impl FnOnce(&mut [u8])) -> Result<()> {
-        let (off, wm, size) = self.with(|c| (c.offset, c.watermark, c.size));
-        if wm + len > size {
-            return Err(Error::InvalidArgument(format!(
-                "fill of {len} bytes at {wm} overflows a copy of {size}"
-            )));
-        }
-        // SAFETY: in bounds (checked above); bytes above the watermark are written only by
-        // this copy's single filler and read by nobody until advance_to below.
+        let (off, wm) = self.next_to_fill(len, "fill")?;
+        // SAFETY: in bounds (checked above); bytes above the watermark with no copy within
+        // this one there are written only by this copy's single filler and read by nobody
+        // until advance_to below.
         f(unsafe { self.store.arena.slice_mut(off + wm, len) });
         self.advance_to(wm + len);
         Ok(())
+    }
+
+    /// Moves the watermark over `inner`, a complete copy within this one that starts at the
+    /// watermark: its bytes are this copy's there (the filler's path for a part pulled into
+    /// its place, [`Store::create_within`]).
+    pub fn advance_over(&self, inner: &CopyRef) -> Result<()> {
+        let wm = {
+            let st = self.store.lock();
+            let o = &st.copies[&self.key];
+            let i = Arc::ptr_eq(&self.store, &inner.store).then(|| &st.copies[&inner.key]);
+            match i {
+                Some(i)
+                    if i.within == Some(self.key)
+                        && i.offset == o.offset + o.watermark
+                        && i.status == CopyStatus::Complete =>
+                {
+                    o.watermark + i.size
+                }
+                _ => {
+                    return Err(Error::InvalidArgument(format!(
+                        "not a complete copy within {} at its watermark",
+                        o.id
+                    )))
+                }
+            }
+        };
+        self.advance_to(wm);
+        Ok(())
+    }
+
+    /// Whether a copy within this one still exists in `[from, to)` of it (its filler may
+    /// still write there).
+    pub fn holds_inner(&self, from: u64, to: u64) -> bool {
+        let st = self.store.lock();
+        let held = Store::inner_in(&st, self.key, from, to).next().is_some();
+        held
     }
 
     /// Bytes `[at, at + len)`, which must be below the watermark. They are final, and this
@@ -552,8 +703,18 @@ impl CopyRef {
     /// Moves the watermark to `wm` (bytes below it are final) and wakes readers.
     pub fn advance_to(&self, wm: u64) {
         let mut st = self.store.lock();
+        let (from, size) = {
+            let c = &st.copies[&self.key];
+            (c.watermark, c.size)
+        };
+        debug_assert!(wm >= from && wm <= size);
+        // Soundness: readers of this copy never see bytes a copy within it still writes.
+        assert!(
+            Store::inner_in(&st, self.key, from, wm.min(size))
+                .all(|i| i.status == CopyStatus::Complete),
+            "watermark moved over an unfinished copy within"
+        );
         let c = st.copies.get_mut(&self.key).expect("live copy");
-        debug_assert!(wm >= c.watermark && wm <= c.size);
         c.watermark = wm.min(c.size);
         if c.watermark == c.size && c.status == CopyStatus::Filling {
             c.status = CopyStatus::Complete;
@@ -984,5 +1145,96 @@ mod tests {
         let t0 = Instant::now();
         c.wait_kick(seen, Duration::from_secs(5));
         assert!(t0.elapsed() < Duration::from_secs(1));
+    }
+
+    /// A part pulled into its place in a larger copy: its filler writes there, the outer
+    /// copy's filler cannot (nor move its watermark over the part) until the part is
+    /// complete, and then takes the bytes as they are.
+    #[test]
+    fn a_copy_within_another_fills_its_place_and_the_outer_copy_takes_it() {
+        let s = store(1 << 20);
+        let free = s.free_bytes();
+        let (outer, _) = s.create(&"whole".into(), 100, true).unwrap();
+        let held = s.free_bytes();
+        let inner = s.create_within(&outer, &"part".into(), 40, 30).unwrap();
+        assert_eq!(s.free_bytes(), held, "the part allocated nothing");
+        assert_eq!(inner.offset(), outer.offset() + 40);
+        assert!(s.lookup(&"part".into()).unwrap().is_same(&inner));
+        outer.append(&[1; 40]).unwrap();
+        assert!(
+            outer.append(&[1; 1]).is_err(),
+            "the part's bytes are its filler's"
+        );
+        assert!(outer.fill_with(10, |_| {}).is_err());
+        inner.append(&[2; 10]).unwrap();
+        assert!(outer.advance_over(&inner).is_err(), "not complete yet");
+        assert!(outer.holds_inner(40, 70) && !outer.holds_inner(0, 40));
+        inner.append(&[2; 20]).unwrap();
+        assert_eq!(inner.status(), CopyStatus::Complete);
+        outer.advance_over(&inner).unwrap();
+        assert_eq!(outer.watermark(), 70);
+        outer.append(&[3; 30]).unwrap();
+        let mut want = vec![1; 40];
+        want.extend([2; 30]);
+        want.extend([3; 30]);
+        assert_eq!(outer.as_slice().unwrap(), &want[..]);
+        assert_eq!(inner.as_slice().unwrap(), &[2; 30]);
+        // The outer copy deleted first: its memory stays while the part lives.
+        assert!(s.delete(&"whole".into()));
+        drop(outer);
+        assert_eq!(s.free_bytes(), held);
+        assert_eq!(inner.as_slice().unwrap(), &[2; 30], "still in place");
+        assert!(s.delete(&"part".into()));
+        assert_eq!(s.free_bytes(), held, "the view still holds it");
+        drop(inner);
+        assert_eq!(s.free_bytes(), free, "both gone");
+        assert!(s.summary().is_empty());
+    }
+
+    /// Where a part cannot go: below the watermark, over another part, out of the copy, in a
+    /// complete copy, under a name already here. A failed part blocks its place while a
+    /// reference (its pull's writer) holds it; then the outer filler may write there.
+    #[test]
+    fn a_copy_within_another_is_refused_where_it_cannot_go() {
+        let s = store(1 << 20);
+        let (outer, _) = s.create(&"whole".into(), 100, true).unwrap();
+        outer.append(&[0; 10]).unwrap();
+        let bad = |at, len| {
+            matches!(
+                s.create_within(&outer, &"p".into(), at, len),
+                Err(Error::InvalidArgument(_))
+            )
+        };
+        assert!(bad(5, 10), "below the watermark");
+        assert!(bad(90, 20), "past the end");
+        assert!(bad(u64::MAX, 2), "overflowing");
+        assert!(bad(20, 0), "empty");
+        let a = s.create_within(&outer, &"a".into(), 20, 30).unwrap();
+        assert!(bad(40, 20), "over another part");
+        assert!(matches!(
+            s.create_within(&outer, &"a".into(), 60, 10),
+            Err(Error::AlreadyExists(_))
+        ));
+        assert!(
+            matches!(
+                s.create_within(&a, &"b".into(), 0, 5),
+                Err(Error::InvalidArgument(_))
+            ),
+            "within a part"
+        );
+        let writer = a.clone();
+        a.fail();
+        outer.append(&[0; 10]).unwrap();
+        assert!(
+            outer.holds_inner(20, 50),
+            "its writer may still write there"
+        );
+        assert!(outer.append(&[0; 1]).is_err());
+        drop(a);
+        assert!(outer.holds_inner(20, 50));
+        drop(writer);
+        assert!(!outer.holds_inner(20, 50));
+        outer.append(&[0; 80]).unwrap();
+        assert!(bad(90, 5), "complete");
     }
 }

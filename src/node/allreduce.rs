@@ -886,9 +886,11 @@ impl Node {
     }
 
     /// Builds this node's copy of `target` from its partitions: fetches them all at once
-    /// (each streams from wherever the directory says, as it is being reduced), copies each
-    /// in place as it completes, drops the local partition copies, and announces the target
-    /// complete. Nothing to do if the copy is here already.
+    /// (each streams from wherever the directory says, as it is being reduced), a partition
+    /// pulled from the node its coordinator names straight into its place in the copy
+    /// (`Store::create_within`: no copy afterwards), any other copied in as it completes;
+    /// drops the local partition copies, and announces the target complete. Nothing to do if
+    /// the copy is here already.
     fn assemble(
         &self,
         target: &ObjectId,
@@ -914,42 +916,87 @@ impl Node {
         // partition).
         let jobs = (0..n).map(|p| {
             let (node, id, target) = (self.clone(), part_id(target, p, n), target.clone());
-            let size = parts[p].1 - parts[p].0;
-            let gone = gone.clone();
+            let (lo, hi) = parts[p];
+            let (gone, outer) = (gone.clone(), copy.clone());
             Box::new(move || {
                 // A reader (the coordinator named) gives a partition up when it finds no
                 // complete copy of it while the whole result is complete elsewhere (see
                 // `Node::view_while_up_until`); the coordinator does not (its trees are held).
                 let whole = coordinator.is_some().then_some(&target);
-                node.fetch_partition(&id, size, (coordinator, whole), by_arrival, &*gone)
+                let into = Some((&outer, lo));
+                node.fetch_partition(
+                    &id,
+                    (hi - lo, into),
+                    (coordinator, whole),
+                    by_arrival,
+                    &*gone,
+                )
             }) as Box<dyn FnOnce() -> Result<ObjectView> + Send>
         });
         let fetches = self.on_workers(jobs);
-        let result = (|| -> Result<()> {
-            // In order: the copy fills front to back, so readers of a partial copy could
-            // stream it; each part is dropped here once copied.
-            for (p, f) in fetches.iter().enumerate() {
-                let view = Node::joined(f, "an allreduce partition fetch")?;
-                let (lo, hi) = parts[p];
-                if view.len() as u64 != hi - lo {
-                    return Err(Error::InvalidArgument(format!(
-                        "allreduce partition {p} of {target} has {} bytes, expected {}",
-                        view.len(),
-                        hi - lo
-                    )));
-                }
-                copy.append(&view)?;
-                drop(view);
-                self.evict_local(part_id(target, p, n).as_str());
-            }
-            Ok(())
-        })();
+        let mut copy = copy;
+        let result = self.assemble_in_order(target, parts, &fetches, &mut copy);
+        for p in 0..n {
+            self.evict_local(part_id(target, p, n).as_str());
+        }
         if let Err(e) = result {
             copy.fail();
             inner.store.delete(target);
             return Err(e);
         }
         inner.dir.publish(target, size, true)
+    }
+
+    /// [`Node::assemble`]'s partitions, joined in order: the copy fills front to back, so
+    /// readers of a partial copy could stream it. A partition pulled into its place is there
+    /// already; any other is copied in. Should a place be unusable (a pull into it failed and
+    /// may still write there), `copy` is made again in memory of its own, from the
+    /// partitions' views, held until the end for that.
+    fn assemble_in_order(
+        &self,
+        target: &ObjectId,
+        parts: &[(u64, u64)],
+        fetches: &[crossbeam_channel::Receiver<Result<ObjectView>>],
+        copy: &mut crate::store::CopyRef,
+    ) -> Result<()> {
+        let mut views = Vec::with_capacity(parts.len());
+        let mut in_place = true;
+        for (p, f) in fetches.iter().enumerate() {
+            let view = Node::joined(f, "an allreduce partition fetch")?;
+            let (lo, hi) = parts[p];
+            if view.len() as u64 != hi - lo {
+                return Err(Error::InvalidArgument(format!(
+                    "allreduce partition {p} of {target} has {} bytes, expected {}",
+                    view.len(),
+                    hi - lo
+                )));
+            }
+            if in_place {
+                in_place = match &view {
+                    ObjectView::Arena(c) if copy.advance_over(c).is_ok() => {
+                        let placed = &self.inner.placed_parts;
+                        placed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        true
+                    }
+                    _ if !copy.holds_inner(lo, hi) => copy.append(&view).map(|_| true)?,
+                    _ => false,
+                };
+            }
+            views.push(view);
+        }
+        if !in_place {
+            crate::hop::hop!(self.id(), "assemble: a partition's place was lost; copying");
+            let store = &self.inner.store;
+            copy.fail();
+            store.delete(target);
+            let (again, evicted) = store.create(target, copy.size(), true)?;
+            self.inner.dir.withdraw(&evicted);
+            *copy = again;
+            for v in &views {
+                copy.append(v)?;
+            }
+        }
+        Ok(())
     }
 
     /// How a partitionable allreduce of `parts` runs, from how its inputs come (see the
@@ -1017,7 +1064,7 @@ impl Node {
     fn fetch_partition(
         &self,
         id: &ObjectId,
-        size: u64,
+        (size, into): (u64, Option<(&crate::store::CopyRef, u64)>),
         (coordinator, whole): (Option<NodeId>, Option<&ObjectId>),
         by_arrival: bool,
         gone: &dyn Fn() -> Option<Error>,
@@ -1032,7 +1079,7 @@ impl Node {
         crate::hop::hop!(self.id(), "partition hint", hinted = hint.is_some());
         match hint {
             Some(GatherFrom::Node(source)) => {
-                self.get_view_via(id, source, size, HINT_STALL, directory)
+                self.get_view_via(id, source, (size, into), HINT_STALL, directory)
             }
             // Produced here: the task's output, once it has made it. A repair may move the
             // partition elsewhere, or the copy fail: then wherever the directory says.
@@ -1185,6 +1232,59 @@ impl Node {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The assembly of a result from its partitions: a partition pulled into its place is
+    /// taken as it is, the others are copied in; and where a failed pull into a partition's
+    /// place is still referenced (its writer may still write there), the result is made again
+    /// in memory of its own, from the partitions' views.
+    #[test]
+    fn assembly_takes_partitions_in_place_copies_the_rest_or_starts_over() {
+        let cfg = crate::NodeConfig {
+            arena_size: 16 << 20,
+            ..Default::default()
+        };
+        let c = crate::LocalCluster::start(1, cfg, Default::default()).unwrap();
+        let node = c.node(0);
+        let store = node.inner.store.clone();
+        let parts = [(0u64, 100u64), (100, 250), (250, 300)];
+        let bytes: Vec<u8> = (0..300u32).map(|i| (i * 7 + 3) as u8).collect();
+        let ready = |v: ObjectView| {
+            let (tx, rx) = crossbeam_channel::bounded(1);
+            tx.send(Ok(v)).unwrap();
+            rx
+        };
+        for broken in [false, true] {
+            let tag = |s: &str| ObjectId::new(format!("{s}-{broken}"));
+            let target = tag("whole");
+            let (mut copy, _) = store.create(&target, 300, true).unwrap();
+            let first = copy.offset();
+            // Partition 0 pulled into its place; 1 in a copy of its own (a pull into its place
+            // failed first, its writer still holding it, when `broken`); 2 as bytes.
+            let p0 = store.create_within(&copy, &tag("p0"), 0, 100).unwrap();
+            p0.append(&bytes[..100]).unwrap();
+            let writer = broken.then(|| {
+                let w = store.create_within(&copy, &tag("p1"), 100, 150).unwrap();
+                w.append(&bytes[100..110]).unwrap();
+                w.fail();
+                w
+            });
+            let (p1, _) = store.create(&tag("p1"), 150, false).unwrap();
+            p1.append(&bytes[100..250]).unwrap();
+            let fetches = [
+                ready(ObjectView::Arena(p0)),
+                ready(ObjectView::Arena(p1)),
+                ready(ObjectView::Owned(bytes[250..].to_vec())),
+            ];
+            let placed = node.partitions_pulled_in_place();
+            node.assemble_in_order(&target, &parts, &fetches, &mut copy)
+                .unwrap();
+            assert_eq!(node.partitions_pulled_in_place(), placed + 1);
+            assert_eq!(copy.as_slice().unwrap(), &bytes[..], "broken: {broken}");
+            assert!(store.lookup(&target).unwrap().is_same(&copy));
+            assert_eq!(copy.offset() == first, !broken, "made again: {broken}");
+            drop(writer);
+        }
+    }
 
     #[test]
     fn partitions_cover_the_object_in_whole_elements() {

@@ -65,6 +65,9 @@ pub(crate) struct Inner {
     fault: Arc<FaultHook>,
     /// The node's pooled threads, for API calls that need a second one (allreduce).
     workers: Arc<crate::workers::Workers>,
+    /// Allreduce partitions pulled straight into their place in this node's copy of the
+    /// result (no copy afterwards; `Node::assemble`).
+    placed_parts: std::sync::atomic::AtomicU64,
 }
 
 /// A Phalanx node. Cheap to clone; every clone is the same node.
@@ -237,16 +240,17 @@ impl Node {
     /// `size` bytes, before this node: `Transfers::fetch_from`). A pull that fails, or makes
     /// no progress for `stall` (the hint was stale), is given up: its copy fails (so nothing
     /// waits on it) and the directory chooses a source.
-    /// `otherwise` reads it when the hint fails (`Node::get_view`, or a variant).
+    /// `otherwise` reads it when the hint fails (`Node::get_view`, or a variant). With
+    /// `into`, the pull lands within that copy, at that offset (`Transfers::fetch_from`).
     pub(crate) fn get_view_via(
         &self,
         id: &ObjectId,
         source: NodeId,
-        size: u64,
+        (size, into): (u64, Option<(&crate::store::CopyRef, u64)>),
         stall: std::time::Duration,
         otherwise: impl Fn() -> Result<ObjectView>,
     ) -> Result<ObjectView> {
-        let c = match self.inner.transfers.fetch_from(id, source, size) {
+        let c = match self.inner.transfers.fetch_from(id, source, size, into) {
             Ok(Fetched::Owned(v)) => return Ok(ObjectView::Owned(v)),
             Ok(Fetched::Copy(c)) => c,
             Err(_) => return otherwise(),
@@ -429,6 +433,14 @@ impl Node {
     /// Free bytes of the arena.
     pub fn arena_free(&self) -> u64 {
         self.inner.store.free_bytes()
+    }
+
+    /// How many allreduce partitions this node pulled straight into their place in its copy
+    /// of the result, so far (the others were copied in).
+    pub fn partitions_pulled_in_place(&self) -> u64 {
+        self.inner
+            .placed_parts
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Test hook: how many words this node's shard keeps for entries it would own if their

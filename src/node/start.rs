@@ -85,6 +85,7 @@ impl Node {
                 reducer,
                 fault,
                 workers,
+                placed_parts: Default::default(),
             }
         });
         // Messages to ourselves are handled on the sender's thread. Weak: the messaging must

@@ -250,7 +250,7 @@ impl Reducer {
         for (id, &at) in t.children.iter().zip(&t.children_at) {
             inputs.push(match at == self.id {
                 true => None,
-                false => Some(self.transfers.fetch_from(id, at, t.size)?.into()),
+                false => Some(self.transfers.fetch_from(id, at, t.size, None)?.into()),
             });
         }
         inputs

@@ -187,7 +187,7 @@ impl Transfers {
                 } => break (node, size, token, None, Some(data)),
             }
         };
-        let copy = match self.new_copy(id, size) {
+        let copy = match self.new_copy(id, size, None) {
             Ok(Some(c)) => c,
             Ok(None) => {
                 debug!(node = self.id, %id, "a local copy appeared first; waiting for it");
@@ -283,9 +283,23 @@ impl Transfers {
     }
 
     /// A new local copy of `id` to pull into (the copies evicted for it withdrawn), or `None`
-    /// when a concurrent local get or a local producer created one first.
-    fn new_copy(&self, id: &ObjectId, size: u64) -> Result<Option<CopyRef>> {
-        match self.store.create(id, size, false) {
+    /// when a concurrent local get or a local producer created one first. With `into`, the
+    /// copy is made within that copy, at that offset
+    /// ([`crate::store::Store::create_within`]).
+    fn new_copy(
+        &self,
+        id: &ObjectId,
+        size: u64,
+        into: Option<(&CopyRef, u64)>,
+    ) -> Result<Option<CopyRef>> {
+        let made = match into {
+            Some((outer, at)) => self
+                .store
+                .create_within(outer, id, at, size)
+                .map(|c| (c, Vec::new())),
+            None => self.store.create(id, size, false),
+        };
+        match made {
             Ok((copy, evicted)) => {
                 self.dir.withdraw(&evicted);
                 Ok(Some(copy))
@@ -306,12 +320,15 @@ impl Transfers {
     /// or produces it (a reduce task's child), without asking the directory first: the pull
     /// starts at once and the shard is told of it (`DirMsg::Claim`), so the source is
     /// accounted for as if the shard had assigned it. A failed pull falls back to the
-    /// directory like any other. Small objects still come from the directory.
+    /// directory like any other. Small objects still come from the directory. With `into`,
+    /// a new local copy is made within that copy, at that offset (a part pulled into its
+    /// place in a larger object; where that cannot be, a copy of its own).
     pub(crate) fn fetch_from(
         self: &Arc<Self>,
         id: &ObjectId,
         source: NodeId,
         size: u64,
+        into: Option<(&CopyRef, u64)>,
     ) -> Result<Fetched> {
         if source == self.id || size < INLINE_LIMIT {
             return self.fetch(id);
@@ -319,7 +336,14 @@ impl Transfers {
         if let Some(c) = self.store.lookup(id) {
             return Ok(Fetched::Copy(c));
         }
-        let Some(copy) = self.new_copy(id, size)? else {
+        let made = match into {
+            Some(_) => self.new_copy(id, size, into).or_else(|e| match e {
+                Error::InvalidArgument(_) => self.new_copy(id, size, None),
+                e => Err(e),
+            }),
+            None => self.new_copy(id, size, None),
+        };
+        let Some(copy) = made? else {
             return self.wait_for_local(id);
         };
         let token = self.rpc.fresh_token();
