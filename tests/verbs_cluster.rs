@@ -105,6 +105,54 @@ fn verbs_broadcast_and_reduce() {
     }
 }
 
+/// A partitioned allreduce on verbs: every node ends with the sum, and the partitions each
+/// node pulls along their chains land by RDMA straight in their place in its copy of the
+/// result (`Store::create_within`), none copied afterwards.
+#[test]
+fn verbs_partitioned_allreduce_pulls_partitions_into_place() {
+    let Some(c) = cluster(4) else { return };
+    let elems = 2u32 << 20; // 8 MiB of i32: four partitions of 2 MiB
+    let ids: Vec<phalanx::ObjectId> = (0..4)
+        .map(|k| phalanx::ObjectId::new(format!("v-ar-in-{k}")))
+        .collect();
+    for (k, id) in ids.iter().enumerate() {
+        let v: Vec<u8> = (0..elems)
+            .flat_map(|i| ((i % 101) as i32 * (k as i32 + 1)).to_le_bytes())
+            .collect();
+        c.node(k).put(id.clone(), &v).unwrap();
+    }
+    let size = elems as u64 * 4;
+    let results: Vec<Vec<u8>> = std::thread::scope(|s| {
+        let readers: Vec<_> = (1..4)
+            .map(|k| {
+                let n = c.node(k).clone();
+                s.spawn(move || n.allreduce_read("v-ar", size).unwrap().to_vec())
+            })
+            .collect();
+        let (mine, outcome) = c
+            .node(0)
+            .allreduce("v-ar", &ids, ReduceOp::Sum, DType::I32, &Default::default())
+            .unwrap();
+        assert_eq!(outcome.partitions, 4, "partitioned");
+        let mut all = vec![mine];
+        all.extend(readers.into_iter().map(|h| h.join().unwrap()));
+        all
+    });
+    for (k, got) in results.iter().enumerate() {
+        assert_eq!(got.len() as u64, size, "node {k}");
+        for (i, w) in got.chunks_exact(4).enumerate() {
+            let want = (i as u32 % 101) as i32 * (1 + 2 + 3 + 4);
+            assert_eq!(
+                i32::from_le_bytes(w.try_into().unwrap()),
+                want,
+                "node {k}, {i}"
+            );
+        }
+    }
+    let placed: u64 = (0..4).map(|k| c.node(k).partitions_pulled_in_place()).sum();
+    assert!(placed > 0, "no partition was pulled into place");
+}
+
 /// Sixteen nodes whose verbs links (queue pairs) are made on first use: a broadcast and a
 /// reduce over 15 of them are correct, the sixteenth links only its ring neighbours, and each
 /// node's eager memory stays within what its configuration fixes (the shared receive queue,
