@@ -57,6 +57,9 @@ struct CopyState {
     within: Option<u64>,
     /// Copies within this one that still exist.
     inner: u32,
+    /// The end of the bytes the filler has taken to write through [`CopyRef::append`] or
+    /// [`CopyRef::fill_with`] (from the watermark): no copy is made within it there.
+    claimed: u64,
 }
 
 impl CopyState {
@@ -82,6 +85,7 @@ impl CopyState {
             kicks: 0,
             within: None,
             inner: 0,
+            claimed: 0,
         }
     }
 
@@ -228,7 +232,7 @@ impl Store {
             let victim = st
                 .copies
                 .iter()
-                .filter(|(_, c)| c.evictable_when_released() && c.users == 0)
+                .filter(|(_, c)| c.users == 0 && Self::evictable(st, c))
                 .min_by_key(|(_, c)| c.last_use)
                 .map(|(k, _)| *k);
             let Some(k) = victim else {
@@ -336,7 +340,7 @@ impl Store {
                 Ok(off) => break off,
                 Err(e) => {
                     let now = Instant::now();
-                    let busy = st.copies.values().any(|c| c.evictable_when_released());
+                    let busy = st.copies.values().any(|c| Self::evictable(&st, c));
                     if !busy || now >= deadline || size > st.alloc.capacity() {
                         return Err(e);
                     }
@@ -472,10 +476,11 @@ impl Store {
 
     /// Makes an unpinned copy of `id`, `len` bytes, in the range of `outer` that starts `at`
     /// bytes in, for an inbound transfer: it allocates nothing, and holds `outer`'s memory
-    /// while it lives. The range must be above `outer`'s watermark and no other copy's;
-    /// `outer`'s filler then leaves it to this copy's until this one is complete
-    /// ([`CopyRef::advance_over`]). Fails with `AlreadyExists` when the node has a copy of
-    /// `id` already.
+    /// while it lives. `outer` is a pinned copy its own node fills (through
+    /// [`CopyRef::append`] and [`CopyRef::fill_with`], never a pull); the range must be above
+    /// what its filler has written or taken to write, and no other copy's. `outer`'s filler
+    /// then leaves it to this copy's until this one is complete ([`CopyRef::advance_over`]).
+    /// Fails with `AlreadyExists` when the node has a copy of `id` already.
     pub fn create_within(
         self: &Arc<Self>,
         outer: &CopyRef,
@@ -496,7 +501,8 @@ impl Store {
         let fits = at.checked_add(len).is_some_and(|end| end <= o.size);
         if len == 0
             || !fits
-            || at < o.watermark
+            || at < o.watermark.max(o.claimed)
+            || !o.pinned
             || o.status != CopyStatus::Filling
             || o.detached
             || o.within.is_some()
@@ -529,10 +535,21 @@ impl Store {
     /// `outer`).
     fn inner_in(st: &State, outer: u64, from: u64, to: u64) -> impl Iterator<Item = &CopyState> {
         let o = &st.copies[&outer];
-        let (lo, hi, any) = (o.offset + from, o.offset + to, o.inner > 0);
-        st.copies.values().filter(move |c| {
-            any && c.within == Some(outer) && c.offset < hi && lo < c.offset + c.size
-        })
+        let (lo, hi) = (o.offset + from, o.offset + to);
+        // A copy with none within it (nearly all) looks at nothing: a filler's every piece
+        // asks.
+        let look = if o.inner > 0 { usize::MAX } else { 0 };
+        st.copies
+            .values()
+            .take(look)
+            .filter(move |c| c.within == Some(outer) && c.offset < hi && lo < c.offset + c.size)
+    }
+
+    /// Whether copy `c` may go to make room once no one uses it: complete, unpinned and
+    /// named; a copy within another only if that one is detached (else its going frees
+    /// nothing).
+    fn evictable(st: &State, c: &CopyState) -> bool {
+        c.evictable_when_released() && c.within.is_none_or(|o| st.copies[&o].detached)
     }
 
     /// Whether this node had a copy of `id` and dropped it (deleted, evicted or failed) and
@@ -597,7 +614,7 @@ impl CopyRef {
     /// The arena offset and watermark of a filler's next `len` bytes, checked: inside the
     /// copy, and no copy within this one there (those bytes are its filler's).
     fn next_to_fill(&self, len: u64, what: &str) -> Result<(u64, u64)> {
-        let st = self.store.lock();
+        let mut st = self.store.lock();
         let c = &st.copies[&self.key];
         let (off, wm, size) = (c.offset, c.watermark, c.size);
         if wm.checked_add(len).is_none_or(|end| end > size) {
@@ -614,6 +631,9 @@ impl CopyRef {
                 c.id
             )));
         }
+        // Taken: no copy is made within these bytes while they are written.
+        let c = st.copies.get_mut(&self.key).expect("live copy");
+        c.claimed = c.claimed.max(wm + len);
         Ok((off, wm))
     }
 
@@ -709,11 +729,12 @@ impl CopyRef {
         };
         debug_assert!(wm >= from && wm <= size);
         // Soundness: readers of this copy never see bytes a copy within it still writes.
-        assert!(
-            Store::inner_in(&st, self.key, from, wm.min(size))
-                .all(|i| i.status == CopyStatus::Complete),
-            "watermark moved over an unfinished copy within"
-        );
+        let over_unfinished = Store::inner_in(&st, self.key, from, wm.min(size))
+            .any(|i| i.status != CopyStatus::Complete);
+        if over_unfinished {
+            drop(st); // a bug, not a peer's doing: panic without poisoning the store's lock
+            panic!("watermark moved over an unfinished copy within");
+        }
         let c = st.copies.get_mut(&self.key).expect("live copy");
         c.watermark = wm.min(c.size);
         if c.watermark == c.size && c.status == CopyStatus::Filling {
@@ -1222,9 +1243,18 @@ mod tests {
             ),
             "within a part"
         );
+        // Not in bytes the filler is writing, nor in a copy a pull fills.
+        outer
+            .fill_with(5, |_| assert!(bad(10, 5), "taken by the filler"))
+            .unwrap();
+        let (pulled, _) = s.create(&"pulled".into(), 100, false).unwrap();
+        assert!(matches!(
+            s.create_within(&pulled, &"q".into(), 50, 10),
+            Err(Error::InvalidArgument(_))
+        ));
         let writer = a.clone();
         a.fail();
-        outer.append(&[0; 10]).unwrap();
+        outer.append(&[0; 5]).unwrap();
         assert!(
             outer.holds_inner(20, 50),
             "its writer may still write there"
@@ -1235,6 +1265,6 @@ mod tests {
         drop(writer);
         assert!(!outer.holds_inner(20, 50));
         outer.append(&[0; 80]).unwrap();
-        assert!(bad(90, 5), "complete");
+        assert!(bad(95, 5), "complete");
     }
 }

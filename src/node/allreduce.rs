@@ -936,14 +936,16 @@ impl Node {
         let fetches = self.on_workers(jobs);
         let mut copy = copy;
         let result = self.assemble_in_order(target, parts, &fetches, &mut copy);
+        if result.is_err() {
+            // First (its name goes too): no more partitions are made within it (fetches
+            // still running make copies of their own), and those already are dropped below
+            // once complete.
+            copy.fail();
+        }
         for p in 0..n {
             self.evict_local(part_id(target, p, n).as_str());
         }
-        if let Err(e) = result {
-            copy.fail();
-            inner.store.delete(target);
-            return Err(e);
-        }
+        result?;
         inner.dir.publish(target, size, true)
     }
 
@@ -960,7 +962,7 @@ impl Node {
         copy: &mut crate::store::CopyRef,
     ) -> Result<()> {
         let mut views = Vec::with_capacity(parts.len());
-        let mut in_place = true;
+        let (mut in_place, mut placed) = (true, 0);
         for (p, f) in fetches.iter().enumerate() {
             let view = Node::joined(f, "an allreduce partition fetch")?;
             let (lo, hi) = parts[p];
@@ -974,8 +976,7 @@ impl Node {
             if in_place {
                 in_place = match &view {
                     ObjectView::Arena(c) if copy.advance_over(c).is_ok() => {
-                        let placed = &self.inner.placed_parts;
-                        placed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        placed += 1;
                         true
                     }
                     _ if !copy.holds_inner(lo, hi) => copy.append(&view).map(|_| true)?,
@@ -987,15 +988,17 @@ impl Node {
         if !in_place {
             crate::hop::hop!(self.id(), "assemble: a partition's place was lost; copying");
             let store = &self.inner.store;
-            copy.fail();
-            store.delete(target);
+            copy.fail(); // its name too: made again below
             let (again, evicted) = store.create(target, copy.size(), true)?;
             self.inner.dir.withdraw(&evicted);
             *copy = again;
             for v in &views {
                 copy.append(v)?;
             }
+            return Ok(());
         }
+        let counted = &self.inner.placed_parts;
+        counted.fetch_add(placed, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 
@@ -1278,7 +1281,12 @@ mod tests {
             let placed = node.partitions_pulled_in_place();
             node.assemble_in_order(&target, &parts, &fetches, &mut copy)
                 .unwrap();
-            assert_eq!(node.partitions_pulled_in_place(), placed + 1);
+            let counted = node.partitions_pulled_in_place() - placed;
+            assert_eq!(
+                counted,
+                u64::from(!broken),
+                "counted only if kept: {broken}"
+            );
             assert_eq!(copy.as_slice().unwrap(), &bytes[..], "broken: {broken}");
             assert!(store.lookup(&target).unwrap().is_same(&copy));
             assert_eq!(copy.offset() == first, !broken, "made again: {broken}");
