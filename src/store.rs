@@ -354,15 +354,20 @@ impl Store {
                 }
             }
         };
+        let r = self.add(&mut st, CopyState::new(id.clone(), offset, size, pinned));
+        Ok((r, evicted))
+    }
+
+    /// Adds copy `c` under its name and returns the first reference to it.
+    fn add(self: &Arc<Self>, st: &mut State, c: CopyState) -> CopyRef {
         let key = st.next_key;
         st.next_key += 1;
-        st.copies
-            .insert(key, CopyState::new(id.clone(), offset, size, pinned));
-        st.by_id.insert(id.clone(), key);
-        st.dropped.forget(id);
-        let r = self.new_ref(&mut st, key);
+        st.by_id.insert(c.id.clone(), key);
+        st.dropped.forget(&c.id);
+        st.copies.insert(key, c);
+        let r = self.new_ref(st, key);
         self.changed.notify_all();
-        Ok((r, evicted))
+        r
     }
 
     /// A reference to the local copy of `id`, if any (partial copies included).
@@ -519,16 +524,9 @@ impl Store {
         let o = st.copies.get_mut(&outer.key).expect("live copy");
         o.users += 1;
         o.inner += 1;
-        let key = st.next_key;
-        st.next_key += 1;
         let mut c = CopyState::new(id.clone(), offset, len, false);
         c.within = Some(outer.key);
-        st.copies.insert(key, c);
-        st.by_id.insert(id.clone(), key);
-        st.dropped.forget(id);
-        let r = self.new_ref(&mut st, key);
-        self.changed.notify_all();
-        Ok(r)
+        Ok(self.add(&mut st, c))
     }
 
     /// The copies within copy `outer` whose ranges meet `[from, to)` of it (offsets in

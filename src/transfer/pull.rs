@@ -285,19 +285,19 @@ impl Transfers {
     /// A new local copy of `id` to pull into (the copies evicted for it withdrawn), or `None`
     /// when a concurrent local get or a local producer created one first. With `into`, the
     /// copy is made within that copy, at that offset
-    /// ([`crate::store::Store::create_within`]).
+    /// ([`crate::store::Store::create_within`]); where it cannot be, a copy of its own.
     fn new_copy(
         &self,
         id: &ObjectId,
         size: u64,
         into: Option<(&CopyRef, u64)>,
     ) -> Result<Option<CopyRef>> {
-        let made = match into {
-            Some((outer, at)) => self
-                .store
-                .create_within(outer, id, at, size)
-                .map(|c| (c, Vec::new())),
-            None => self.store.create(id, size, false),
+        let within = into.map(|(outer, at)| self.store.create_within(outer, id, at, size));
+        let made = match within {
+            Some(Ok(c)) => Ok((c, Vec::new())),
+            Some(Err(e @ Error::AlreadyExists(_))) => Err(e),
+            // No room there (`InvalidArgument`): a copy of its own.
+            Some(Err(_)) | None => self.store.create(id, size, false),
         };
         match made {
             Ok((copy, evicted)) => {
@@ -336,14 +336,7 @@ impl Transfers {
         if let Some(c) = self.store.lookup(id) {
             return Ok(Fetched::Copy(c));
         }
-        let made = match into {
-            Some(_) => self.new_copy(id, size, into).or_else(|e| match e {
-                Error::InvalidArgument(_) => self.new_copy(id, size, None),
-                e => Err(e),
-            }),
-            None => self.new_copy(id, size, None),
-        };
-        let Some(copy) = made? else {
+        let Some(copy) = self.new_copy(id, size, into)? else {
             return self.wait_for_local(id);
         };
         let token = self.rpc.fresh_token();
