@@ -182,25 +182,27 @@ fn one_after_another(inputs: &[usize]) -> Vec<(usize, Duration)> {
 }
 
 /// With the default configuration an allreduce of 4 MiB is partitioned, whether its inputs
-/// are all there (chains, rotated) or not yet (trees by arrival: the partitions' roots
-/// start as they are placed and take the late inputs as they come), and its readers learn
-/// it from the plan. Configured off, it is one tree.
+/// are all there (chains, rotated), come soon after the start (chains too: they place the
+/// inputs as they come, where one tree was slower), or come one after another (trees by
+/// arrival: the partitions' roots start as they are placed and take the late inputs as
+/// they come); its readers learn it from the plan. Configured off, it is one tree.
 #[test]
 fn the_default_allreduce_partitions_whether_or_not_every_input_is_there() {
     let n = 3;
     let size = PARTITION_MIN;
-    // Inputs `tag/in0..` on nodes 0, 1, 2, `late` of them put 300 ms after the allreduce
-    // starts: the partition count, the result checked on every node.
-    let partitions_of = |c: &LocalCluster, tag: &str, late: usize| -> usize {
+    // Inputs `tag/in0..` on nodes 0, 1, 2, the last `late.len()` of them put `late[j]` ms
+    // after the allreduce starts: the partition count, the result checked on every node.
+    let partitions_of = |c: &LocalCluster, tag: &str, late: &[u64]| -> usize {
+        let first_late = n - late.len();
         let inputs: Vec<Vec<u8>> = (0..n).map(|k| input(k, size, DType::F32)).collect();
-        let (_, mut sources) = put_inputs(c, tag, &[0, 1, 2][..n - late], size, DType::F32);
-        sources.extend((n - late..n).map(|k| ObjectId::new(format!("{tag}/in{k}"))));
+        let (_, mut sources) = put_inputs(c, tag, &[0, 1, 2][..first_late], size, DType::F32);
+        sources.extend((first_late..n).map(|k| ObjectId::new(format!("{tag}/in{k}"))));
         let target = ObjectId::new(format!("{tag}/out"));
         let (all, parts) = std::thread::scope(|s| {
-            for k in n - late..n {
+            for (k, &after) in (first_late..n).zip(late) {
                 let (node, id, bytes) = (c.node(k).clone(), sources[k].clone(), &inputs[k]);
                 s.spawn(move || {
-                    std::thread::sleep(Duration::from_millis(300));
+                    std::thread::sleep(Duration::from_millis(after));
                     node.put(id, bytes).unwrap();
                 });
             }
@@ -220,19 +222,27 @@ fn the_default_allreduce_partitions_whether_or_not_every_input_is_there() {
     };
     let c = LocalCluster::start(n as u32, NodeConfig::default(), tcp()).unwrap();
     assert_eq!(
-        partitions_of(&c, "ard", 0),
+        partitions_of(&c, "ard", &[]),
         3,
         "every input there: partitioned"
     );
     assert_eq!(
-        partitions_of(&c, "arl", 1),
+        partitions_of(&c, "arl", &[300]),
         3,
         "an input not there yet: partitioned by arrival"
     );
     assert_eq!(
-        partitions_of(&c, "arm", 2),
+        partitions_of(&c, "arm", &[300, 300]),
         3,
         "two inputs not there yet: partitioned by arrival"
+    );
+    // One comes within the coordinator's window (on loopback its shortest, 20 ms), one long
+    // after: chains (on a host too loaded to put it that soon, trees by arrival; either
+    // way partitioned, where this case took one tree before).
+    assert_eq!(
+        partitions_of(&c, "ars", &[2, 300]),
+        3,
+        "inputs coming soon after the start: partitioned"
     );
     drop(c);
     let off = NodeConfig {
@@ -240,13 +250,13 @@ fn the_default_allreduce_partitions_whether_or_not_every_input_is_there() {
         ..NodeConfig::default()
     };
     let c = LocalCluster::start(n as u32, off, tcp()).unwrap();
-    assert_eq!(partitions_of(&c, "aro", 0), 1, "partitioning off: one tree");
+    assert_eq!(
+        partitions_of(&c, "aro", &[]),
+        1,
+        "partitioning off: one tree"
+    );
 }
 
-/// Inputs that come one after another, in several orders (the coordinator's first: it sizes
-/// the object), are reduced by trees shaped by their arrival, one per partition; every
-/// node's result equals a serial reference for every op and dtype (the inputs' values make
-/// every order of combination exact).
 #[test]
 fn inputs_that_come_one_after_another_are_reduced_by_arrival_for_every_op_and_dtype() {
     let n = 4;

@@ -21,7 +21,7 @@
 //! against 40-43). `allreduce_partition_min` (config) moves the threshold.
 //!
 //! How the partitions' trees are shaped depends on how the inputs come
-//! ([`Node::partitioned_how`]), watched for the time a partition takes on a link (20 to 100
+//! ([`Node::partitioned_by_arrival`]), watched for the time a partition takes on a link (20 to 100
 //! ms):
 //! - **all there** at once: chains, rotated (above);
 //! - **one after another**, none of the missing ones coming within that window: trees by
@@ -33,8 +33,12 @@
 //!   emulated hosts, 16 MiB with arrivals 50 ms apart: 208-223 ms from the last arrival
 //!   against one tree's 232-235 (Open MPI's best 264-277); at 64 MiB a partition takes 67
 //!   ms on a link, more than the arrivals' interval, and the roots' downlinks could not keep
-//!   up (1238 against one tree's 1092): one tree;
-//! - **faster than that, but not all at once**: one tree, which places them as they come.
+//!   up (1238 against one tree's 1092);
+//! - **faster than that, but not all at once**: chains, rotated, as for inputs all there
+//!   (each chain places the inputs as they come). Measured against one tree on the 8
+//!   emulated hosts (from the last arrival, ms, chains / one tree): 16 MiB 5 ms apart 255 /
+//!   286, 10 ms 252 / 273 (both twice), 20 ms 255 / 263; 64 MiB 25 ms apart 999 / 1109, 50
+//!   ms 1063 / 1080. (Until the twenty-first session this case took one tree.)
 //!
 //! The coordinator announces its choice in a small object `{target}#plan` (the partitions'
 //! bounds) when the object is large enough for the partitioned algorithm; participants that
@@ -85,12 +89,12 @@ const FAILED_MESSAGE_MAX: usize = 1024;
 /// chooses.
 const HINT_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
 
-/// How long the coordinator waits for every input to be there before it settles for a tree
-/// that places them as they come (see [`Node::partitioned_how`]).
+/// How long the coordinator waits for every input to be there before it settles for chains
+/// that place them as they come (see [`Node::partitioned_by_arrival`]).
 const PRESENT_GRACE: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// The longest the coordinator watches how inputs come before it chooses how to partition
-/// (see [`Node::partitioned_how`]).
+/// (see [`Node::partitioned_by_arrival`]).
 const ARRIVAL_WINDOW: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// A partition fetched along its chain that makes no progress for this long is fetched
@@ -398,10 +402,7 @@ impl Node {
             Some(s) if dynamic_only || opts.range.is_some() => vec![(0, s)],
             Some(s) => partitions(s, sources.len(), dtype, min),
         };
-        let (parts, by_arrival) = match parts.len() > 1 {
-            true => self.partitioned_how(sources, parts),
-            false => (parts, false),
-        };
+        let by_arrival = parts.len() > 1 && self.partitioned_by_arrival(sources, &parts);
         // Partitions of inputs of another size would never be complete: refused before
         // anything is announced, for every input there now (a later one is refused by its
         // partitions' reduces).
@@ -1002,32 +1003,23 @@ impl Node {
         Ok(())
     }
 
-    /// How a partitionable allreduce of `parts` runs, from how its inputs come (see the
-    /// module): every input there (partial or complete) within [`PRESENT_GRACE`], or within
+    /// Whether a partitioned allreduce of `parts` shapes its trees by the inputs' arrival,
+    /// from how they come (see the module): every input there (partial or complete) within [`PRESENT_GRACE`], or within
     /// the window below: partitioned, the trees chains (rotated, a ring). None of those
     /// missing at the start come within the window: the inputs come one after another, no
     /// faster than a partition crosses a link, and the partitions' trees are shaped by their
     /// arrival (`Tree::by_arrival`): each root takes the later inputs' slices as they come,
     /// which its downlink keeps up with. Else (they come faster than that, but not all at
-    /// once) one tree, which places them as they come: the roots' downlinks could not take
-    /// the slices of inputs that come close together. The window is the time a partition
-    /// takes on a link (`Transfers::link_bandwidth`), from [`PRESENT_GRACE`] to
-    /// [`ARRIVAL_WINDOW`].
-    fn partitioned_how(
-        &self,
-        sources: &[ObjectId],
-        parts: Vec<(u64, u64)>,
-    ) -> (Vec<(u64, u64)>, bool) {
-        let size = parts.last().map_or(0, |p| p.1);
+    /// once) chains, as for inputs all there: trees by arrival would have the roots'
+    /// downlinks take the slices of inputs that come close together, and one tree is slower
+    /// than the chains (module). The window is the time a partition takes on a link
+    /// (`Transfers::link_bandwidth`), from [`PRESENT_GRACE`] to [`ARRIVAL_WINDOW`].
+    fn partitioned_by_arrival(&self, sources: &[ObjectId], parts: &[(u64, u64)]) -> bool {
         let widest = parts.iter().map(|p| p.1 - p.0).max().unwrap_or(0);
         let crossing = widest as f64 / self.inner.transfers.link_bandwidth().max(1.0);
         let window = std::time::Duration::from_secs_f64(crossing.min(60.0))
             .clamp(PRESENT_GRACE, ARRIVAL_WINDOW);
-        match self.inputs_arriving(sources, PRESENT_GRACE, window) {
-            None => (parts, false),
-            Some(0) => (parts, true),
-            Some(_) => (vec![(0, size)], false),
-        }
+        self.inputs_arriving(sources, PRESENT_GRACE, window) == Some(0)
     }
 
     /// `None` if every input has a copy somewhere (partial or complete) within `grace`, or
