@@ -11,7 +11,7 @@ mod log;
 mod setup;
 
 use inputs::input;
-use phalanx::allreduce::{part_id, partitions, PARTITION_MIN};
+use phalanx::allreduce::{part_id, partitions, plan_id, PARTITION_MIN};
 use phalanx::reduce::{ReduceOptions, ReduceOutcome};
 use phalanx::{DType, FaultAction, FaultPlan, LocalCluster, NodeConfig, ObjectId, ReduceOp};
 use setup::{cfg, named_inputs, put_inputs, reference, tcp, wait_listed};
@@ -521,10 +521,12 @@ fn tree_root_killed_after_done(attempt: usize) -> bool {
     staged
 }
 
-/// A coordinator that holds no input cannot size the object: one tree, and readers that wait
-/// for a plan are told so.
+/// A coordinator that holds no input (a driver) sizes the object from the directory: the
+/// allreduce is partitioned as if it held one, and the coordinator, a reader only, gets the
+/// result too. With no input anywhere yet when it starts, it cannot size it: one tree, which
+/// places the inputs as they come, and readers that wait for a plan are told so.
 #[test]
-fn a_coordinator_without_an_input_runs_one_tree_and_readers_learn_it() {
+fn a_coordinator_without_an_input_sizes_it_from_the_directory_or_runs_one_tree() {
     let c = LocalCluster::start(3, cfg(), tcp()).unwrap();
     let size = PARTITION_MIN;
     let (inputs, sources) = put_inputs(&c, "arn", &[1, 2], size, DType::I32);
@@ -538,7 +540,34 @@ fn a_coordinator_without_an_input_runs_one_tree_and_readers_learn_it() {
         DType::I32,
         &[1, 2],
     );
-    assert_eq!(parts, 1);
+    assert_eq!(parts, 2, "sized from the directory: partitioned");
+    let want = reference(&inputs, ReduceOp::Max, DType::I32);
+    assert!(all.iter().all(|v| *v == want));
+    // Inputs put 300 ms after the start: nothing to size it from.
+    let inputs: Vec<Vec<u8>> = (1..3).map(|k| input(k, size, DType::I32)).collect();
+    let sources: Vec<ObjectId> = (1..3)
+        .map(|k| ObjectId::new(format!("arl/in{k}")))
+        .collect();
+    let target = ObjectId::new("arl/out");
+    let (all, parts) = std::thread::scope(|s| {
+        for (j, k) in (1..3).enumerate() {
+            let (node, id, bytes) = (c.node(k).clone(), sources[j].clone(), &inputs[j]);
+            s.spawn(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                node.put(id, bytes).unwrap();
+            });
+        }
+        run(
+            &c,
+            &target,
+            &sources,
+            size,
+            ReduceOp::Max,
+            DType::I32,
+            &[1, 2],
+        )
+    });
+    assert_eq!(parts, 1, "no input anywhere at the start: one tree");
     let want = reference(&inputs, ReduceOp::Max, DType::I32);
     assert!(all.iter().all(|v| *v == want));
 }
@@ -797,6 +826,54 @@ fn a_late_reader_reads_the_whole_result_when_a_partition_root_died() {
         .allreduce_read(target.clone(), size)
         .expect("late reader");
     assert!(late.to_vec() == want, "the late reader's copy differs");
+}
+
+/// A reader that comes after the coordinator of a partitioned allreduce died, when the
+/// directory's answer for the plan no longer names a copy of it (the plan's bytes are kept,
+/// the dead node's copies dropped), still knows whose death ends the allreduce (the plan
+/// names its coordinator): it is told the result is lost within seconds, not after the op
+/// timeout (60 s here). An input that never comes keeps the partitions from completing (trees
+/// by arrival, whose readers wait for hints made only once the last input is there).
+#[test]
+fn a_reader_that_comes_after_the_coordinator_died_is_told_promptly() {
+    use phalanx::Error;
+    let size = PARTITION_MIN;
+    let lost_after = Duration::from_secs(1);
+    let c = LocalCluster::start(
+        4,
+        NodeConfig {
+            lost_after,
+            ..cfg()
+        },
+        tcp(),
+    )
+    .unwrap();
+    let (_, mut sources) = put_inputs(&c, "cdl", &[0, 1, 2], size, DType::F32);
+    sources.push(ObjectId::new("cdl/in3")); // never put
+    let target = ObjectId::new("cdl/out");
+    let coord = c.node(0).clone();
+    let (t, srcs) = (target.clone(), sources.clone());
+    let coordinator = std::thread::spawn(move || {
+        let kind = (ReduceOp::Sum, DType::F32);
+        coord.allreduce(t, &srcs, kind.0, kind.1, &ReduceOptions::default())
+    });
+    wait_listed(&c, &plan_id(&target));
+    std::thread::sleep(Duration::from_millis(100)); // its partitions' tasks under way
+    c.node(0).kill();
+    let _ = coordinator.join();
+    // Long enough for every node to hold node 0 dead and the directory to drop its copies.
+    std::thread::sleep(lost_after * 3);
+    let asked = Instant::now();
+    let r = c
+        .node(1)
+        .allreduce_read(target.clone(), size)
+        .map(|v| v.len());
+    let took = asked.elapsed();
+    assert!(
+        matches!(r, Err(Error::ObjectLost(_) | Error::CoordinatorFailed(..))),
+        "{r:?}"
+    );
+    assert!(took < Duration::from_secs(15), "told after {took:?}");
 }
 
 /// The coordinator of an allreduce dies while the result streams (one tree, and the

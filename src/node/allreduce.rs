@@ -97,6 +97,10 @@ const PRESENT_GRACE: std::time::Duration = std::time::Duration::from_millis(20);
 /// (see [`Node::partitioned_by_arrival`]).
 const ARRIVAL_WINDOW: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// How many inputs a coordinator that holds none asks the directory for their size (see
+/// [`Node::allreduce_size`]): they all have the same.
+const SIZE_ASKS: usize = 8;
+
 /// A partition fetched along its chain that makes no progress for this long is fetched
 /// through the directory instead (a stale hint: a repair moved the partition).
 const HINT_STALL: std::time::Duration = std::time::Duration::from_secs(2);
@@ -239,21 +243,28 @@ fn decode_failed(b: &[u8]) -> Result<Option<String>> {
 /// once the last input is there, and the readers wait for them.
 const BY_ARRIVAL: u64 = 1 << 32;
 
-/// A plan: the partitions (none: one tree), and whether their trees are trees by arrival.
-fn encode_plan(parts: &[(u64, u64)], by_arrival: bool) -> Vec<u8> {
-    let mut b = Vec::with_capacity(8 + 16 * parts.len());
+/// A plan: the partitions (none: one tree), whether their trees are trees by arrival, and
+/// its coordinator, last (readers whose answer for the plan names no copy of it, its
+/// coordinator having died, still know whose death ends the allreduce).
+fn encode_plan(parts: &[(u64, u64)], by_arrival: bool, coordinator: NodeId) -> Vec<u8> {
+    let mut b = Vec::with_capacity(16 + 16 * parts.len());
     let flags = if by_arrival { BY_ARRIVAL } else { 0 };
     b.extend_from_slice(&(parts.len() as u64 | flags).to_le_bytes());
     for (lo, hi) in parts {
         b.extend_from_slice(&lo.to_le_bytes());
         b.extend_from_slice(&hi.to_le_bytes());
     }
+    b.extend_from_slice(&u64::from(coordinator).to_le_bytes());
     b
 }
 
-/// The partitions a plan names, checked (contiguous, from 0 to `size`), and whether their
-/// trees are trees by arrival.
-fn decode_plan(b: &[u8], size: u64) -> Result<(Vec<(u64, u64)>, bool)> {
+/// What a plan says ([`encode_plan`]): the partitions, whether their trees are trees by
+/// arrival, and the coordinator.
+type Plan = (Vec<(u64, u64)>, bool, NodeId);
+
+/// The partitions a plan names, checked (contiguous, from 0 to `size`), whether their trees
+/// are trees by arrival, and its coordinator.
+fn decode_plan(b: &[u8], size: u64) -> Result<Plan> {
     let bad = || Error::InvalidArgument(format!("malformed allreduce plan ({} bytes)", b.len()));
     let word = |i: usize| -> Result<u64> {
         let s = b.get(i * 8..i * 8 + 8).ok_or_else(bad)?;
@@ -265,11 +276,12 @@ fn decode_plan(b: &[u8], size: u64) -> Result<(Vec<(u64, u64)>, bool)> {
         return Err(bad());
     }
     let n = (first & u64::from(u32::MAX)) as usize;
-    if n > MAX_PARTITIONS || b.len() != 8 + 16 * n {
+    if n > MAX_PARTITIONS || b.len() != 16 + 16 * n {
         return Err(bad());
     }
+    let coordinator = NodeId::try_from(word(1 + 2 * n)?).map_err(|_| bad())?;
     if n == 0 {
-        return Ok((vec![(0, size)], false)); // one tree
+        return Ok((vec![(0, size)], false, coordinator)); // one tree
     }
     let parts: Vec<(u64, u64)> = (0..n)
         .map(|k| Ok((word(1 + 2 * k)?, word(2 + 2 * k)?)))
@@ -286,7 +298,7 @@ fn decode_plan(b: &[u8], size: u64) -> Result<(Vec<(u64, u64)>, bool)> {
             "the allreduce plan covers {at} bytes, the object has {size}"
         )));
     }
-    Ok((parts, by_arrival))
+    Ok((parts, by_arrival, coordinator))
 }
 
 impl Node {
@@ -322,7 +334,7 @@ impl Node {
     ) -> Result<(ObjectView, ReduceOutcome)> {
         let target = target.into();
         crate::reduce::distinct(sources)?;
-        let size = self.input_size(sources);
+        let size = self.allreduce_size(sources);
         self.promised(&target.clone(), size, |_| {
             let r = self.allreduce_unpromised(target.clone(), sources, size, op, dtype, opts);
             self.tell_failure(&target, &r);
@@ -373,7 +385,7 @@ impl Node {
                 self.same_size(sources, s)?;
                 tracing::debug!(node = self.id(), %target, "allreduce by one tree");
                 crate::hop::hop!(self.id(), "allreduce by one tree");
-                self.put(plan_id(&target), &encode_plan(&[], false))?;
+                self.put(plan_id(&target), &encode_plan(&[], false, self.id()))?;
                 return self.allreduce_tree(
                     target,
                     sources,
@@ -417,7 +429,7 @@ impl Node {
             } else {
                 Vec::new()
             };
-            self.put(plan_id(&target), &encode_plan(&plan, by_arrival))?;
+            self.put(plan_id(&target), &encode_plan(&plan, by_arrival, self.id()))?;
         }
         if parts.len() <= 1 {
             return self.allreduce_tree(target, sources, sources.len(), (op, dtype), opts, &|| {});
@@ -452,7 +464,7 @@ impl Node {
         self.promised(&target.clone(), size, |made| {
             // Readers of an object this size wait for the plan: one tree.
             let r = match self.readers_wait_for_plan(size) {
-                true => self.put(plan_id(&target), &encode_plan(&[], false)),
+                true => self.put(plan_id(&target), &encode_plan(&[], false, self.id())),
                 false => Ok(()),
             };
             let r = r.and_then(|()| {
@@ -475,6 +487,34 @@ impl Node {
         sources
             .iter()
             .find_map(|s| self.inner.store.lookup(s).map(|c| c.size()))
+    }
+
+    /// The inputs' size for an allreduce coordinated here: from one held here, else from the
+    /// directory, for a coordinator that holds none of them (a driver): the first of up to
+    /// [`SIZE_ASKS`] inputs, asked at once, to have a copy somewhere within
+    /// [`PRESENT_GRACE`]. `None` if none of those is anywhere yet: the allreduce is then one
+    /// tree, which places the inputs as they come (it was one tree whenever the coordinator
+    /// held no input until the twenty-first session).
+    fn allreduce_size(&self, sources: &[ObjectId]) -> Option<u64> {
+        if let Some(s) = self.input_size(sources) {
+            return Some(s);
+        }
+        let (tx, answers) = crossbeam_channel::bounded(SIZE_ASKS);
+        let asked = sources
+            .iter()
+            .take(SIZE_ASKS)
+            .filter(|s| self.inner.dir.subscribe_into(s, tx.clone()).is_ok())
+            .count();
+        drop(tx);
+        let deadline = std::time::Instant::now() + PRESENT_GRACE;
+        for _ in 0..asked {
+            match answers.recv_deadline(deadline) {
+                Ok(Ok(Some(info))) if !info.locations.is_empty() => return Some(info.size),
+                Ok(_) => continue, // deleted meanwhile, or refused: the next answer
+                Err(_) => return None,
+            }
+        }
+        None
     }
 
     /// `InvalidArgument` if an input the directory lists has another size than `size`.
@@ -572,8 +612,11 @@ impl Node {
             // have gone out), so this read stops when the coordinator does.
             return self.view_while_up(&target, Some(coordinator));
         }
-        let (parts, by_arrival) = decode_plan(&plan, size)?;
+        let (parts, by_arrival, named) = decode_plan(&plan, size)?;
         drop(plan);
+        // The node that put the plan, as the directory says; else (it died, and the answer
+        // names no copy of the plan) the one the plan names.
+        let coordinator = coordinator.or(Some(named));
         if parts.len() == 1 {
             // One tree: its target is the coordinator's promise, and its tasks withdraw
             // their outputs if it dies (the target is then lost to this read).
@@ -1317,27 +1360,34 @@ mod tests {
     fn plans_round_trip_and_garbage_is_refused() {
         let p = partitions(32 << 20, 5, DType::F64, PARTITION_MIN);
         for late in [false, true] {
-            let plan = encode_plan(&p, late);
-            assert_eq!(decode_plan(&plan, 32 << 20).unwrap(), (p.clone(), late));
+            let plan = encode_plan(&p, late, 3);
+            assert_eq!(decode_plan(&plan, 32 << 20).unwrap(), (p.clone(), late, 3));
             assert!(decode_plan(&plan, 16 << 20).is_err());
         }
         assert!(decode_plan(&[1, 2, 3], 8).is_err());
-        assert!(decode_plan(&encode_plan(&[(0, 4), (8, 16)], false), 16).is_err());
-        let one = (vec![(0, 77)], false);
-        assert_eq!(decode_plan(&encode_plan(&[], false), 77).unwrap(), one);
-        let mut b = encode_plan(&p, false);
+        assert!(decode_plan(&encode_plan(&[(0, 4), (8, 16)], false, 0), 16).is_err());
+        let one = (vec![(0, 77)], false, 9);
+        assert_eq!(decode_plan(&encode_plan(&[], false, 9), 77).unwrap(), one);
+        let mut b = encode_plan(&p, false, 1);
         b[0] = 200;
         assert!(decode_plan(&b, 32 << 20).is_err());
         // A flag no plan has: refused.
         b[0] = p.len() as u8;
         b[5] = 1;
         assert!(decode_plan(&b, 32 << 20).is_err());
+        // No coordinator (a plan cut short), or one no node id can be: refused.
+        let b = encode_plan(&p, false, 1);
+        assert!(decode_plan(&b[..b.len() - 8], 32 << 20).is_err());
+        let mut b = b;
+        let at = b.len() - 8;
+        b[at..].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(decode_plan(&b, 32 << 20).is_err());
         // Too many partitions: refused even when well formed.
         let many: Vec<(u64, u64)> = (0..=MAX_PARTITIONS as u64)
             .map(|k| (k * 8, k * 8 + 8))
             .collect();
         let size = many.last().unwrap().1;
-        assert!(decode_plan(&encode_plan(&many, false), size).is_err());
+        assert!(decode_plan(&encode_plan(&many, false, 0), size).is_err());
         assert_eq!(
             partitions(64 << 20, 1000, DType::F32, 1).len(),
             MAX_PARTITIONS
@@ -1352,7 +1402,10 @@ mod tests {
             Some("reduce input x has 4 bytes, others 8")
         );
         // Not a failure: the other plans.
-        assert_eq!(decode_failed(&encode_plan(&[(0, 8)], false)).unwrap(), None);
+        assert_eq!(
+            decode_failed(&encode_plan(&[(0, 8)], false, 0)).unwrap(),
+            None
+        );
         // Cut to its bound, on a character boundary.
         let long = "é".repeat(FAILED_MESSAGE_MAX);
         let got = decode_failed(&encode_failed(&long)).unwrap().unwrap();
