@@ -94,6 +94,10 @@ struct BenchArgs {
     /// (`allreduce_first`); default: all of them.
     #[arg(long)]
     first: Option<u32>,
+    /// Reduce and allreduce: rank 0 coordinates them holding no input of its own (a driver,
+    /// as in a task system); the inputs are those of ranks 1 to n - 1.
+    #[arg(long)]
+    driver: bool,
     #[arg(long)]
     config: Option<PathBuf>,
     /// This process's rank; else PHALANX_RANK, else SLURM_PROCID.
@@ -305,6 +309,14 @@ fn bench_cmd(a: BenchArgs) -> Result<()> {
     if a.iters == 0 {
         bail!("--iters must be at least 1");
     }
+    let many_to_one = [
+        bench::Collective::Reduce,
+        bench::Collective::Allreduce,
+        bench::Collective::Gather,
+    ];
+    if a.driver && !a.collective.iter().all(|c| many_to_one.contains(c)) {
+        bail!("--driver applies to reduce, allreduce and gather only");
+    }
     let specs: Vec<BenchSpec> = a
         .collective
         .iter()
@@ -317,6 +329,7 @@ fn bench_cmd(a: BenchArgs) -> Result<()> {
             warmup: a.warmup,
             arrival_interval_ms: a.arrival_interval_ms,
             first: a.first,
+            driver: a.driver,
             degree: a.degree,
             placement: a.placement,
             trace: a.trace,

@@ -631,7 +631,7 @@ impl Node {
             let (node, target) = (self.clone(), target.clone());
             move || node.failed_at_coordinator(&target)
         });
-        match self.assemble(&target, (&parts, by_arrival), coordinator, gone) {
+        match self.assemble(&target, (&parts, by_arrival), coordinator, gone, true) {
             Ok(()) => self.get_view(target),
             // A partition gone while the whole is complete elsewhere: read it whole.
             Err(Error::ObjectLost(_)) if self.complete_elsewhere(&target) => self.get_view(target),
@@ -904,7 +904,11 @@ impl Node {
                     .then(|| Error::CoordinatorFailed(target.clone(), "a partition failed".into()))
             }
         });
-        let assembled = self.assemble(&target, (parts, by_arrival), None, gone);
+        // A coordinator that holds no input (a driver) is no node of any partition's tree:
+        // chains hint it a source all the same (`Run::gather_hints`), trees by arrival do
+        // not, and it asks the directory at once.
+        let hinted = !by_arrival || sources.iter().any(|s| self.inner.store.lookup(s).is_some());
+        let assembled = self.assemble(&target, (parts, by_arrival), None, gone, hinted);
         drop(hold);
         let mut outcomes = Vec::with_capacity(n);
         for h in handles {
@@ -934,13 +938,15 @@ impl Node {
     /// pulled from the node its coordinator names straight into its place in the copy
     /// (`Store::create_within`: no copy afterwards), any other copied in as it completes;
     /// drops the local partition copies, and announces the target complete. Nothing to do if
-    /// the copy is here already.
+    /// the copy is here already. `hinted`: this node may be told where to fetch each
+    /// partition (`Run::gather_hints`; else the directory says at once).
     fn assemble(
         &self,
         target: &ObjectId,
         (parts, by_arrival): (&[(u64, u64)], bool),
         coordinator: Option<NodeId>,
         gone: Gone,
+        hinted: bool,
     ) -> Result<()> {
         let inner = &self.inner;
         if inner
@@ -972,7 +978,7 @@ impl Node {
                     &id,
                     (hi - lo, into),
                     (coordinator, whole),
-                    by_arrival,
+                    (hinted, by_arrival),
                     &*gone,
                 )
             }) as Box<dyn FnOnce() -> Result<ObjectView> + Send>
@@ -1098,21 +1104,23 @@ impl Node {
 
     /// One partition for [`Node::assemble`]: from the node its coordinator names (along the
     /// partition's chain, as a ring's allgather: `Run::gather_hints`), else from wherever
-    /// the directory says ([`Node::view_while_up`]).
+    /// the directory says ([`Node::view_while_up`]); from there at once when no hint would
+    /// come (`hinted` false).
     fn fetch_partition(
         &self,
         id: &ObjectId,
         (size, into): (u64, Option<(&crate::store::CopyRef, u64)>),
         (coordinator, whole): (Option<NodeId>, Option<&ObjectId>),
-        by_arrival: bool,
+        (hinted, by_arrival): (bool, bool),
         gone: &dyn Fn() -> Option<Error>,
     ) -> Result<ObjectView> {
         // One op timeout in all, the wait for a hint included.
         let deadline = std::time::Instant::now() + self.inner.cfg.op_timeout;
         let directory = || self.view_while_up_until(id, (coordinator, whole), deadline, gone);
-        let hint = match by_arrival {
-            true => self.late_hint(id, coordinator, deadline, gone),
-            false => self.inner.reducer.gather_hint(id, HINT_WAIT),
+        let hint = match (hinted, by_arrival) {
+            (false, _) => None,
+            (true, true) => self.late_hint(id, coordinator, deadline, gone),
+            (true, false) => self.inner.reducer.gather_hint(id, HINT_WAIT),
         };
         crate::hop::hop!(self.id(), "partition hint", hinted = hint.is_some());
         match hint {

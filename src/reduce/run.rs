@@ -566,6 +566,16 @@ impl Run {
             };
             hints.push((node, from));
         }
+        // The coordinator's node, when it holds no place in the tree (a driver), reads the
+        // partition too: from the root, which has it first and sends it once in the chain
+        // (every node but the root and its child twice: up the chain, then on in the ring).
+        // Not after trees by arrival: it asks the directory.
+        if let (Some(home), false) = (self.scratch.1, tree.by_arrival) {
+            let root = hints.first().map(|h| h.0);
+            if let Some(root) = root.filter(|_| !hints.iter().any(|(m, _)| *m == home)) {
+                hints.push((home, GatherFrom::Node(root)));
+            }
+        }
         hints
     }
 
@@ -837,6 +847,31 @@ mod tests {
                     );
                 }
             }
+        }
+
+        // A coordinator whose node holds no place (a driver) is told to read the partition
+        // from the root; one that holds a place gets its place's hint only; after trees by
+        // arrival the driver gets none (the directory chooses).
+        let sources: Vec<ObjectId> = (0..3).map(|i| ObjectId::new(format!("h{i}"))).collect();
+        for (home, by_arrival) in [(9, false), (51, false), (9, true)] {
+            let opts = ReduceOptions {
+                by_arrival,
+                ..part(0)
+            };
+            let mut run = Run::new(ObjectId::new("p"), &sources, 3, kind, &opts, LINK);
+            run.scratch = (1, Some(home));
+            for i in 0..3 {
+                assert!(run.arrived(i, &complete_on(50 + i as NodeId)).unwrap());
+            }
+            let hints = run.gather_hints();
+            let root = run.slots[0].unwrap().1;
+            let mine: Vec<_> = hints.iter().filter(|h| h.0 == home).collect();
+            match (home, by_arrival) {
+                (9, false) => assert_eq!(mine, [&(9, GatherFrom::Node(root))], "{hints:?}"),
+                (9, true) => assert!(mine.is_empty(), "{hints:?}"),
+                _ => assert_eq!(mine.len(), 1, "{hints:?}"),
+            }
+            assert_eq!(hints.len(), if home == 9 && !by_arrival { 4 } else { 3 });
         }
 
         // After a repair no hints: the directory chooses.

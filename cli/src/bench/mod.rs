@@ -86,6 +86,8 @@ pub struct BenchSpec {
     pub arrival_interval_ms: u64,
     /// Reduce and allreduce: the first this many inputs to be ready (None: all).
     pub first: Option<u32>,
+    /// Reduce and allreduce: rank 0 holds no input (a driver); ranks 1.. hold them.
+    pub driver: bool,
     pub degree: Degree,
     pub placement: Placement,
     /// Record and print the hops of the last iteration of every size.
@@ -112,6 +114,9 @@ pub struct BenchRecord {
     /// Reduce and allreduce of the first this many inputs to be ready.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first: Option<u32>,
+    /// Rank 0 coordinated holding no input (`--driver`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub driver: bool,
     pub placement: Placement,
     /// Reduce: the degree used (of the median run).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -178,7 +183,8 @@ impl BenchRecord {
             self.transport,
             self.nodes,
             self.first
-                .map_or(String::new(), |k| format!(", the first {k} inputs")),
+                .map_or(String::new(), |k| format!(", the first {k} inputs"))
+                + if self.driver { ", rank 0 a driver" } else { "" },
             self.arrival_interval_ms
                 .map_or(String::new(), |x| format!(", arrival interval {x} ms")),
             "size (B)",
@@ -289,6 +295,7 @@ pub fn run_rank(
                 throughput_gbit_s: size as f64 * 8.0 / med / 1e9,
                 arrival_interval_ms: asynchronous.then_some(spec.arrival_interval_ms),
                 first: spec.first,
+                driver: spec.driver,
                 placement: spec.placement,
                 degree,
                 partitions,

@@ -164,21 +164,29 @@ impl<'a> Round<'a> {
     }
 
     /// Reduce, allreduce and gather: rank k puts its input k·interval after the start; rank 0
-    /// combines them (and, for allreduce, every rank reads the result).
+    /// combines them (and, for allreduce, every rank reads the result). With `--driver` rank
+    /// 0 holds no input: ranks 1.. do.
     fn many_to_one(&self, it: usize) -> Result<Option<Measure>> {
         let node = self.node;
         let spec = self.spec;
         let n = node.num_nodes();
         let interval = Duration::from_millis(spec.arrival_interval_ms);
+        // The ranks that hold an input: `first_rank..n`.
+        let first_rank = u32::from(spec.driver);
+        let holders = n - first_rank;
+        if holders == 0 {
+            bail!("--driver needs a second rank to hold an input");
+        }
         // Reduce and allreduce of the first `num` inputs to be ready.
-        let num = spec.first.map_or(n, |k| k.clamp(1, n));
-        let inputs: Vec<ObjectId> = (0..n).map(|k| self.name(it, "in", k)).collect();
+        let num = spec.first.map_or(holders, |k| k.clamp(1, holders));
+        let inputs: Vec<ObjectId> = (first_rank..n).map(|k| self.name(it, "in", k)).collect();
+        let own = || inputs[(node.id() - first_rank) as usize].clone();
         let target = self.name(it, "out", 0);
         // Rank k's input is ready k intervals after the start.
         let arrive = || std::thread::sleep(interval * node.id());
         let put_input = || -> Result<u64> {
             arrive();
-            node.put(inputs[node.id() as usize].clone(), &self.payload)?;
+            node.put(own(), &self.payload)?;
             bench_hop(node.id(), "bench: put returned");
             Ok(now_ns())
         };
@@ -187,12 +195,11 @@ impl<'a> Round<'a> {
             let done = if spec.collective == Collective::Allreduce {
                 // A participant hands in its input and reads the result in one call.
                 arrive();
-                let own = inputs[node.id() as usize].clone();
-                let v = node.allreduce_join(target, own, &self.payload)?;
+                let v = node.allreduce_join(target, own(), &self.payload)?;
                 let done = now_ns();
                 // Of a subset, only rank 0 knows which inputs were used: it checks.
-                if num == n {
-                    check_sum(&v, &(0..n).collect::<Vec<_>>(), self.size)?;
+                if num == holders {
+                    check_sum(&v, &(first_rank..n).collect::<Vec<_>>(), self.size)?;
                 }
                 done
             } else {
@@ -202,8 +209,12 @@ impl<'a> Round<'a> {
             return Ok(None);
         }
         // Rank 0's input is due at the start (0 intervals late): it puts it, then combines,
-        // so the coordinator knows the object's size as it chooses the algorithm.
-        let put_done = put_input()?;
+        // so the coordinator knows the object's size as it chooses the algorithm. A driver
+        // has none: it learns the size from the directory.
+        let put_done = match spec.driver {
+            true => now_ns(),
+            false => put_input()?,
+        };
         let (done, (degree, partitions), result, used) =
             self.combine_at_root(&inputs, &target, num)?;
         let done = done.max(put_done);
@@ -220,11 +231,12 @@ impl<'a> Round<'a> {
             node.delete(id.clone())?;
         }
         if spec.collective == Collective::Allreduce {
-            node.delete_allreduce(target, self.size, n as usize, DType::F32)?;
+            node.delete_allreduce(target, self.size, inputs.len(), DType::F32)?;
         } else if spec.collective != Collective::Gather && spec.algo == Algo::Phalanx {
             node.delete(target)?;
         }
-        let last_ready_at = (interval * (num - 1)).as_secs_f64();
+        // The num-th input to be ready is rank first_rank + num - 1's.
+        let last_ready_at = (interval * (first_rank + num - 1)).as_secs_f64();
         Ok(Some(Measure {
             total,
             after_last_ready: Some((total - last_ready_at).max(0.0)),
@@ -245,12 +257,14 @@ impl<'a> Round<'a> {
         let node = self.node;
         let spec = self.spec;
         let n = node.num_nodes();
+        // Input k is rank first_rank + k's (`--driver`: rank 0 holds none).
+        let first_rank = u32::from(spec.driver);
         match (spec.collective, spec.algo) {
             (Collective::Gather, Algo::Phalanx) => {
                 let got = node.gather(inputs)?;
                 let done = now_ns();
                 for (k, v) in got.iter().enumerate() {
-                    if *v != input_of(k as u32, self.size) {
+                    if *v != input_of(first_rank + k as u32, self.size) {
                         bail!("gathered input {k} differs");
                     }
                 }
@@ -269,7 +283,7 @@ impl<'a> Round<'a> {
                         Some(_) => {}
                     }
                 }
-                let all = (0..n).collect();
+                let all = (first_rank..n).collect();
                 Ok((now_ns(), (None, None), acc.map(ObjectView::Owned), all))
             }
             (Collective::Allreduce, Algo::Star) => {
@@ -288,7 +302,7 @@ impl<'a> Round<'a> {
                 let ranks = |used: &[ObjectId]| -> Vec<u32> {
                     used.iter()
                         .filter_map(|id| inputs.iter().position(|i| i == id))
-                        .map(|k| k as u32)
+                        .map(|k| first_rank + k as u32)
                         .collect()
                 };
                 if spec.collective == Collective::Allreduce {

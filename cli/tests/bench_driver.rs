@@ -1,0 +1,61 @@
+//! `phalanx bench --driver`: rank 0 coordinates a reduce or an allreduce holding no input of
+//! its own (a driver, as in a task system). The allreduce is sized from the directory and
+//! partitioned like one whose coordinator holds an input, every rank's result is checked
+//! against the inputs of ranks 1.., and the flag is refused where it means nothing.
+
+use std::process::Command;
+
+fn phalanx() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_phalanx"));
+    c.env("RUST_LOG", "error");
+    c
+}
+
+/// The JSON record of `collective` in a bench's standard output.
+fn record<'a>(stdout: &'a str, collective: &str) -> &'a str {
+    let tag = format!("\"collective\":\"{collective}\"");
+    stdout
+        .lines()
+        .find(|l| l.starts_with('{') && l.contains(&tag))
+        .unwrap_or_else(|| panic!("no {collective} record in:\n{stdout}"))
+}
+
+#[test]
+fn a_drivers_allreduce_is_partitioned_and_its_reduce_checked() {
+    let out = phalanx()
+        .args(["bench", "allreduce,reduce", "--local", "3", "--driver"])
+        .args(["--size", "4M", "--iters", "2", "--warmup", "0", "--json"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let allreduce = record(&stdout, "allreduce");
+    assert!(allreduce.contains("\"driver\":true"), "{allreduce}");
+    // Two inputs (ranks 1 and 2), one partition each: sized from the directory.
+    assert!(allreduce.contains("\"partitions\":2"), "{allreduce}");
+    let reduce = record(&stdout, "reduce");
+    assert!(reduce.contains("\"driver\":true"), "{reduce}");
+}
+
+#[test]
+fn the_driver_flag_is_refused_where_it_means_nothing() {
+    let out = phalanx()
+        .args([
+            "bench",
+            "broadcast",
+            "--local",
+            "2",
+            "--driver",
+            "--size",
+            "1K",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--driver"), "{stderr}");
+}
