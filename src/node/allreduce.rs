@@ -21,7 +21,7 @@
 //! against 40-43). `allreduce_partition_min` (config) moves the threshold.
 //!
 //! How the partitions' trees are shaped depends on how the inputs come
-//! ([`Node::partitioned_by_arrival`]), watched for the time a partition takes on a link (20 to 100
+//! ([`Node::partitioned_how`]), watched for the time a partition takes on a link (20 to 100
 //! ms):
 //! - **all there** at once: chains, rotated (above);
 //! - **one after another**, none of the missing ones coming within that window: trees by
@@ -38,7 +38,10 @@
 //!   (each chain places the inputs as they come). Measured against one tree on the 8
 //!   emulated hosts (from the last arrival, ms, chains / one tree): 16 MiB 5 ms apart 255 /
 //!   286, 10 ms 252 / 273 (both twice), 20 ms 255 / 263; 64 MiB 25 ms apart 999 / 1109, 50
-//!   ms 1063 / 1080. (Until the twenty-first session this case took one tree.)
+//!   ms 1063 / 1080. (Until the twenty-first session this case took one tree.) Their
+//!   allgather hints come once the last input is placed, and the readers wait for them
+//!   (the plan says so) rather than ask the directory after 200 ms: 64 MiB 50 ms apart 995,
+//!   1001 against 1063, 1067.
 //!
 //! The coordinator announces its choice in a small object `{target}#plan` (the partitions'
 //! bounds) when the object is large enough for the partitioned algorithm; participants that
@@ -90,11 +93,11 @@ const FAILED_MESSAGE_MAX: usize = 1024;
 const HINT_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// How long the coordinator waits for every input to be there before it settles for chains
-/// that place them as they come (see [`Node::partitioned_by_arrival`]).
+/// that place them as they come (see [`Node::partitioned_how`]).
 const PRESENT_GRACE: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// The longest the coordinator watches how inputs come before it chooses how to partition
-/// (see [`Node::partitioned_by_arrival`]).
+/// (see [`Node::partitioned_how`]).
 const ARRIVAL_WINDOW: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// How many inputs a coordinator that holds none asks the directory for their size (see
@@ -238,17 +241,17 @@ fn decode_failed(b: &[u8]) -> Result<Option<String>> {
     Ok(Some(String::from_utf8_lossy(&b[16..]).into_owned()))
 }
 
-/// The flag of a plan's first word that says the partitions' trees are trees by arrival
-/// (`Tree::by_arrival`: the inputs come one after another): their allgather hints come only
-/// once the last input is there, and the readers wait for them.
-const BY_ARRIVAL: u64 = 1 << 32;
+/// The flag of a plan's first word that says the partitions' allgather hints come only once
+/// the last input is there (the inputs were still coming as the allreduce began: trees by
+/// arrival, or chains placed as the inputs come), and the readers wait for them.
+const LATE_HINTS: u64 = 1 << 32;
 
-/// A plan: the partitions (none: one tree), whether their trees are trees by arrival, and
-/// its coordinator, last (readers whose answer for the plan names no copy of it, its
-/// coordinator having died, still know whose death ends the allreduce).
-fn encode_plan(parts: &[(u64, u64)], by_arrival: bool, coordinator: NodeId) -> Vec<u8> {
+/// A plan: the partitions (none: one tree), whether their allgather hints come late, and its
+/// coordinator, last (readers whose answer for the plan names no copy of it, its coordinator
+/// having died, still know whose death ends the allreduce).
+fn encode_plan(parts: &[(u64, u64)], late_hints: bool, coordinator: NodeId) -> Vec<u8> {
     let mut b = Vec::with_capacity(16 + 16 * parts.len());
-    let flags = if by_arrival { BY_ARRIVAL } else { 0 };
+    let flags = if late_hints { LATE_HINTS } else { 0 };
     b.extend_from_slice(&(parts.len() as u64 | flags).to_le_bytes());
     for (lo, hi) in parts {
         b.extend_from_slice(&lo.to_le_bytes());
@@ -258,12 +261,12 @@ fn encode_plan(parts: &[(u64, u64)], by_arrival: bool, coordinator: NodeId) -> V
     b
 }
 
-/// What a plan says ([`encode_plan`]): the partitions, whether their trees are trees by
-/// arrival, and the coordinator.
+/// What a plan says ([`encode_plan`]): the partitions, whether their allgather hints come
+/// late, and the coordinator.
 type Plan = (Vec<(u64, u64)>, bool, NodeId);
 
-/// The partitions a plan names, checked (contiguous, from 0 to `size`), whether their trees
-/// are trees by arrival, and its coordinator.
+/// The partitions a plan names, checked (contiguous, from 0 to `size`), whether their
+/// allgather hints come late, and its coordinator.
 fn decode_plan(b: &[u8], size: u64) -> Result<Plan> {
     let bad = || Error::InvalidArgument(format!("malformed allreduce plan ({} bytes)", b.len()));
     let word = |i: usize| -> Result<u64> {
@@ -271,8 +274,8 @@ fn decode_plan(b: &[u8], size: u64) -> Result<Plan> {
         Ok(u64::from_le_bytes(s.try_into().expect("8 bytes")))
     };
     let first = word(0)?;
-    let by_arrival = first & BY_ARRIVAL != 0;
-    if first & !(BY_ARRIVAL | u64::from(u32::MAX)) != 0 {
+    let late_hints = first & LATE_HINTS != 0;
+    if first & !(LATE_HINTS | u64::from(u32::MAX)) != 0 {
         return Err(bad());
     }
     let n = (first & u64::from(u32::MAX)) as usize;
@@ -298,7 +301,7 @@ fn decode_plan(b: &[u8], size: u64) -> Result<Plan> {
             "the allreduce plan covers {at} bytes, the object has {size}"
         )));
     }
-    Ok((parts, by_arrival, coordinator))
+    Ok((parts, late_hints, coordinator))
 }
 
 impl Node {
@@ -414,7 +417,10 @@ impl Node {
             Some(s) if dynamic_only || opts.range.is_some() => vec![(0, s)],
             Some(s) => partitions(s, sources.len(), dtype, min),
         };
-        let by_arrival = parts.len() > 1 && self.partitioned_by_arrival(sources, &parts);
+        let (by_arrival, late_hints) = match parts.len() > 1 {
+            true => self.partitioned_how(sources, &parts),
+            false => (false, false),
+        };
         // Partitions of inputs of another size would never be complete: refused before
         // anything is announced, for every input there now (a later one is refused by its
         // partitions' reduces).
@@ -429,12 +435,13 @@ impl Node {
             } else {
                 Vec::new()
             };
-            self.put(plan_id(&target), &encode_plan(&plan, by_arrival, self.id()))?;
+            self.put(plan_id(&target), &encode_plan(&plan, late_hints, self.id()))?;
         }
         if parts.len() <= 1 {
             return self.allreduce_tree(target, sources, sources.len(), (op, dtype), opts, &|| {});
         }
-        self.allreduce_partitioned(target, sources, (op, dtype), opts, (&parts, by_arrival))
+        let how = (&parts[..], by_arrival, late_hints);
+        self.allreduce_partitioned(target, sources, (op, dtype), opts, how)
     }
 
     /// Allreduce of the first `num` of `sources` to be ready (in arrival order, as
@@ -612,7 +619,7 @@ impl Node {
             // have gone out), so this read stops when the coordinator does.
             return self.view_while_up(&target, Some(coordinator));
         }
-        let (parts, by_arrival, named) = decode_plan(&plan, size)?;
+        let (parts, late_hints, named) = decode_plan(&plan, size)?;
         drop(plan);
         // The node that put the plan, as the directory says; else (it died, and the answer
         // names no copy of the plan) the one the plan names.
@@ -631,7 +638,7 @@ impl Node {
             let (node, target) = (self.clone(), target.clone());
             move || node.failed_at_coordinator(&target)
         });
-        match self.assemble(&target, (&parts, by_arrival), coordinator, gone, true) {
+        match self.assemble(&target, (&parts, late_hints), coordinator, gone, true) {
             Ok(()) => self.get_view(target),
             // A partition gone while the whole is complete elsewhere: read it whole.
             Err(Error::ObjectLost(_)) if self.complete_elsewhere(&target) => self.get_view(target),
@@ -851,7 +858,7 @@ impl Node {
         sources: &[ObjectId],
         (op, dtype): (ReduceOp, DType),
         opts: &ReduceOptions,
-        (parts, by_arrival): (&[(u64, u64)], bool),
+        (parts, by_arrival, late_hints): (&[(u64, u64)], bool, bool),
     ) -> Result<(ObjectView, ReduceOutcome)> {
         let n = parts.len();
         // Every partition's tree is repaired until this node has assembled its copy: a root
@@ -908,7 +915,7 @@ impl Node {
         // chains hint it a source all the same (`Run::gather_hints`), trees by arrival do
         // not, and it asks the directory at once.
         let hinted = !by_arrival || sources.iter().any(|s| self.inner.store.lookup(s).is_some());
-        let assembled = self.assemble(&target, (parts, by_arrival), None, gone, hinted);
+        let assembled = self.assemble(&target, (parts, late_hints), None, gone, hinted);
         drop(hold);
         let mut outcomes = Vec::with_capacity(n);
         for h in handles {
@@ -943,7 +950,7 @@ impl Node {
     fn assemble(
         &self,
         target: &ObjectId,
-        (parts, by_arrival): (&[(u64, u64)], bool),
+        (parts, late_hints): (&[(u64, u64)], bool),
         coordinator: Option<NodeId>,
         gone: Gone,
         hinted: bool,
@@ -978,7 +985,7 @@ impl Node {
                     &id,
                     (hi - lo, into),
                     (coordinator, whole),
-                    (hinted, by_arrival),
+                    (hinted, late_hints),
                     &*gone,
                 )
             }) as Box<dyn FnOnce() -> Result<ObjectView> + Send>
@@ -1052,23 +1059,30 @@ impl Node {
         Ok(())
     }
 
-    /// Whether a partitioned allreduce of `parts` shapes its trees by the inputs' arrival,
-    /// from how they come (see the module): every input there (partial or complete) within [`PRESENT_GRACE`], or within
-    /// the window below: partitioned, the trees chains (rotated, a ring). None of those
-    /// missing at the start come within the window: the inputs come one after another, no
-    /// faster than a partition crosses a link, and the partitions' trees are shaped by their
-    /// arrival (`Tree::by_arrival`): each root takes the later inputs' slices as they come,
-    /// which its downlink keeps up with. Else (they come faster than that, but not all at
-    /// once) chains, as for inputs all there: trees by arrival would have the roots'
-    /// downlinks take the slices of inputs that come close together, and one tree is slower
-    /// than the chains (module). The window is the time a partition takes on a link
-    /// (`Transfers::link_bandwidth`), from [`PRESENT_GRACE`] to [`ARRIVAL_WINDOW`].
-    fn partitioned_by_arrival(&self, sources: &[ObjectId], parts: &[(u64, u64)]) -> bool {
+    /// How a partitioned allreduce of `parts` runs, from how its inputs come (see the
+    /// module): whether its trees are shaped by the inputs' arrival, and whether its
+    /// allgather hints come late (only once the last input is there). Every input there
+    /// (partial or complete) within [`PRESENT_GRACE`], or within the window below: chains
+    /// (rotated, a ring), their hints at once. None of those missing at the start come
+    /// within the window: the inputs come one after another, no faster than a partition
+    /// crosses a link, and the partitions' trees are shaped by their arrival
+    /// (`Tree::by_arrival`): each root takes the later inputs' slices as they come, which
+    /// its downlink keeps up with. Else (they come faster than that, but not all at once)
+    /// chains, as for inputs all there, whose hints come once the last is placed: trees by
+    /// arrival would have the roots' downlinks take the slices of inputs that come close
+    /// together, and one tree is slower than the chains (module). The window is the time a
+    /// partition takes on a link (`Transfers::link_bandwidth`), from [`PRESENT_GRACE`] to
+    /// [`ARRIVAL_WINDOW`].
+    fn partitioned_how(&self, sources: &[ObjectId], parts: &[(u64, u64)]) -> (bool, bool) {
         let widest = parts.iter().map(|p| p.1 - p.0).max().unwrap_or(0);
         let crossing = widest as f64 / self.inner.transfers.link_bandwidth().max(1.0);
         let window = std::time::Duration::from_secs_f64(crossing.min(60.0))
             .clamp(PRESENT_GRACE, ARRIVAL_WINDOW);
-        self.inputs_arriving(sources, PRESENT_GRACE, window) == Some(0)
+        match self.inputs_arriving(sources, PRESENT_GRACE, window) {
+            None => (false, false),
+            Some(0) => (true, true),
+            Some(_) => (false, true),
+        }
     }
 
     /// `None` if every input has a copy somewhere (partial or complete) within `grace`, or
@@ -1111,13 +1125,13 @@ impl Node {
         id: &ObjectId,
         (size, into): (u64, Option<(&crate::store::CopyRef, u64)>),
         (coordinator, whole): (Option<NodeId>, Option<&ObjectId>),
-        (hinted, by_arrival): (bool, bool),
+        (hinted, late_hints): (bool, bool),
         gone: &dyn Fn() -> Option<Error>,
     ) -> Result<ObjectView> {
         // One op timeout in all, the wait for a hint included.
         let deadline = std::time::Instant::now() + self.inner.cfg.op_timeout;
         let directory = || self.view_while_up_until(id, (coordinator, whole), deadline, gone);
-        let hint = match (hinted, by_arrival) {
+        let hint = match (hinted, late_hints) {
             (false, _) => None,
             (true, true) => self.late_hint(id, coordinator, deadline, gone),
             (true, false) => self.inner.reducer.gather_hint(id, HINT_WAIT),
@@ -1143,11 +1157,12 @@ impl Node {
         }
     }
 
-    /// The allgather hint for partition `id` of a plan by arrival: its tree is placed, and the
-    /// hint sent, only once the last input is there, which may be any time. So this waits for
-    /// it for as long as it can still come: until `deadline`, the allreduce's
-    /// `coordinator` is down, or a copy of the partition is complete somewhere (its tree was
-    /// repaired before it was placed, and no hint is made: checked every [`PLAN_STALL`]), or
+    /// The allgather hint for partition `id` of a plan whose hints come late (its inputs were
+    /// still coming as it began): its tree is placed, and the hint sent, only once the last
+    /// input is there, which may be any time. So this waits for it for as long as it can
+    /// still come: until `deadline`, the allreduce's `coordinator` is down, or a copy of the
+    /// partition is complete somewhere (its tree was repaired before it was placed, and no
+    /// hint is made; or this node holds no place in it: checked every [`PLAN_STALL`]), or
     /// `gone` says the allreduce failed. `None`: the directory is to say where to read it
     /// (or why not).
     fn late_hint(
