@@ -257,6 +257,10 @@ fn the_default_allreduce_partitions_whether_or_not_every_input_is_there() {
     );
 }
 
+/// Inputs that come one after another, in several orders (the coordinator's first: it sizes
+/// the object), are reduced by trees shaped by their arrival, one per partition; every
+/// node's result equals a serial reference for every op and dtype (the inputs' values make
+/// every order of combination exact).
 #[test]
 fn inputs_that_come_one_after_another_are_reduced_by_arrival_for_every_op_and_dtype() {
     let n = 4;
@@ -523,10 +527,10 @@ fn tree_root_killed_after_done(attempt: usize) -> bool {
 
 /// A coordinator that holds no input (a driver) sizes the object from the directory: the
 /// allreduce is partitioned as if it held one, and the coordinator, a reader only, gets the
-/// result too. With no input anywhere yet when it starts, it cannot size it: one tree, which
-/// places the inputs as they come, and readers that wait for a plan are told so.
+/// result too; with no input anywhere yet when it starts, once the first comes. With none
+/// ever, it fails within the op timeout, and so do its readers.
 #[test]
-fn a_coordinator_without_an_input_sizes_it_from_the_directory_or_runs_one_tree() {
+fn a_coordinator_without_an_input_sizes_it_from_the_directory() {
     let c = LocalCluster::start(3, cfg(), tcp()).unwrap();
     let size = PARTITION_MIN;
     let (inputs, sources) = put_inputs(&c, "arn", &[1, 2], size, DType::I32);
@@ -567,9 +571,43 @@ fn a_coordinator_without_an_input_sizes_it_from_the_directory_or_runs_one_tree()
             &[1, 2],
         )
     });
-    assert_eq!(parts, 1, "no input anywhere at the start: one tree");
+    assert_eq!(parts, 2, "sized once the first input came: partitioned");
     let want = reference(&inputs, ReduceOp::Max, DType::I32);
     assert!(all.iter().all(|v| *v == want));
+    drop(c);
+    // No input ever: the coordinator gives up after its op timeout, and tells its readers.
+    let op_timeout = Duration::from_secs(2);
+    let c = LocalCluster::start(
+        3,
+        NodeConfig {
+            op_timeout,
+            ..cfg()
+        },
+        tcp(),
+    )
+    .unwrap();
+    let sources: Vec<ObjectId> = (1..3)
+        .map(|k| ObjectId::new(format!("arz/in{k}")))
+        .collect();
+    let target = ObjectId::new("arz/out");
+    let began = Instant::now();
+    let (r, read) = std::thread::scope(|s| {
+        let (n, t) = (c.node(1).clone(), target.clone());
+        let reader = s.spawn(move || n.allreduce_read(t, size).map(|v| v.len()));
+        let kind = (ReduceOp::Max, DType::I32);
+        let opts = ReduceOptions::default();
+        let r = c
+            .node(0)
+            .allreduce(target.clone(), &sources, kind.0, kind.1, &opts);
+        (r.map(|v| v.0.len()), reader.join().unwrap())
+    });
+    assert!(matches!(r, Err(phalanx::Error::Timeout(..))), "{r:?}");
+    assert!(read.is_err(), "the reader: {read:?}");
+    assert!(
+        began.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        began.elapsed()
+    );
 }
 
 #[test]

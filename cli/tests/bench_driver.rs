@@ -21,9 +21,15 @@ fn record<'a>(stdout: &'a str, collective: &str) -> &'a str {
 }
 
 #[test]
-fn a_drivers_allreduce_is_partitioned_and_its_reduce_checked() {
+fn a_drivers_allreduce_is_partitioned_and_its_reduce_and_gather_checked() {
     let out = phalanx()
-        .args(["bench", "allreduce,reduce", "--local", "3", "--driver"])
+        .args([
+            "bench",
+            "allreduce,reduce,gather",
+            "--local",
+            "3",
+            "--driver",
+        ])
         .args(["--size", "4M", "--iters", "2", "--warmup", "0", "--json"])
         .output()
         .unwrap();
@@ -37,8 +43,12 @@ fn a_drivers_allreduce_is_partitioned_and_its_reduce_checked() {
     assert!(allreduce.contains("\"driver\":true"), "{allreduce}");
     // Two inputs (ranks 1 and 2), one partition each: sized from the directory.
     assert!(allreduce.contains("\"partitions\":2"), "{allreduce}");
-    let reduce = record(&stdout, "reduce");
-    assert!(reduce.contains("\"driver\":true"), "{reduce}");
+    // Every rank's result, and the gathered inputs, checked by the bench itself (it fails
+    // otherwise); the records say who held the inputs.
+    for collective in ["reduce", "gather"] {
+        let r = record(&stdout, collective);
+        assert!(r.contains("\"driver\":true"), "{r}");
+    }
 }
 
 #[test]

@@ -44,7 +44,8 @@
 //!   1001 against 1063, 1067.
 //!
 //! The coordinator announces its choice in a small object `{target}#plan` (the partitions'
-//! bounds) when the object is large enough for the partitioned algorithm; participants that
+//! bounds, whether their allgather hints come late, and the coordinator's node) when the
+//! object is large enough for the partitioned algorithm; participants that
 //! know the size ([`Node::allreduce_read`]) wait for it only then, so a small allreduce costs
 //! no extra lookup.
 
@@ -101,8 +102,8 @@ const PRESENT_GRACE: std::time::Duration = std::time::Duration::from_millis(20);
 const ARRIVAL_WINDOW: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// How many inputs a coordinator that holds none asks the directory for their size (see
-/// [`Node::allreduce_size`]): they all have the same.
-const SIZE_ASKS: usize = 8;
+/// [`Node::remote_size`]): they all have the same, and the first there answers.
+const SIZE_ASKS: usize = 64;
 
 /// A partition fetched along its chain that makes no progress for this long is fetched
 /// through the directory instead (a stale hint: a repair moved the partition).
@@ -337,9 +338,17 @@ impl Node {
     ) -> Result<(ObjectView, ReduceOutcome)> {
         let target = target.into();
         crate::reduce::distinct(sources)?;
-        let size = self.allreduce_size(sources);
-        self.promised(&target.clone(), size, |_| {
-            let r = self.allreduce_unpromised(target.clone(), sources, size, op, dtype, opts);
+        let here = self.input_size(sources);
+        self.promised(&target.clone(), here, |_| {
+            // A coordinator that holds no input (a driver) learns the size from the
+            // directory, under its promise (made at once: its inputs are elsewhere).
+            let r = match here {
+                Some(s) => Ok(Some(s)),
+                None => self.remote_size(&target, sources),
+            };
+            let r = r.and_then(|size| {
+                self.allreduce_unpromised(target.clone(), sources, size, op, dtype, opts)
+            });
             self.tell_failure(&target, &r);
             r
         })
@@ -411,8 +420,9 @@ impl Node {
             return self.allreduce_halving(plan, opts);
         }
         let parts = match size {
-            // Options a partition cannot honour, or the size unknown here (no input on this
-            // node): one tree; participants that wait for a plan learn that too.
+            // Options a partition cannot honour, or the size unknown (no input here, and the
+            // directory's answers said the inputs asked are gone): one tree; participants
+            // that wait for a plan learn that too.
             None => Vec::new(),
             Some(s) if dynamic_only || opts.range.is_some() => vec![(0, s)],
             Some(s) => partitions(s, sources.len(), dtype, min),
@@ -496,16 +506,14 @@ impl Node {
             .find_map(|s| self.inner.store.lookup(s).map(|c| c.size()))
     }
 
-    /// The inputs' size for an allreduce coordinated here: from one held here, else from the
-    /// directory, for a coordinator that holds none of them (a driver): the first of up to
-    /// [`SIZE_ASKS`] inputs, asked at once, to have a copy somewhere within
-    /// [`PRESENT_GRACE`]. `None` if none of those is anywhere yet: the allreduce is then one
-    /// tree, which places the inputs as they come (it was one tree whenever the coordinator
-    /// held no input until the twenty-first session).
-    fn allreduce_size(&self, sources: &[ObjectId]) -> Option<u64> {
-        if let Some(s) = self.input_size(sources) {
-            return Some(s);
-        }
+    /// The inputs' size for an allreduce coordinated by a node that holds none of them (a
+    /// driver), from the directory: the first of up to [`SIZE_ASKS`] inputs, asked at once,
+    /// to have a copy somewhere. Waited for up to the op timeout: an allreduce of one tree
+    /// could place nothing before an input exists, and one of all its inputs cannot end
+    /// without them (`Error::Timeout` if none comes). `None` if none could be asked, or every
+    /// answer said the input is gone. Until the twenty-first session such a coordinator could
+    /// not size the object and always ran one tree.
+    fn remote_size(&self, target: &ObjectId, sources: &[ObjectId]) -> Result<Option<u64>> {
         let (tx, answers) = crossbeam_channel::bounded(SIZE_ASKS);
         let asked = sources
             .iter()
@@ -513,15 +521,18 @@ impl Node {
             .filter(|s| self.inner.dir.subscribe_into(s, tx.clone()).is_ok())
             .count();
         drop(tx);
-        let deadline = std::time::Instant::now() + PRESENT_GRACE;
+        let deadline = std::time::Instant::now() + self.inner.cfg.op_timeout;
         for _ in 0..asked {
             match answers.recv_deadline(deadline) {
-                Ok(Ok(Some(info))) if !info.locations.is_empty() => return Some(info.size),
+                Ok(Ok(Some(info))) if !info.locations.is_empty() => return Ok(Some(info.size)),
                 Ok(_) => continue, // deleted meanwhile, or refused: the next answer
-                Err(_) => return None,
+                Err(_) => {
+                    let what = format!("an input of allreduce {target} to size it");
+                    return Err(Error::Timeout(self.inner.cfg.op_timeout, what));
+                }
             }
         }
-        None
+        Ok(None)
     }
 
     /// `InvalidArgument` if an input the directory lists has another size than `size`.

@@ -157,6 +157,10 @@ impl Node {
         size: u64,
     ) -> Result<Option<Vec<(NodeId, ObjectId)>>> {
         let me = self.id();
+        // The coordinator is a rank: one that holds no input (a driver) coordinates no run.
+        if !sources.iter().any(|s| self.inner.store.lookup(s).is_some()) {
+            return Ok(None);
+        }
         let deadline = std::time::Instant::now() + self.halving_grace();
         // Asked all at once; each answered as soon as its object has a location.
         let mut asks = Vec::with_capacity(sources.len());

@@ -546,9 +546,11 @@ impl Run {
             // node waits for a hint that a chain alone would give.
             let root = self.slots[0].expect("placed").1;
             let mut hints = vec![(root, GatherFrom::Here)];
-            for (_, node) in self.slots.iter().flatten() {
-                if !hints.iter().any(|(m, _)| m == node) {
-                    hints.push((*node, GatherFrom::Node(root)));
+            // The coordinator's node too when it holds no place (a driver: see below).
+            let home = self.scratch.1;
+            for node in self.slots.iter().flatten().map(|s| s.1).chain(home) {
+                if !hints.iter().any(|(m, _)| *m == node) {
+                    hints.push((node, GatherFrom::Node(root)));
                 }
             }
             return hints;
@@ -873,6 +875,20 @@ mod tests {
             }
             assert_eq!(hints.len(), if home == 9 && !by_arrival { 4 } else { 3 });
         }
+        // Not a chain (a degree asked for): every node, the driver's too, from the root.
+        let opts = ReduceOptions {
+            degree: Some(2),
+            ..part(0)
+        };
+        let mut run = Run::new(ObjectId::new("p"), &sources, 3, kind, &opts, LINK);
+        run.scratch = (1, Some(9));
+        for i in 0..3 {
+            assert!(run.arrived(i, &complete_on(60 + i as NodeId)).unwrap());
+        }
+        let hints = run.gather_hints();
+        let root = run.slots[0].unwrap().1;
+        assert!(hints.contains(&(9, GatherFrom::Node(root))), "{hints:?}");
+        assert_eq!(hints.len(), 4, "{hints:?}");
 
         // After a repair no hints: the directory chooses.
         let sources: Vec<ObjectId> = (0..3).map(|i| ObjectId::new(format!("d{i}"))).collect();
