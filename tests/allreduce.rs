@@ -533,47 +533,37 @@ fn tree_root_killed_after_done(attempt: usize) -> bool {
 fn a_coordinator_without_an_input_sizes_it_from_the_directory() {
     let c = LocalCluster::start(3, cfg(), tcp()).unwrap();
     let size = PARTITION_MIN;
-    let (inputs, sources) = put_inputs(&c, "arn", &[1, 2], size, DType::I32);
-    let target = ObjectId::new("arn/out");
-    let (all, parts) = run(
-        &c,
-        &target,
-        &sources,
-        size,
-        ReduceOp::Max,
-        DType::I32,
-        &[1, 2],
-    );
-    assert_eq!(parts, 2, "sized from the directory: partitioned");
-    let want = reference(&inputs, ReduceOp::Max, DType::I32);
-    assert!(all.iter().all(|v| *v == want));
-    // Inputs put 300 ms after the start: nothing to size it from.
-    let inputs: Vec<Vec<u8>> = (1..3).map(|k| input(k, size, DType::I32)).collect();
-    let sources: Vec<ObjectId> = (1..3)
-        .map(|k| ObjectId::new(format!("arl/in{k}")))
-        .collect();
-    let target = ObjectId::new("arl/out");
-    let (all, parts) = std::thread::scope(|s| {
-        for (j, k) in (1..3).enumerate() {
-            let (node, id, bytes) = (c.node(k).clone(), sources[j].clone(), &inputs[j]);
-            s.spawn(move || {
-                std::thread::sleep(Duration::from_millis(300));
-                node.put(id, bytes).unwrap();
-            });
-        }
-        run(
-            &c,
-            &target,
-            &sources,
-            size,
-            ReduceOp::Max,
-            DType::I32,
-            &[1, 2],
-        )
-    });
-    assert_eq!(parts, 2, "sized once the first input came: partitioned");
-    let want = reference(&inputs, ReduceOp::Max, DType::I32);
-    assert!(all.iter().all(|v| *v == want));
+    // Node 0 coordinates; the inputs are on nodes 1 and 2, put `after` the start (`None`:
+    // before it). The partition count, every node's result checked.
+    let partitions_of = |tag: &str, after: Option<Duration>| -> usize {
+        let inputs: Vec<Vec<u8>> = (1..3).map(|k| input(k, size, DType::I32)).collect();
+        let sources: Vec<ObjectId> = (1..3)
+            .map(|k| ObjectId::new(format!("{tag}/in{k}")))
+            .collect();
+        let target = ObjectId::new(format!("{tag}/out"));
+        let (all, parts) = std::thread::scope(|s| {
+            for (j, k) in (1..3).enumerate() {
+                let (node, id, bytes) = (c.node(k).clone(), sources[j].clone(), &inputs[j]);
+                match after {
+                    None => node.put(id, bytes).unwrap(),
+                    Some(after) => {
+                        s.spawn(move || {
+                            std::thread::sleep(after);
+                            node.put(id, bytes).unwrap();
+                        });
+                    }
+                }
+            }
+            let kind = (ReduceOp::Max, DType::I32);
+            run(&c, &target, &sources, size, kind.0, kind.1, &[1, 2])
+        });
+        let want = reference(&inputs, ReduceOp::Max, DType::I32);
+        assert!(all.iter().all(|v| *v == want), "{tag}: a result differs");
+        parts
+    };
+    assert_eq!(partitions_of("arn", None), 2, "sized from the directory");
+    let later = Some(Duration::from_millis(300));
+    assert_eq!(partitions_of("arl", later), 2, "sized once the first came");
     drop(c);
     // No input ever: the coordinator gives up after its op timeout, and tells its readers.
     let op_timeout = Duration::from_secs(2);

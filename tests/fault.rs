@@ -410,10 +410,26 @@ fn replaces_a_dead_input(elems: usize, after_bytes: u64, prefix: &str) {
 
 /// The root of a reduce dies while a reader streams the target from it: the coordinator
 /// resets the target (its bytes included the dead input) and recomputes it with the spare;
-/// the reader, whose partial copy was dropped, ends with exactly the new result.
+/// the reader, whose partial copy was dropped, ends with exactly the new result. On a loaded
+/// host the root may finish before it has served the reader the bytes that trigger its
+/// death (seen once in CI): the reduce is then over when the root dies, the target's only
+/// copy goes with it, and the reader is rightly told it is lost. That attempt staged
+/// something else: again, on a fresh cluster, up to three times.
 #[test]
 fn a_reader_of_a_reduce_target_gets_the_recomputed_result_when_the_root_dies() {
-    use phalanx::{DType, ReduceOp, ReduceOptions};
+    for attempt in 0..3 {
+        if root_dies_while_serving_a_reader() {
+            return;
+        }
+        println!("attempt {attempt}: the root finished before it died; again");
+    }
+    panic!("the root finished before it died in three attempts");
+}
+
+/// One attempt of the test above: whether the root died before it finished (checked either
+/// way).
+fn root_dies_while_serving_a_reader() -> bool {
+    use phalanx::{DType, Error, ReduceOp, ReduceOptions};
     let c = LocalCluster::start(6, cfg(), tcp()).unwrap();
     let elems = 2 << 20; // 16 MiB of i64
     let victim: NodeId = 4;
@@ -456,12 +472,22 @@ fn a_reader_of_a_reduce_target_gets_the_recomputed_result_when_the_root_dies() {
         // The spare becomes ready only once the root has died serving the reader.
         wait_for_fault(c.node(victim as usize));
         c.node(5).put(ids[4].clone(), &data[4]).unwrap();
-        (h.wait().unwrap(), r.join().unwrap().unwrap())
+        (h.wait().unwrap(), r.join().unwrap())
     });
     assert!(
         c.node(victim as usize).fault_fired(),
         "the root never served the reader"
     );
+    if outcome.recomputed.is_empty() {
+        // The root had finished: the reduce was over, and its only copy died with it.
+        assert!(
+            matches!(read, Err(Error::ObjectLost(_))),
+            "{:?}",
+            read.err()
+        );
+        return false;
+    }
+    let read = read.unwrap();
     assert!(outcome.recomputed.contains(&0), "{:?}", outcome.recomputed);
     let mut used = outcome.used.clone();
     used.sort();
@@ -479,6 +505,7 @@ fn a_reader_of_a_reduce_target_gets_the_recomputed_result_when_the_root_dies() {
         "the reader's bytes are not the recomputed result"
     );
     assert!(c.node(2).get(target.as_str()).unwrap() == expect);
+    true
 }
 
 /// A composed reduce (the parameter server's `model' = model + gradients`) whose upstream
