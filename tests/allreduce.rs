@@ -567,15 +567,11 @@ fn a_coordinator_without_an_input_sizes_it_from_the_directory() {
     drop(c);
     // No input ever: the coordinator gives up after its op timeout, and tells its readers.
     let op_timeout = Duration::from_secs(2);
-    let c = LocalCluster::start(
-        3,
-        NodeConfig {
-            op_timeout,
-            ..cfg()
-        },
-        tcp(),
-    )
-    .unwrap();
+    let config = NodeConfig {
+        op_timeout,
+        ..cfg()
+    };
+    let c = LocalCluster::start(3, config, tcp()).unwrap();
     let sources: Vec<ObjectId> = (1..3)
         .map(|k| ObjectId::new(format!("arz/in{k}")))
         .collect();
@@ -867,15 +863,11 @@ fn a_reader_that_comes_after_the_coordinator_died_is_told_promptly() {
     use phalanx::Error;
     let size = PARTITION_MIN;
     let lost_after = Duration::from_secs(1);
-    let c = LocalCluster::start(
-        4,
-        NodeConfig {
-            lost_after,
-            ..cfg()
-        },
-        tcp(),
-    )
-    .unwrap();
+    let config = NodeConfig {
+        lost_after,
+        ..cfg()
+    };
+    let c = LocalCluster::start(4, config, tcp()).unwrap();
     let (_, mut sources) = put_inputs(&c, "cdl", &[0, 1, 2], size, DType::F32);
     sources.push(ObjectId::new("cdl/in3")); // never put
     let target = ObjectId::new("cdl/out");

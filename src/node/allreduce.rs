@@ -118,9 +118,8 @@ const PLAN_STALL: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// What a reader of an allreduce waits for ([`Node::wait_for_plan`]).
 enum PlanWait {
-    /// The plan's bytes, and the node that announced it (the coordinator) when the answer
-    /// said.
-    Plan(ObjectView, Option<NodeId>),
+    /// The plan's bytes (every plan names its coordinator).
+    Plan(ObjectView),
     /// A halving-doubling run into the target committed here: this node's copy.
     Committed(crate::store::CopyRef),
     /// No plan, but the result is complete somewhere: read it.
@@ -598,8 +597,8 @@ impl Node {
         if !self.reads_plan(size) {
             return self.view_while_up(&target, None);
         }
-        let (plan, coordinator) = match self.wait_for_plan(&target, self.halving_size(size))? {
-            PlanWait::Plan(plan, coordinator) => (plan, coordinator),
+        let plan = match self.wait_for_plan(&target, self.halving_size(size))? {
+            PlanWait::Plan(plan) => plan,
             // A run into the target committed here: this node's copy is the result.
             PlanWait::Committed(copy) => return Ok(ObjectView::Arena(copy)),
             PlanWait::Readable => return self.get_view(target),
@@ -630,11 +629,8 @@ impl Node {
             // have gone out), so this read stops when the coordinator does.
             return self.view_while_up(&target, Some(coordinator));
         }
-        let (parts, late_hints, named) = decode_plan(&plan, size)?;
+        let (parts, late_hints, coordinator) = decode_plan(&plan, size)?;
         drop(plan);
-        // The node that put the plan, as the directory says; else (it died, and the answer
-        // names no copy of the plan) the one the plan names.
-        let coordinator = coordinator.or(Some(named));
         if parts.len() == 1 {
             // One tree: its target is the coordinator's promise, and its tasks withdraw
             // their outputs if it dies (the target is then lost to this read).
@@ -649,7 +645,7 @@ impl Node {
             let (node, target) = (self.clone(), target.clone());
             move || node.failed_at_coordinator(&target)
         });
-        match self.assemble(&target, (&parts, late_hints), coordinator, gone, true) {
+        match self.assemble(&target, (&parts, late_hints), Some(coordinator), gone, true) {
             Ok(()) => self.get_view(target),
             // A partition gone while the whole is complete elsewhere: read it whole.
             Err(Error::ObjectLost(_)) if self.complete_elsewhere(&target) => self.get_view(target),
@@ -731,7 +727,7 @@ impl Node {
         });
         let plan = plan_id(target);
         if self.inner.dir.subscribe_then(&plan, on_reply).is_err() {
-            return self.get_view(plan).map(|v| PlanWait::Plan(v, None));
+            return self.get_view(plan).map(PlanWait::Plan);
         }
         let start = std::time::Instant::now();
         let deadline = start + self.inner.cfg.op_timeout;
@@ -783,14 +779,12 @@ impl Node {
             }
             debug_assert_eq!(op.index(), on_answer);
             return match op.recv(&answers) {
-                Ok(Ok(crate::protocol::Reply::InfoInline(info, data))) => {
-                    // An inline object is listed on the node that put it: the coordinator.
-                    let by = info.locations.first().map(|l| l.node);
-                    Ok(PlanWait::Plan(ObjectView::Owned(data), by))
+                Ok(Ok(crate::protocol::Reply::InfoInline(_, data))) => {
+                    Ok(PlanWait::Plan(ObjectView::Owned(data)))
                 }
                 // Anything else (the plan deleted first, a shard that died, an odd answer):
                 // the plain way.
-                _ => self.get_view(plan).map(|v| PlanWait::Plan(v, None)),
+                _ => self.get_view(plan).map(PlanWait::Plan),
             };
         }
     }

@@ -540,41 +540,38 @@ impl Run {
             return Vec::new();
         }
         self.hinted = true;
-        let Some(order) = tree.gather_order() else {
+        let node_at = |p: usize| self.slots[p].expect("placed").1;
+        let root = node_at(0);
+        let mut hints: Vec<(NodeId, GatherFrom)> = vec![(root, GatherFrom::Here)];
+        match tree.gather_order() {
             // Not a chain (a small partition, or a degree asked for): every node fetches it
             // from the root's node, as the directory would send it; told so at once, so no
             // node waits for a hint that a chain alone would give.
-            let root = self.slots[0].expect("placed").1;
-            let mut hints = vec![(root, GatherFrom::Here)];
-            // The coordinator's node too when it holds no place (a driver: see below).
-            let home = self.scratch.1;
-            for node in self.slots.iter().flatten().map(|s| s.1).chain(home) {
-                if !hints.iter().any(|(m, _)| *m == node) {
-                    hints.push((node, GatherFrom::Node(root)));
+            None => {
+                for node in self.slots.iter().flatten().map(|s| s.1) {
+                    if !hints.iter().any(|(m, _)| *m == node) {
+                        hints.push((node, GatherFrom::Node(root)));
+                    }
                 }
             }
-            return hints;
-        };
-        let node_at = |p: usize| self.slots[p].expect("placed").1;
-        let mut hints: Vec<(NodeId, GatherFrom)> = Vec::new();
-        for (p, from) in order {
-            let node = node_at(p);
-            if hints.iter().any(|(m, _)| *m == node) {
-                continue; // placed earlier in the order: that place's hint stands
+            Some(order) => {
+                for (p, from) in order {
+                    let node = node_at(p);
+                    if hints.iter().any(|(m, _)| *m == node) {
+                        continue; // placed earlier in the order: that place's hint stands
+                    }
+                    // The order starts at the root (`None`), whose hint is in already.
+                    let Some(f) = from else { continue };
+                    hints.push((node, GatherFrom::Node(node_at(f))));
+                }
             }
-            let from = match from {
-                None => GatherFrom::Here,
-                Some(f) => GatherFrom::Node(node_at(f)),
-            };
-            hints.push((node, from));
         }
         // The coordinator's node, when it holds no place in the tree (a driver), reads the
-        // partition too: from the root, which has it first and sends it once in the chain
+        // partition too: from the root, which has it first and, in a chain, sends it once
         // (every node but the root and its child twice: up the chain, then on in the ring).
         // Not after trees by arrival: it asks the directory.
         if let (Some(home), false) = (self.scratch.1, tree.by_arrival) {
-            let root = hints.first().map(|h| h.0);
-            if let Some(root) = root.filter(|_| !hints.iter().any(|(m, _)| *m == home)) {
+            if !hints.iter().any(|(m, _)| *m == home) {
                 hints.push((home, GatherFrom::Node(root)));
             }
         }

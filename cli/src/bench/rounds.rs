@@ -163,6 +163,12 @@ impl<'a> Round<'a> {
         Ok(total.map(only_total))
     }
 
+    /// The first rank that holds an input of a many-to-one collective: 1 with `--driver`
+    /// (rank 0 coordinates holding none), else 0.
+    fn first_rank(&self) -> u32 {
+        u32::from(self.spec.driver)
+    }
+
     /// Reduce, allreduce and gather: rank k puts its input k·interval after the start; rank 0
     /// combines them (and, for allreduce, every rank reads the result). With `--driver` rank
     /// 0 holds no input: ranks 1.. do.
@@ -172,7 +178,7 @@ impl<'a> Round<'a> {
         let n = node.num_nodes();
         let interval = Duration::from_millis(spec.arrival_interval_ms);
         // The ranks that hold an input: `first_rank..n`.
-        let first_rank = u32::from(spec.driver);
+        let first_rank = self.first_rank();
         let holders = n - first_rank;
         if holders == 0 {
             bail!("--driver needs a second rank to hold an input");
@@ -257,8 +263,8 @@ impl<'a> Round<'a> {
         let node = self.node;
         let spec = self.spec;
         let n = node.num_nodes();
-        // Input k is rank first_rank + k's (`--driver`: rank 0 holds none).
-        let first_rank = u32::from(spec.driver);
+        // Input k is rank first_rank + k's.
+        let first_rank = self.first_rank();
         match (spec.collective, spec.algo) {
             (Collective::Gather, Algo::Phalanx) => {
                 let got = node.gather(inputs)?;
