@@ -284,7 +284,8 @@ fn get_view_timeout_ends_at_its_deadline_and_leaves_nothing_behind() {
 
 /// A medium object whose directory entry is on the node that holds it comes with the answer
 /// to the lookup (no pull, no data stream); a larger one is pulled. Either way the assignment
-/// ends: the reader is listed complete and the source serves nobody.
+/// ends: the reader is listed complete and the source serves nobody. With the bytes, the
+/// source's shard ends it as they leave: the reader sends its lookup and nothing else.
 #[test]
 fn a_medium_object_comes_with_its_location_from_the_node_that_holds_it() {
     use phalanx::ObjectId;
@@ -293,12 +294,17 @@ fn a_medium_object_comes_with_its_location_from_the_node_that_holds_it() {
         let id = ObjectId::homed(0, format!("medium-{len}"));
         let data = pattern(len, len as u64);
         c.node(0).put(id.clone(), &data).unwrap();
-        let before = c.node(1).transport_stats().data_bytes_received;
+        let before = c.node(1).transport_stats();
         let got = c.node(1).get(id.clone()).unwrap();
         assert!(got == data, "{len} bytes differ");
-        let streamed = c.node(1).transport_stats().data_bytes_received - before;
+        let after = c.node(1).transport_stats();
+        let streamed = after.data_bytes_received - before.data_bytes_received;
         let expect = if with_location { 0 } else { len as u64 };
         assert_eq!(streamed, expect, "{len} bytes: data-stream bytes");
+        if with_location {
+            let sent = after.ctrl_sent - before.ctrl_sent;
+            assert_eq!(sent, 1, "{len} bytes: messages the reader sent");
+        }
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let info = c.node(2).locate(id.clone()).unwrap().expect("entry");

@@ -504,6 +504,13 @@ impl DirClient {
             .send(shard, self.transfer_done_msg(id, src, token, ok));
     }
 
+    /// A medium object's bytes came with its location (`Located::SourceData`): the source's
+    /// shard ended the assignment as it sent them, so nothing is sent; a complete copy is
+    /// noted as one of a pull's would be.
+    pub fn took_bytes_with_location(&self, shard: NodeId, id: &ObjectId, ok: bool) {
+        self.note_held(id, shard, ok);
+    }
+
     /// [`DirClient::transfer_done`] from a thread that must not block (where a pull's last
     /// bytes landed); it keeps its place before this node's later messages to the shard.
     pub fn transfer_done_without_blocking(

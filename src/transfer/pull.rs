@@ -187,24 +187,30 @@ impl Transfers {
                 } => break (node, size, token, None, Some(data)),
             }
         };
+        // Frees the source of an assignment no pull follows (one that came with the bytes
+        // ended at the source's shard as they left).
+        let release = || {
+            if data.is_none() {
+                self.dir
+                    .transfer_done(self.dir.shard_of(id), id, node, token, false);
+            }
+        };
         let copy = match self.new_copy(id, size, None) {
             Ok(Some(c)) => c,
             Ok(None) => {
                 debug!(node = self.id, %id, "a local copy appeared first; waiting for it");
-                self.dir
-                    .transfer_done(self.dir.shard_of(id), id, node, token, false);
+                release();
                 return self.wait_for_local(id);
             }
             Err(e) => {
-                self.dir
-                    .transfer_done(self.dir.shard_of(id), id, node, token, false);
+                release();
                 self.dir.withdraw(std::slice::from_ref(id));
                 return Err(e);
             }
         };
         if let Some(data) = data {
             let shard = self.dir.shard_of(id);
-            if let Err(e) = self.fill_sent(id, &copy, (node, token), &data) {
+            if let Err(e) = self.fill_sent(id, &copy, node, &data) {
                 self.abandon_pull(shard, id, &copy);
                 return Err(e);
             }
@@ -219,8 +225,6 @@ impl Transfers {
         Ok(Fetched::Copy(copy))
     }
 
-    /// The bytes came with the location (`Located::SourceData`): the rest of `copy` is filled
-    /// from them, and the assignment ends as a pull's would.
     /// Fills `copy` from the bytes of its entry (a small object: the directory keeps them) and
     /// announces it complete.
     fn fill_inline(&self, id: &ObjectId, copy: &CopyRef, data: &[u8]) -> Result<()> {
@@ -241,13 +245,9 @@ impl Transfers {
         self.dir.publish(id, copy.size(), true)
     }
 
-    fn fill_sent(
-        &self,
-        id: &ObjectId,
-        copy: &CopyRef,
-        (source, token): (NodeId, u64),
-        data: &[u8],
-    ) -> Result<()> {
+    /// The bytes came with the location (`Located::SourceData`): the rest of `copy` is filled
+    /// from them. The assignment ended at the source's shard as the bytes left.
+    fn fill_sent(&self, id: &ObjectId, copy: &CopyRef, source: NodeId, data: &[u8]) -> Result<()> {
         let start = Instant::now();
         let from = copy.watermark();
         let fits = data.len() as u64 == copy.size() && from <= copy.size();
@@ -277,8 +277,10 @@ impl Transfers {
             end: Instant::now(),
             ok,
         });
+        // The source's shard ended the assignment as it sent the bytes (`on_dir_msg`); a copy
+        // that failed is withdrawn by the caller.
         self.dir
-            .transfer_done(self.dir.shard_of(id), id, source, token, ok);
+            .took_bytes_with_location(self.dir.shard_of(id), id, ok);
         filled
     }
 
@@ -663,17 +665,12 @@ impl Transfers {
                     token = t;
                     epoch = Some(e);
                 }
-                Ok(Located::SourceData {
-                    node,
-                    token: t,
-                    data,
-                    ..
-                }) => {
-                    if copy.is_detached() || self.fill_sent(&id, &copy, (node, t), &data).is_err() {
+                Ok(Located::SourceData { node, data, .. }) => {
+                    // The source's shard ended the assignment as it sent the bytes: a copy
+                    // that cannot take them is withdrawn.
+                    if copy.is_detached() || self.fill_sent(&id, &copy, node, &data).is_err() {
                         if !copy.is_detached() {
                             warn!(node = self.id, %id, source = node, "bytes with the location refused");
-                        } else {
-                            self.dir.transfer_done(shard, &id, node, t, false);
                         }
                         self.abandon_pull(shard, &id, &copy);
                     }
