@@ -34,8 +34,13 @@ const NO_RID: Rid = 0;
 /// a transport thread: it must not block.
 pub(crate) type OnReply = Box<dyn FnOnce(Result<Reply>) + Send>;
 
-/// An outstanding request: the node it went to, and what becomes of its reply.
-type PendingCall = (NodeId, OnReply);
+/// A word back to the node that answered, made from its reply where the reply lands (see
+/// [`Rpc::call_or_cancel_then_tell`]).
+pub(crate) type FollowUp = Box<dyn FnOnce(&Reply) -> Option<Msg> + Send>;
+
+/// An outstanding request: the node it went to, what becomes of its reply, and the word its
+/// reply may call for.
+type PendingCall = (NodeId, OnReply, Option<FollowUp>);
 
 /// Handles a message this node sends to itself, on the sender's thread.
 pub(crate) type Loopback = Box<dyn Fn(Msg) + Send + Sync>;
@@ -141,7 +146,7 @@ impl Rpc {
     pub fn stop(&self) {
         let _ = self.queue.send(Work::Stop);
         let pending: Vec<_> = self.pending.lock().unwrap().drain().collect();
-        for (_, (_, on_reply)) in pending {
+        for (_, (_, on_reply, _)) in pending {
             on_reply(Err(Error::Shutdown));
         }
     }
@@ -187,7 +192,7 @@ impl Rpc {
         make: impl FnOnce(Rid) -> Msg,
         on_reply: OnReply,
     ) -> Result<bool> {
-        let rid = self.register(to, on_reply)?;
+        let rid = self.register(to, on_reply, None)?;
         let msg = make(rid);
         let kind = msg.kind();
         if to == self.id {
@@ -208,15 +213,18 @@ impl Rpc {
     }
 
     /// Enters a request to `to` in the table of outstanding requests: its number.
-    fn register(&self, to: NodeId, on_reply: OnReply) -> Result<Rid> {
+    fn register(&self, to: NodeId, on_reply: OnReply, follow: Option<FollowUp>) -> Result<Rid> {
         if self.is_closed() {
             return Err(Error::Shutdown);
         }
         let rid = self.next_rid.fetch_add(1, Ordering::Relaxed);
-        self.pending.lock().unwrap().insert(rid, (to, on_reply));
+        self.pending
+            .lock()
+            .unwrap()
+            .insert(rid, (to, on_reply, follow));
         if self.is_closed() {
             // Closed meanwhile: `stop` may have drained the table before this entry went in.
-            if let Some((_, on_reply)) = self.pending.lock().unwrap().remove(&rid) {
+            if let Some((_, on_reply, _)) = self.pending.lock().unwrap().remove(&rid) {
                 on_reply(Err(Error::Shutdown));
             }
             return Err(Error::Shutdown);
@@ -255,7 +263,7 @@ impl Rpc {
 
     /// Adds to `peers` the nodes whose answer a request of this node awaits.
     pub fn peers_awaited(&self, peers: &mut std::collections::HashSet<NodeId>) {
-        peers.extend(self.pending.lock().unwrap().values().map(|(to, _)| *to));
+        peers.extend(self.pending.lock().unwrap().values().map(|(to, _, _)| *to));
     }
 
     /// Sends from a transport thread: at once if that cannot block, else through the
@@ -288,19 +296,18 @@ impl Rpc {
     }
 
     /// Sends a request; its reply will arrive on the returned channel.
-    pub fn call_async(
+    /// `follow`: the word its reply may call for ([`Rpc::call_or_cancel_then_tell`]).
+    fn call_async(
         &self,
         to: NodeId,
         make: impl FnOnce(Rid) -> Msg,
+        follow: Option<FollowUp>,
     ) -> Result<Receiver<Result<Reply>>> {
         let (tx, rx) = crossbeam_channel::bounded(1);
-        self.call_then(
-            to,
-            make,
-            Box::new(move |r| {
-                let _ = tx.send(r);
-            }),
-        )?;
+        let on_reply: OnReply = Box::new(move |r| {
+            let _ = tx.send(r);
+        });
+        self.call_then_telling(to, make, on_reply, follow)?;
         Ok(rx)
     }
 
@@ -311,7 +318,17 @@ impl Rpc {
         make: impl FnOnce(Rid) -> Msg,
         on_reply: OnReply,
     ) -> Result<()> {
-        let rid = self.register(to, on_reply)?;
+        self.call_then_telling(to, make, on_reply, None)
+    }
+
+    fn call_then_telling(
+        &self,
+        to: NodeId,
+        make: impl FnOnce(Rid) -> Msg,
+        on_reply: OnReply,
+        follow: Option<FollowUp>,
+    ) -> Result<()> {
+        let rid = self.register(to, on_reply, follow)?;
         let msg = make(rid);
         let kind = msg.kind();
         if let Err(e) = self.send(to, msg) {
@@ -351,15 +368,33 @@ impl Rpc {
         cancel: impl FnOnce(Rid) -> Option<Msg>,
         deadline: Instant,
     ) -> Result<Reply> {
+        self.call_or_cancel_then_tell(to, make, cancel, deadline, None)
+    }
+
+    /// [`Rpc::call_or_cancel_until`] whose reply may call for a word back to the node that
+    /// answered: `follow` makes it from the reply where the reply lands, and it is sent from
+    /// there, without blocking, once the caller has the reply; the caller goes on meanwhile.
+    /// The word and the caller's later messages to that node leave from different threads,
+    /// in either order: only for words whose order does not matter. A reply that comes after
+    /// the caller gave up calls for nothing.
+    pub fn call_or_cancel_then_tell(
+        &self,
+        to: NodeId,
+        make: impl FnOnce(Rid) -> Msg,
+        cancel: impl FnOnce(Rid) -> Option<Msg>,
+        deadline: Instant,
+        follow: Option<FollowUp>,
+    ) -> Result<Reply> {
         let start = Instant::now();
         let mut sent_rid = NO_RID;
         let mut sent_kind = "";
-        let rx = self.call_async(to, |rid| {
+        let make = |rid| {
             sent_rid = rid;
             let msg = make(rid);
             sent_kind = msg.kind();
             msg
-        })?;
+        };
+        let rx = self.call_async(to, make, follow)?;
         // Replies take tens of microseconds: poll for them before parking, which saves the
         // wake-up of a sleeping thread (25-50 us on these hosts, a third of a 64 KiB get on
         // loopback). The poll yields the core between looks, so that a reader or the
@@ -416,7 +451,7 @@ impl Rpc {
         let pending = {
             let mut p = self.pending.lock().unwrap();
             match p.get(&rid) {
-                Some((to, _)) if *to == from => p.remove(&rid),
+                Some((to, _, _)) if *to == from => p.remove(&rid),
                 Some(_) => {
                     debug!(
                         node = self.id,
@@ -427,8 +462,12 @@ impl Rpc {
                 None => None,
             }
         };
-        if let Some((_, on_reply)) = pending {
+        if let Some((_, on_reply, follow)) = pending {
+            let word = follow.and_then(|f| f(&reply));
             on_reply(Ok(reply));
+            if let Some(m) = word {
+                self.send_without_blocking(from, m);
+            }
         }
     }
 
@@ -438,12 +477,12 @@ impl Rpc {
             let mut p = self.pending.lock().unwrap();
             let rids: Vec<Rid> = p
                 .iter()
-                .filter(|(_, (to, _))| *to == peer)
+                .filter(|(_, (to, _, _))| *to == peer)
                 .map(|(r, _)| *r)
                 .collect();
             rids.into_iter().filter_map(|r| p.remove(&r)).collect()
         };
-        for (_, on_reply) in failed {
+        for (_, on_reply, _) in failed {
             on_reply(Err(Error::PeerDown(peer)));
         }
     }
@@ -491,6 +530,72 @@ mod tests {
         let b = unpredictable_start();
         assert!(a != 0 && b != 0 && a < u64::MAX / 2);
         assert_ne!(a, b, "two sequences, two starts");
+    }
+
+    /// A reply that calls for a word back gets it sent to the node that answered once the
+    /// caller has the reply; a reply of another kind, or one that comes after the caller
+    /// gave up, calls for nothing.
+    #[test]
+    fn a_reply_that_calls_for_a_word_back_has_it_sent_after_its_caller_has_the_reply() {
+        use crate::protocol::DirMsg;
+        use phalanx_transport::{TcpConfig, TcpTransport};
+        let t =
+            TcpTransport::bind(0, "127.0.0.1:0".parse().unwrap(), TcpConfig::default()).unwrap();
+        let (qtx, qrx) = crossbeam_channel::unbounded();
+        let timeout = Duration::from_secs(10);
+        let rpc = Arc::new(Rpc::new(0, Arc::new(t), qtx, Duration::ZERO, timeout));
+        let word = |rid| {
+            Msg::Dir(DirMsg::Withdraw {
+                id: format!("word-{rid}").into(),
+                node: 0,
+            })
+        };
+        // Calls this node (no loopback: the request takes the queue) and waits `wait`.
+        let call = |wait: Duration| {
+            let rpc = rpc.clone();
+            std::thread::spawn(move || {
+                let query = |rid| {
+                    Msg::Dir(DirMsg::Query {
+                        rid,
+                        id: "x".into(),
+                    })
+                };
+                let follow: FollowUp = Box::new(move |r: &Reply| match r {
+                    Reply::Ack => Some(word(7)),
+                    _ => None,
+                });
+                let until = Instant::now() + wait;
+                rpc.call_or_cancel_then_tell(0, query, |_| None, until, Some(follow))
+            })
+        };
+        let request = |qrx: &crossbeam_channel::Receiver<Work>| match qrx.recv().unwrap() {
+            Work::Msg(0, Msg::Dir(DirMsg::Query { rid, .. })) => rid,
+            _ => panic!("not the request"),
+        };
+        // The word goes out with the reply that calls for it, after the caller has it.
+        let caller = call(timeout);
+        let rid = request(&qrx);
+        rpc.complete(rid, Reply::Ack);
+        assert!(matches!(caller.join().unwrap(), Ok(Reply::Ack)));
+        match qrx.try_recv() {
+            Ok(Work::Msg(0, m)) => assert_eq!(m, word(7)),
+            _ => panic!("no word back"),
+        }
+        // Another reply: no word.
+        let caller = call(timeout);
+        let rid = request(&qrx);
+        rpc.complete(rid, Reply::Info(None));
+        assert!(matches!(caller.join().unwrap(), Ok(Reply::Info(None))));
+        assert!(
+            qrx.try_recv().is_err(),
+            "a word for a reply that calls for none"
+        );
+        // The caller gave up: its late reply calls for nothing.
+        let caller = call(Duration::from_millis(50));
+        let rid = request(&qrx);
+        assert!(matches!(caller.join().unwrap(), Err(Error::Timeout(..))));
+        rpc.complete(rid, Reply::Ack);
+        assert!(qrx.try_recv().is_err(), "a word after the caller gave up");
     }
 
     #[test]

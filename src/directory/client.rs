@@ -9,7 +9,7 @@ use crate::config::INLINE_LIMIT;
 use crate::hop::hop;
 use crate::membership::Membership;
 use crate::protocol::{DirMsg, Located, Msg, ObjectInfo, Reply, Rid, StoreMsg};
-use crate::rpc::{unexpected_reply, Rpc, Work};
+use crate::rpc::{unexpected_reply, FollowUp, Rpc, Work};
 use crate::store::{CopyStatus, Store};
 use crate::{Error, ObjectId, Result};
 use crossbeam_channel::Sender;
@@ -462,9 +462,13 @@ impl DirClient {
                     rid,
                 }))
             };
-            let r = self
-                .rpc
-                .call_or_cancel_until(shard, locate, cancel, deadline);
+            let r = self.rpc.call_or_cancel_then_tell(
+                shard,
+                locate,
+                cancel,
+                deadline,
+                Some(self.report_bytes_with_location(id)),
+            );
             match r {
                 Ok(Reply::Located(l)) => return Ok(l),
                 Ok(r) => return Err(self.rpc.unexpected(r)),
@@ -504,11 +508,32 @@ impl DirClient {
             .send(shard, self.transfer_done_msg(id, src, token, ok));
     }
 
-    /// A medium object's bytes came with its location (`Located::SourceData`): the source's
-    /// shard ended the assignment as it sent them, so nothing is sent; a complete copy is
-    /// noted as one of a pull's would be.
-    pub fn took_bytes_with_location(&self, shard: NodeId, id: &ObjectId, ok: bool) {
-        self.note_held(id, shard, ok);
+    /// The `TransferDone` of bytes that came with their location (`Located::SourceData`),
+    /// sent where the answer lands as soon as the caller has it: the bytes are here, and the
+    /// source is free for its next receiver one message after they crossed the link, as after
+    /// a pull (which is what makes receivers form a tree). It is not on the caller's path: it
+    /// goes out while the caller stores the bytes. A caller that cannot keep them withdraws
+    /// its copy after that (`Transfers::abandon_pull`): the report never outlives the copy.
+    fn report_bytes_with_location(&self, id: &ObjectId) -> FollowUp {
+        let (id, me) = (id.clone(), self.id);
+        Box::new(move |r: &Reply| match r {
+            Reply::Located(Located::SourceData { node, token, .. }) => {
+                Some(Msg::Dir(DirMsg::TransferDone {
+                    id,
+                    source: *node,
+                    receiver: me,
+                    token: *token,
+                    ok: true,
+                }))
+            }
+            _ => None,
+        })
+    }
+
+    /// Bytes came with their location and are kept: a complete copy, noted as a pull's is
+    /// (the report went out where the answer landed: `report_bytes_with_location`).
+    pub fn took_bytes_with_location(&self, shard: NodeId, id: &ObjectId) {
+        self.note_held(id, shard, true);
     }
 
     /// [`DirClient::transfer_done`] from a thread that must not block (where a pull's last

@@ -5,7 +5,7 @@
 
 use super::Inner;
 use crate::hop::hop;
-use crate::protocol::{DirMsg, Located, Msg, Reply, StoreMsg};
+use crate::protocol::{DirMsg, Msg, Reply, StoreMsg};
 use crate::rpc::Work;
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use phalanx_transport::{Event, NodeId};
@@ -255,7 +255,34 @@ impl Inner {
     fn on_msg(self: &Arc<Self>, from: NodeId, msg: Msg, thread: Thread) {
         match msg {
             Msg::Reply { rid, reply } => self.rpc.complete_from(from, rid, reply),
-            Msg::Dir(m) => self.on_dir_msg(from, m, thread),
+            Msg::Dir(m) => {
+                let id = m.id().clone();
+                let mut out = Vec::new();
+                let (had, has) = {
+                    let mut shard = self.shard.lock().unwrap();
+                    let had = shard.has_tombstone(&id);
+                    shard.handle(from, m, &mut out);
+                    (had, shard.has_tombstone(&id))
+                };
+                if had != has && self.members.shard_of(&id) == self.id {
+                    // Deleted here (or put again since): the entry's next owner keeps the
+                    // tombstone aside, for readers that come to it if this node dies.
+                    if let Some(next) = self.members.next_shard_of(&id) {
+                        let (node, kept) = (self.id, has);
+                        let t = Msg::Dir(DirMsg::Tombstone {
+                            id: id.clone(),
+                            node,
+                            kept,
+                        });
+                        self.deliver(next, t, thread);
+                    }
+                }
+                for (to, m) in out {
+                    // Every location answer of this message is about `id`.
+                    let m = self.transfers.with_local_bytes(&id, to, m);
+                    self.deliver(to, m, thread);
+                }
+            }
             Msg::Pull(m) => self.transfers.handle(from, m),
             Msg::Reduce(m) => self.reducer.handle(from, m),
             Msg::Member(m) => self.on_member_msg(from, m),
@@ -263,60 +290,6 @@ impl Inner {
                 self.store.delete(&id);
                 let reply = Reply::Ack;
                 self.deliver(from, Msg::Reply { rid, reply }, thread);
-            }
-        }
-    }
-}
-
-impl Inner {
-    /// A directory message, to this node's shard; its answers go out, location answers that
-    /// name this node as the source of a medium object it holds complete with the bytes.
-    /// Such an answer ends its assignment as it leaves (the source has served the receiver
-    /// then, and the receiver's copy is complete once it has the answer): the shard hears
-    /// the `TransferDone` here, where the receiver would otherwise send it one message later
-    /// (a failed receiver withdraws its copy, as after any failed pull).
-    fn on_dir_msg(&self, from: NodeId, m: DirMsg, thread: Thread) {
-        let id = m.id().clone();
-        let mut next = VecDeque::from([(from, m)]);
-        while let Some((from, m)) = next.pop_front() {
-            let mut out = Vec::new();
-            let (had, has) = {
-                let mut shard = self.shard.lock().unwrap();
-                let had = shard.has_tombstone(&id);
-                shard.handle(from, m, &mut out);
-                (had, shard.has_tombstone(&id))
-            };
-            if had != has && self.members.shard_of(&id) == self.id {
-                // Deleted here (or put again since): the entry's next owner keeps the
-                // tombstone aside, for readers that come to it if this node dies.
-                if let Some(next) = self.members.next_shard_of(&id) {
-                    let (node, kept) = (self.id, has);
-                    let t = Msg::Dir(DirMsg::Tombstone {
-                        id: id.clone(),
-                        node,
-                        kept,
-                    });
-                    self.deliver(next, t, thread);
-                }
-            }
-            for (to, m) in out {
-                // Every location answer of this message is about `id`.
-                let m = self.transfers.with_local_bytes(&id, to, m);
-                if let Msg::Reply {
-                    reply: Reply::Located(Located::SourceData { token, .. }),
-                    ..
-                } = &m
-                {
-                    let done = DirMsg::TransferDone {
-                        id: id.clone(),
-                        source: self.id,
-                        receiver: to,
-                        token: *token,
-                        ok: true,
-                    };
-                    next.push_back((to, done));
-                }
-                self.deliver(to, m, thread);
             }
         }
     }

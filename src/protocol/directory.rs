@@ -23,8 +23,9 @@ pub enum Located {
     },
     /// [`Located::Source`] answered by the source itself: the shard's node holds a complete
     /// copy of a medium object and sends its bytes with the answer (no pull round trip).
-    /// The assignment is the same: the requester is a partial copy until its
-    /// `TransferDone` under `token`, which also frees the source.
+    /// The assignment is the same: the requester is a partial copy until its `TransferDone`
+    /// under `token`, which also frees the source; the requester sends it where the answer
+    /// lands, as soon as its caller has it, and withdraws a copy that cannot keep the bytes.
     SourceData {
         node: NodeId,
         size: u64,

@@ -188,7 +188,7 @@ impl Transfers {
             }
         };
         // Frees the source of an assignment no pull follows (one that came with the bytes
-        // ended at the source's shard as they left).
+        // was reported done where the answer landed: `DirClient::locate_until`).
         let release = || {
             if data.is_none() {
                 self.dir
@@ -246,7 +246,8 @@ impl Transfers {
     }
 
     /// The bytes came with the location (`Located::SourceData`): the rest of `copy` is filled
-    /// from them. The assignment ended at the source's shard as the bytes left.
+    /// from them. Their `TransferDone` went out where the answer landed
+    /// (`DirClient::locate_until`); a copy that cannot take them is withdrawn by the caller.
     fn fill_sent(&self, id: &ObjectId, copy: &CopyRef, source: NodeId, data: &[u8]) -> Result<()> {
         let start = Instant::now();
         let from = copy.watermark();
@@ -277,10 +278,9 @@ impl Transfers {
             end: Instant::now(),
             ok,
         });
-        // The source's shard ended the assignment as it sent the bytes (`on_dir_msg`); a copy
-        // that failed is withdrawn by the caller.
-        self.dir
-            .took_bytes_with_location(self.dir.shard_of(id), id, ok);
+        if ok {
+            self.dir.took_bytes_with_location(self.dir.shard_of(id), id);
+        }
         filled
     }
 
@@ -666,8 +666,8 @@ impl Transfers {
                     epoch = Some(e);
                 }
                 Ok(Located::SourceData { node, data, .. }) => {
-                    // The source's shard ended the assignment as it sent the bytes: a copy
-                    // that cannot take them is withdrawn.
+                    // Reported done where the answer landed: a copy that cannot take the
+                    // bytes is withdrawn.
                     if copy.is_detached() || self.fill_sent(&id, &copy, node, &data).is_err() {
                         if !copy.is_detached() {
                             warn!(node = self.id, %id, source = node, "bytes with the location refused");
