@@ -61,6 +61,12 @@ pub struct NodeConfig {
     /// it (a reduce's repair resets it) to learn of the death and say so. Default
     /// [`LOST_AFTER`].
     pub lost_after: Duration,
+    /// How long a participant of a partitioned allreduce whose inputs were all there waits
+    /// for the hint that says where to fetch a partition from (its place in the partition's
+    /// ring) before the directory chooses; it stops waiting sooner once the partition is
+    /// listed and no hint came (a reader with no input has no place). Default
+    /// [`crate::allreduce::HINT_WAIT`].
+    pub allgather_hint_wait: Duration,
 }
 
 /// The default [`NodeConfig::lost_after`]: a few heartbeat timeouts of the defaults, so that
@@ -85,6 +91,7 @@ impl Default for NodeConfig {
             reduce_halving_max: crate::halving::HALVING_REDUCE_MAX,
             halving_grace: crate::halving::HALVING_GRACE,
             lost_after: LOST_AFTER,
+            allgather_hint_wait: crate::allreduce::HINT_WAIT,
         }
     }
 }

@@ -896,6 +896,112 @@ fn a_reader_that_comes_after_the_coordinator_died_is_told_promptly() {
     assert!(took < Duration::from_secs(15), "told after {took:?}");
 }
 
+/// A reader that holds no input has no place in the partitions' trees, and no allgather hint
+/// comes for it: it reads each partition where the directory says once the partition is
+/// listed and no hint came, not after the whole hint wait (set to 20 s here; 200 ms by
+/// default, which it waited out for a 70 ms allreduce before the twenty-second session).
+#[test]
+fn a_reader_without_an_input_reads_the_partitions_without_waiting_for_hints() {
+    let size = 2 * PARTITION_MIN;
+    let config = NodeConfig {
+        allgather_hint_wait: Duration::from_secs(20),
+        ..cfg()
+    };
+    let c = LocalCluster::start(5, config, tcp()).unwrap();
+    let (inputs, sources) = put_inputs(&c, "nin", &[0, 1, 2, 3], size, DType::F32);
+    let target = ObjectId::new("nin/out");
+    let started = Instant::now();
+    let (mine, read, pure) = std::thread::scope(|s| {
+        let read = |k: usize| {
+            let (n, t) = (c.node(k).clone(), target.clone());
+            s.spawn(move || {
+                (
+                    n.allreduce_read(t, size).map(|v| v.to_vec()),
+                    started.elapsed(),
+                )
+            })
+        };
+        let (participant, pure) = (read(1), read(4));
+        let kind = (ReduceOp::Sum, DType::F32);
+        let opts = ReduceOptions::default();
+        let mine = c
+            .node(0)
+            .allreduce(target.clone(), &sources, kind.0, kind.1, &opts);
+        let mine = mine.map(|(v, o)| (v.to_vec(), o.partitions));
+        (mine, participant.join().unwrap(), pure.join().unwrap())
+    });
+    let want = reference(&inputs, ReduceOp::Sum, DType::F32);
+    let (result, parts) = mine.expect("coordinator");
+    assert!(parts > 1 && result == want, "{parts} partitions");
+    assert!(
+        read.0.expect("participant") == want,
+        "the participant's copy differs"
+    );
+    assert!(
+        pure.0.expect("reader without an input") == want,
+        "its copy differs"
+    );
+    assert!(pure.1 < Duration::from_secs(10), "took {:?}", pure.1);
+}
+
+/// Readers wait for the plan at its directory shard, which is the coordinator's node, and the
+/// coordinator dies before it made the plan: the plan's entry, and its only copy, go with it.
+/// The readers are told the result is lost (its promise died with the coordinator) within
+/// seconds; they waited for the plan at the entry's next owner for the op timeout (60 s
+/// here) before the twenty-second session (the allreduce soak, seed 22754).
+#[test]
+fn readers_whose_plan_died_with_its_coordinator_are_told_promptly() {
+    use phalanx::Error;
+    let size = PARTITION_MIN;
+    let config = NodeConfig {
+        lost_after: Duration::from_secs(1),
+        ..cfg()
+    };
+    let c = LocalCluster::start(4, config, tcp()).unwrap();
+    let on_coordinator = |t: &ObjectId| c.node(1).shard_of(plan_id(t)) == 0;
+    let tag = (0..)
+        .map(|i| format!("pdc{i}"))
+        .find(|tag| on_coordinator(&ObjectId::new(format!("{tag}/out"))))
+        .unwrap();
+    let (_, mut sources) = put_inputs(&c, &tag, &[0, 1, 2], size, DType::F32);
+    // One input missing: the coordinator watches for it a while before it plans.
+    sources.push(ObjectId::new(format!("{tag}/in3")));
+    let target = ObjectId::new(format!("{tag}/out"));
+    let started = Instant::now();
+    let results = std::thread::scope(|s| {
+        let readers: Vec<_> = (1..4)
+            .map(|k| {
+                let (n, t) = (c.node(k).clone(), target.clone());
+                s.spawn(move || n.allreduce_read(t, size).map(|v| v.len()))
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(50)); // the readers wait at the shard
+        let (coord, t, srcs) = (c.node(0).clone(), target.clone(), sources.clone());
+        let coordinator = s.spawn(move || {
+            let kind = (ReduceOp::Sum, DType::F32);
+            coord.allreduce(t, &srcs, kind.0, kind.1, &ReduceOptions::default())
+        });
+        std::thread::sleep(Duration::from_millis(5));
+        c.node(0).kill();
+        assert!(
+            coordinator.join().unwrap().is_err(),
+            "the killed coordinator"
+        );
+        readers
+            .into_iter()
+            .map(|r| r.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    let took = started.elapsed();
+    for r in &results {
+        assert!(
+            matches!(r, Err(Error::ObjectLost(_) | Error::CoordinatorFailed(..))),
+            "{r:?}"
+        );
+    }
+    assert!(took < Duration::from_secs(15), "told after {took:?}");
+}
+
 /// The coordinator of an allreduce dies while the result streams (one tree, and the
 /// partitioned algorithm): the reduce's tasks stop with it, and every reader is told the
 /// result is lost within `lost_after`, long before the op timeout, rather than wait for it.

@@ -88,10 +88,23 @@ const FAILED_MARK: u64 = u64::MAX - 1;
 /// The longest coordinator's message a failed plan carries.
 const FAILED_MESSAGE_MAX: usize = 1024;
 
-/// How long a participant's assembly waits for a partition's coordinator to say where to
-/// fetch it from (said as soon as the partition's chain is placed); then the directory
-/// chooses.
-const HINT_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+/// The default `NodeConfig::allgather_hint_wait`: how long a participant's assembly waits
+/// for a partition's coordinator to say where to fetch it from (said as soon as the
+/// partition's chain is placed); then the directory chooses.
+pub const HINT_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// How long a participant still waits for a partition's hint once the directory lists the
+/// partition: its tree is placed by then, and the hint left the coordinator at that moment,
+/// two hops before the listing could reach this node. No hint by then: this node has no
+/// place in the trees (it holds no input), and the directory says where to read.
+const UNPLACED_GRACE: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// How long a participant waits for a partition's hint before it asks the directory to say
+/// when the partition is listed.
+const HINT_FIRST: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// How often a wait for a hint looks whether the partition is listed yet.
+const HINT_SLICE: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// How long the coordinator waits for every input to be there before it settles for chains
 /// that place them as they come (see [`Node::partitioned_how`]).
@@ -721,31 +734,64 @@ impl Node {
     /// the result itself, not a timeout.
     fn wait_for_plan(&self, target: &ObjectId, watch_commits: bool) -> Result<PlanWait> {
         let watch = watch_commits.then(|| self.inner.reducer.watch_halving_commit(target));
-        let (tx, answers) = crossbeam_channel::bounded(1);
-        let on_reply = Box::new(move |r: Result<crate::protocol::Reply>| {
-            let _ = tx.try_send(r);
-        });
         let plan = plan_id(target);
-        if self.inner.dir.subscribe_then(&plan, on_reply).is_err() {
-            return self.get_view(plan).map(PlanWait::Plan);
+        // The directory's answer once the plan is there; `None`: not asked (refused, or a
+        // shard that died: asked again at the next check).
+        let subscribe = || {
+            let (tx, answers) = crossbeam_channel::bounded(1);
+            let on_reply = Box::new(move |r: Result<crate::protocol::Reply>| {
+                let _ = tx.try_send(r);
+            });
+            let asked = self.inner.dir.subscribe_then(&plan, on_reply).is_ok();
+            asked.then_some(answers)
+        };
+        // The plain way, for a while (then the checks below, and the directory asked again);
+        // `None`: no plan yet. Not for the op timeout: a plan whose shard died with its
+        // coordinator is gone with both, and its readers learn at the next check that the
+        // target is lost (they waited out the op timeout before the twenty-second session:
+        // the allreduce soak, seed 22754).
+        let plain = || match self.get_view_timeout(plan.clone(), PLAN_STALL) {
+            Ok(view) => Some(Ok(PlanWait::Plan(view))),
+            Err(e @ Error::NotFound(_)) => Some(Err(e)),
+            Err(_) => None,
+        };
+        let mut answers = subscribe();
+        if answers.is_none() {
+            if let Some(r) = plain() {
+                return r;
+            }
         }
         let start = std::time::Instant::now();
         let deadline = start + self.inner.cfg.op_timeout;
         let mut check_at = start + PLAN_STALL;
         let mut local = watch.as_ref().map(|w| &w.rx);
         loop {
-            let mut sel = crossbeam_channel::Select::new();
-            let on_answer = sel.recv(&answers);
-            let on_local = local.map(|rx| sel.recv(rx));
-            let op = match sel.select_deadline(check_at.min(deadline)) {
-                Ok(op) => op,
-                Err(_) if std::time::Instant::now() >= deadline => {
+            // What woke the wait: `None` the checks' time (or the deadline), else the
+            // directory's answer (`Ok`) or a commit here (`Err`).
+            let woke = {
+                let mut sel = crossbeam_channel::Select::new();
+                let on_answer = answers.as_ref().map(|rx| sel.recv(rx));
+                let on_local = local.map(|rx| sel.recv(rx));
+                match sel.select_deadline(check_at.min(deadline)) {
+                    Err(_) => None,
+                    Ok(op) if Some(op.index()) == on_local => {
+                        let _ = local.map(|rx| op.recv(rx));
+                        Some(Err(()))
+                    }
+                    Ok(op) => {
+                        debug_assert_eq!(Some(op.index()), on_answer);
+                        Some(Ok(answers.as_ref().map(|rx| op.recv(rx))))
+                    }
+                }
+            };
+            let answer = match woke {
+                None if std::time::Instant::now() >= deadline => {
                     return Err(Error::Timeout(
                         self.inner.cfg.op_timeout,
                         format!("allreduce plan of {target}"),
                     ))
                 }
-                Err(_) => {
+                None => {
                     // The plan is late: is the result there already, or lost (its
                     // coordinator died and the reduce's tasks with it)?
                     let info = self.locate(target.clone()).ok().flatten();
@@ -762,13 +808,13 @@ impl Node {
                     if self.inner.reducer.halving_coordinator_died(target) {
                         return Err(Error::ObjectLost(target.clone()));
                     }
+                    if answers.is_none() {
+                        answers = subscribe();
+                    }
                     check_at = std::time::Instant::now() + PLAN_STALL;
                     continue;
                 }
-            };
-            if let (Some(i), Some(rx)) = (on_local, local) {
-                if op.index() == i {
-                    let _ = op.recv(rx);
+                Some(Err(())) => {
                     if let Some(copy) = self.local_complete(target) {
                         return Ok(PlanWait::Committed(copy));
                     }
@@ -776,16 +822,16 @@ impl Node {
                     local = None;
                     continue;
                 }
-            }
-            debug_assert_eq!(op.index(), on_answer);
-            return match op.recv(&answers) {
-                Ok(Ok(crate::protocol::Reply::InfoInline(_, data))) => {
-                    Ok(PlanWait::Plan(ObjectView::Owned(data)))
-                }
-                // Anything else (the plan deleted first, a shard that died, an odd answer):
-                // the plain way.
-                _ => self.get_view(plan).map(PlanWait::Plan),
+                Some(Ok(answer)) => answer,
             };
+            answers = None;
+            if let Some(Ok(Ok(crate::protocol::Reply::InfoInline(_, data)))) = answer {
+                return Ok(PlanWait::Plan(ObjectView::Owned(data)));
+            }
+            // Anything else (the plan deleted first, a shard that died, an odd answer).
+            if let Some(r) = plain() {
+                return r;
+            }
         }
     }
 
@@ -1139,7 +1185,7 @@ impl Node {
         let hint = match (hinted, late_hints) {
             (false, _) => None,
             (true, true) => self.late_hint(id, coordinator, deadline, gone),
-            (true, false) => self.inner.reducer.gather_hint(id, HINT_WAIT),
+            (true, false) => self.hint_unless_unplaced(id),
         };
         crate::hop::hop!(self.id(), "partition hint", hinted = hint.is_some());
         match hint {
@@ -1159,6 +1205,40 @@ impl Node {
                 Err(_) => directory(),
             },
             None => directory(),
+        }
+    }
+
+    /// The allgather hint for partition `id` of a plan whose hints come at once (its inputs
+    /// were all there): waited for up to `NodeConfig::allgather_hint_wait`, or
+    /// [`UNPLACED_GRACE`] after the directory lists the partition (a node with no place in
+    /// its tree, a reader without an input, gets none: it waited out the whole wait, 200 ms
+    /// of a 16 MiB allreduce's 70 on loopback, before the twenty-second session). `None`:
+    /// the directory is to say where to read it.
+    fn hint_unless_unplaced(&self, id: &ObjectId) -> Option<GatherFrom> {
+        // A node with a place normally has its hint within a moment (it leaves the
+        // coordinator as the chains are placed, just after the plan): only then is the
+        // directory asked to say when the partition is listed.
+        let reducer = &self.inner.reducer;
+        let first = HINT_FIRST.min(self.inner.cfg.allgather_hint_wait);
+        if let Some(hint) = reducer.gather_hint(id, first) {
+            return Some(hint);
+        }
+        let (tx, listed) = crossbeam_channel::bounded(1);
+        let watched = self.inner.dir.subscribe_into(id, tx).is_ok();
+        let until = std::time::Instant::now() + self.inner.cfg.allgather_hint_wait;
+        let mut end = until;
+        loop {
+            let now = std::time::Instant::now();
+            if now >= end {
+                return None;
+            }
+            if let Some(hint) = reducer.gather_hint(id, (end - now).min(HINT_SLICE)) {
+                return Some(hint);
+            }
+            // Any answer (listed, deleted, refused) ends the wait a grace later.
+            if watched && end == until && listed.try_recv().is_ok() {
+                end = until.min(std::time::Instant::now() + UNPLACED_GRACE);
+            }
         }
     }
 

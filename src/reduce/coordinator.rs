@@ -19,6 +19,9 @@ use tracing::warn;
 /// Failed tasks of one position before the whole reduce gives up.
 const MAX_TASK_ERRORS: u32 = 3;
 
+/// How often a waiting coordinator looks whether its node has closed.
+const CLOSED_POLL: Duration = Duration::from_millis(250);
+
 impl Reducer {
     /// Round trip to a peer: the smallest of recent calls, else measured now (the min of a few
     /// directory queries).
@@ -129,6 +132,11 @@ impl Reducer {
         // Sources whose directory shard is unreachable: subscribed again until it rejoins.
         let mut resub: Vec<usize> = (0..sources.len()).collect();
         loop {
+            // This node closed (shut down, or killed in a test): its reduce ends with it, at
+            // most `CLOSED_POLL` later, rather than at the op timeout, and its caller is told.
+            if self.rpc.is_closed() {
+                return Err(Error::Shutdown);
+            }
             // Subscriptions (again), with no lock held: an answer may land on this thread.
             let now = Instant::now();
             resub.extend(landing.live().due_later(now));
@@ -141,6 +149,7 @@ impl Reducer {
                     deadline.min(Instant::now() + Duration::from_millis(100))
                 };
                 let wake_at = g.run.reserved_until().map_or(wake_at, |r| r.min(wake_at));
+                let wake_at = wake_at.min(Instant::now() + CLOSED_POLL);
                 g.later.iter().map(|l| l.1).fold(wake_at, Instant::min)
             };
             // Wait for an answer or a task's reply the landing threads left to this thread,
