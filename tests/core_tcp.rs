@@ -302,7 +302,6 @@ fn a_medium_object_comes_with_its_location_from_the_node_that_holds_it() {
         let streamed = after.data_bytes_received - before.data_bytes_received;
         let expect = if with_location { 0 } else { len as u64 };
         assert_eq!(streamed, expect, "{len} bytes: data-stream bytes");
-
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let info = c.node(2).locate(id.clone()).unwrap().expect("entry");

@@ -965,7 +965,7 @@ impl Node {
         // A coordinator that holds no input (a driver) is no node of any partition's tree:
         // chains hint it a source all the same (`Run::gather_hints`), trees by arrival do
         // not, and it asks the directory at once.
-        let hinted = !by_arrival || sources.iter().any(|s| self.inner.store.lookup(s).is_some());
+        let hinted = !by_arrival || self.input_size(sources).is_some();
         let assembled = self.assemble(&target, (parts, late_hints), None, gone, hinted);
         drop(hold);
         let mut outcomes = Vec::with_capacity(n);

@@ -158,7 +158,7 @@ impl Node {
     ) -> Result<Option<Vec<(NodeId, ObjectId)>>> {
         let me = self.id();
         // The coordinator is a rank: one that holds no input (a driver) coordinates no run.
-        if !sources.iter().any(|s| self.inner.store.lookup(s).is_some()) {
+        if self.input_size(sources).is_none() {
             return Ok(None);
         }
         let deadline = std::time::Instant::now() + self.halving_grace();
