@@ -942,6 +942,67 @@ fn a_reader_without_an_input_reads_the_partitions_without_waiting_for_hints() {
         "its copy differs"
     );
     assert!(pure.1 < Duration::from_secs(10), "took {:?}", pure.1);
+    assert_eq!(c.node(4).partitions_read_unhinted(), parts as u64);
+}
+
+/// As above, with an input still to come as the allreduce starts: the partitions' trees are
+/// placed, and their hints sent, only once it is there, which may be any time, so the reader
+/// without an input cannot tell a late hint from none by waiting. The coordinator says when
+/// every tree is placed (`{target}#placed`), and the reader then reads every partition where
+/// the directory says. Before the twenty-third session it waited until each partition was
+/// complete somewhere, checked every 500 ms (531 ms against the participants' 66-72 on
+/// loopback), and read none that way.
+#[test]
+fn a_reader_without_an_input_is_told_when_late_trees_are_placed() {
+    let size = 2 * PARTITION_MIN;
+    let c = LocalCluster::start(5, cfg(), tcp()).unwrap();
+    let (inputs, sources) = named_inputs("nlate", 4, size, DType::F32);
+    // Inputs 0-2 there, input 3 put 60 ms after the allreduce starts.
+    for k in 0..3 {
+        c.node(k).put(sources[k].clone(), &inputs[k]).unwrap();
+    }
+    let order = [(3, Duration::from_millis(60))];
+    let target = ObjectId::new("nlate/out");
+    let started = Instant::now();
+    let (mine, read, pure) = std::thread::scope(|s| {
+        let read = |k: usize| {
+            let (n, t) = (c.node(k).clone(), target.clone());
+            s.spawn(move || {
+                (
+                    n.allreduce_read(t, size).map(|v| v.to_vec()),
+                    started.elapsed(),
+                )
+            })
+        };
+        let (participant, pure) = (read(1), read(4));
+        let putter = put_later(&c, &inputs, &sources, &order, false, None);
+        let opts = ReduceOptions::default();
+        let mine = c
+            .node(0)
+            .allreduce(target.clone(), &sources, ReduceOp::Sum, DType::F32, &opts);
+        putter.join().unwrap();
+        let mine = mine.map(|(v, o)| (v.to_vec(), o.partitions));
+        (mine, participant.join().unwrap(), pure.join().unwrap())
+    });
+    let want = reference(&inputs, ReduceOp::Sum, DType::F32);
+    let (result, parts) = mine.expect("coordinator");
+    assert!(parts > 1 && result == want, "{parts} partitions");
+    assert!(
+        read.0.expect("participant") == want,
+        "the participant's copy differs"
+    );
+    assert!(
+        pure.0.expect("reader without an input") == want,
+        "its copy differs"
+    );
+    assert_eq!(
+        c.node(4).partitions_read_unhinted(),
+        parts as u64,
+        "every partition read without a hint once the trees were placed (took {:?}, the \
+         participant {:?})",
+        pure.1,
+        read.1
+    );
 }
 
 /// Readers wait for the plan at its directory shard, which is the coordinator's node, and the

@@ -126,7 +126,7 @@ impl Node {
             opts,
             Background {
                 ended: Some(ended),
-                hold: None,
+                ..Background::default()
             },
         );
         if r.is_err() {

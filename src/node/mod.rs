@@ -68,6 +68,8 @@ pub(crate) struct Inner {
     /// Allreduce partitions pulled straight into their place in this node's copy of the
     /// result (no copy afterwards; `Node::assemble`).
     placed_parts: std::sync::atomic::AtomicU64,
+    /// Allreduce partitions read where the directory said because no hint came for them.
+    unhinted_parts: std::sync::atomic::AtomicU64,
 }
 
 /// A Phalanx node. Cheap to clone; every clone is the same node.
@@ -440,6 +442,15 @@ impl Node {
     pub fn partitions_pulled_in_place(&self) -> u64 {
         self.inner
             .placed_parts
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How many allreduce partitions this node read where the directory said, so far,
+    /// because no allgather hint came for them once their trees were placed (it had no place
+    /// in them: it holds no input of the allreduce).
+    pub fn partitions_read_unhinted(&self) -> u64 {
+        self.inner
+            .unhinted_parts
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 

@@ -86,6 +86,7 @@ impl Node {
                 fault,
                 workers,
                 placed_parts: Default::default(),
+                unhinted_parts: Default::default(),
             }
         });
         // Messages to ourselves are handled on the sender's thread. Weak: the messaging must

@@ -74,6 +74,7 @@ impl Reducer {
     ) -> Result<ReduceOutcome> {
         let Hooks {
             placed: mut placed_tx,
+            mut on_placed,
             on_tree,
             hold,
         } = hooks;
@@ -233,14 +234,19 @@ impl Reducer {
                 let _ = self.rpc.send(node, ReduceMsg::Gather { part, from });
             }
             let mut g = landing.live();
-            if g.run.placed() == num {
-                if let Some(tx) = placed_tx.take() {
-                    g.waits_for_placement = false;
-                    let _ = tx.send(g.run.used_in_arrival_order());
-                }
+            let placed_now = g.run.placed() == num && placed_tx.is_some();
+            if let Some(tx) = placed_tx.take_if(|_| placed_now) {
+                g.waits_for_placement = false;
+                let _ = tx.send(g.run.used_in_arrival_order());
             }
             // A tree combined here (small inputs) has no root to lose.
-            if g.run.finished() && (!held || g.run.local) {
+            let over = g.run.finished() && (!held || g.run.local);
+            drop(g);
+            // Told after the hints went out (above), with no lock held.
+            if let Some(f) = on_placed.take_if(|_| placed_now) {
+                f();
+            }
+            if over {
                 break;
             }
         }

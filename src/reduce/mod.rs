@@ -187,6 +187,9 @@ pub struct ReduceOutcome {
 pub(crate) struct Hooks {
     /// The inputs, once every position of the tree has a source.
     pub placed: Option<Sender<Vec<ObjectId>>>,
+    /// Runs once at that moment too, after the allgather hints of a partition's tree went
+    /// out (`Run::gather_hints`).
+    pub on_placed: Option<Box<dyn FnOnce() + Send>>,
     /// Runs once when the first task is dispatched: the result is computed by a tree
     /// (remote nodes), not combined at the coordinator from small inputs.
     pub on_tree: Option<Box<dyn FnOnce() + Send>>,
@@ -202,6 +205,8 @@ pub(crate) struct Hooks {
 pub(crate) struct Background {
     /// Told on the reduce's thread whether it made its target.
     pub ended: Option<Box<dyn FnOnce(bool) + Send>>,
+    /// See [`Hooks::on_placed`].
+    pub placed: Option<Box<dyn FnOnce() + Send>>,
     /// See [`Hooks::hold`].
     pub hold: Option<Receiver<()>>,
 }
@@ -305,7 +310,11 @@ impl Reducer {
         opts: ReduceOptions,
         how: Background,
     ) -> Result<ReduceHandle> {
-        let Background { ended, hold } = how;
+        let Background {
+            ended,
+            placed,
+            hold,
+        } = how;
         let me = self.clone();
         let (tx, rx): (Sender<Vec<ObjectId>>, _) = crossbeam_channel::bounded(1);
         let (done_tx, done) = crossbeam_channel::bounded(1);
@@ -316,6 +325,7 @@ impl Reducer {
             .spawn(move || {
                 let hooks = Hooks {
                     placed: Some(tx),
+                    on_placed: placed,
                     on_tree: None,
                     hold,
                 };

@@ -30,14 +30,23 @@ pub(crate) const UNCLAIMED: Duration = Duration::from_millis(50);
 /// The hints of this node's tasks, by partition, until taken.
 #[derive(Default)]
 pub(crate) struct GatherHints {
-    hints: Mutex<HashMap<ObjectId, (GatherFrom, Instant)>>,
+    hints: Mutex<Table>,
     added: Condvar,
+}
+
+#[derive(Default)]
+struct Table {
+    /// By partition: the hint, and when it came.
+    by_part: HashMap<ObjectId, (GatherFrom, Instant)>,
+    /// How often a wait was cut short ([`GatherHints::kick`]).
+    kicks: u64,
 }
 
 impl GatherHints {
     /// This node is told where to fetch `target` from.
     pub fn record(&self, target: &ObjectId, from: GatherFrom) {
-        let mut h = self.hints.lock().unwrap();
+        let mut t = self.hints.lock().unwrap();
+        let h = &mut t.by_part;
         h.retain(|_, (_, at)| at.elapsed() < KEEP);
         if h.len() >= MAX_HINTS {
             let oldest = h
@@ -49,7 +58,15 @@ impl GatherHints {
             }
         }
         h.insert(target.clone(), (from, Instant::now()));
-        drop(h);
+        drop(t);
+        self.added.notify_all();
+    }
+
+    /// Cuts every wait in [`GatherHints::take`] short: something its caller also waits for
+    /// happened (the trees of an allreduce whose hints come late are all placed: what hints
+    /// there are have come, `Node::late_hint`).
+    pub fn kick(&self) {
+        self.hints.lock().unwrap().kicks += 1;
         self.added.notify_all();
     }
 
@@ -57,21 +74,39 @@ impl GatherHints {
     /// assembly on this node asks for that partition.
     pub fn unclaimed(&self, target: &ObjectId) -> bool {
         let h = self.hints.lock().unwrap();
-        h.get(target)
+        h.by_part
+            .get(target)
             .is_some_and(|(_, at)| at.elapsed() >= UNCLAIMED)
     }
 
-    /// Where to fetch `target` from, waiting up to `wait` for the hint; `None` if none came
-    /// (the directory chooses then).
+    /// Where to fetch `target` from, waiting up to `wait` for the hint, or until a
+    /// [`GatherHints::kick`]; `None` if none came (the directory chooses then).
     pub fn take(&self, target: &ObjectId, wait: Duration) -> Option<GatherFrom> {
+        self.take_unless_kicked(target, wait, self.kicks())
+    }
+
+    /// How many kicks there were so far.
+    pub fn kicks(&self) -> u64 {
+        self.hints.lock().unwrap().kicks
+    }
+
+    /// [`GatherHints::take`], cut short by any kick after the first `kicks` (none waited for
+    /// if there were more already): a caller that looks at what a kick tells of before it
+    /// waits misses none.
+    pub fn take_unless_kicked(
+        &self,
+        target: &ObjectId,
+        wait: Duration,
+        kicks: u64,
+    ) -> Option<GatherFrom> {
         let deadline = Instant::now() + wait;
         let mut h = self.hints.lock().unwrap();
         loop {
-            if let Some((from, _)) = h.remove(target) {
+            if let Some((from, _)) = h.by_part.remove(target) {
                 return Some(from);
             }
             let now = Instant::now();
-            if now >= deadline {
+            if now >= deadline || h.kicks != kicks {
                 return None;
             }
             h = self.added.wait_timeout(h, deadline - now).unwrap().0;
@@ -119,12 +154,48 @@ mod tests {
     }
 
     #[test]
+    fn a_kick_ends_every_wait_and_keeps_the_hints() {
+        let g = std::sync::Arc::new(GatherHints::default());
+        let (t, other) = (ObjectId::new("x#part0of2"), ObjectId::new("x#part1of2"));
+        let waiter = {
+            let (g, t) = (g.clone(), t.clone());
+            std::thread::spawn(move || {
+                let start = Instant::now();
+                (g.take(&t, Duration::from_secs(30)), start.elapsed())
+            })
+        };
+        g.record(&other, GatherFrom::Node(1));
+        // Kicked until it ends (a kick before its wait began would not end it).
+        let start = Instant::now();
+        while !waiter.is_finished() && start.elapsed() < Duration::from_secs(20) {
+            g.kick();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let (got, took) = waiter.join().unwrap();
+        assert_eq!(got, None, "no hint for its partition");
+        assert!(took < Duration::from_secs(20), "cut short: {took:?}");
+        assert_eq!(g.take(&other, Duration::ZERO), Some(GatherFrom::Node(1)));
+        // A kick before a wait does not end it, unless the wait counts from before it.
+        g.record(&t, GatherFrom::Here);
+        assert_eq!(g.take(&t, Duration::from_secs(1)), Some(GatherFrom::Here));
+        assert_eq!(g.take(&t, Duration::from_millis(10)), None);
+        let seen = g.kicks();
+        g.kick();
+        let start = Instant::now();
+        assert_eq!(
+            g.take_unless_kicked(&t, Duration::from_secs(30), seen),
+            None
+        );
+        assert!(start.elapsed() < Duration::from_secs(20), "not waited for");
+    }
+
+    #[test]
     fn the_table_is_bounded() {
         let g = GatherHints::default();
         for k in 0..MAX_HINTS + 10 {
             g.record(&ObjectId::new(format!("t{k}")), GatherFrom::Node(1));
         }
-        assert_eq!(g.hints.lock().unwrap().len(), MAX_HINTS);
+        assert_eq!(g.hints.lock().unwrap().by_part.len(), MAX_HINTS);
         let last = ObjectId::new(format!("t{}", MAX_HINTS + 9));
         assert_eq!(g.take(&last, Duration::ZERO), Some(GatherFrom::Node(1)));
     }
