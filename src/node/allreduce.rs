@@ -937,11 +937,20 @@ impl Node {
             let (node, target, unplaced) = (self.clone(), target.clone(), unplaced.clone());
             late.then(|| {
                 Box::new(move || {
-                    if unplaced.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
-                        // Readers that miss it wait for hints as before (`Node::late_hint`).
+                    if unplaced.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) != 1 {
+                        return;
+                    }
+                    // Put from a worker: a slow shard does not hold up the partition's
+                    // coordinator (its repairs). Readers that miss the word wait for hints
+                    // as before (`Node::late_hint`).
+                    let workers = node.inner.workers.clone();
+                    let told = workers.spawn(move || {
                         if let Err(e) = node.put(placed_id(&target), &[1]) {
                             tracing::debug!(%target, "allreduce trees placed, not told: {e}");
                         }
+                    });
+                    if let Err(e) = told {
+                        tracing::debug!("allreduce trees placed, not told: {e}");
                     }
                 }) as Box<dyn FnOnce() + Send>
             })
