@@ -110,6 +110,10 @@ const HINT_SLICE: std::time::Duration = std::time::Duration::from_millis(5);
 /// that place them as they come (see [`Node::partitioned_how`]).
 const PRESENT_GRACE: std::time::Duration = std::time::Duration::from_millis(20);
 
+/// How often the coordinator looks for an input the directory could not be asked to tell it
+/// of (see [`Node::inputs_arriving`]).
+const ARRIVING_POLL: std::time::Duration = std::time::Duration::from_millis(2);
+
 /// The longest the coordinator watches how inputs come before it chooses how to partition
 /// (see [`Node::partitioned_how`]).
 const ARRIVAL_WINDOW: std::time::Duration = std::time::Duration::from_millis(100);
@@ -1176,7 +1180,11 @@ impl Node {
 
     /// `None` if every input has a copy somewhere (partial or complete) within `grace`, or
     /// later within `window`; else how many of those missing at the start came within
-    /// `window`.
+    /// `window`. The directory says when each missing input is listed (a subscription
+    /// each, answered as its first copy is published); one it cannot be asked about is
+    /// looked for every [`ARRIVING_POLL`]. Until the twenty-third session every missing
+    /// input was looked for every 2 ms, which a loaded host stretched to 6 ms: the plan of a
+    /// 16 MiB allreduce went out 1.2 ms after its last input was listed.
     fn inputs_arriving(
         &self,
         sources: &[ObjectId],
@@ -1188,20 +1196,51 @@ impl Node {
             self.inner.store.lookup(s).is_some()
                 || matches!(self.locate(s.clone()), Ok(Some(info)) if !info.locations.is_empty())
         };
-        let mut missing: Vec<&ObjectId> = sources.iter().filter(|s| !there(s)).collect();
-        let mut came = 0;
+        let missing: Vec<&ObjectId> = sources.iter().filter(|s| !there(s)).collect();
+        if missing.is_empty() {
+            return None;
+        }
+        let (tx, listed) = crossbeam_channel::unbounded();
+        let mut unasked: Vec<&ObjectId> = missing
+            .iter()
+            .copied()
+            .filter(|s| self.inner.dir.subscribe_into(s, tx.clone()).is_err())
+            .collect();
+        drop(tx);
+        let (mut left, mut came) = (missing.len(), 0);
         loop {
-            if missing.is_empty() {
+            if left == 0 {
                 return None;
             }
-            let waited = start.elapsed();
-            if waited >= window || (came > 0 && waited >= grace) {
+            let end = start + if came > 0 { grace.min(window) } else { window };
+            let now = std::time::Instant::now();
+            if now >= end {
                 return Some(came);
             }
-            std::thread::sleep(std::time::Duration::from_millis(2));
-            let before = missing.len();
-            missing.retain(|s| !there(s));
-            came += before - missing.len();
+            let wake = match unasked.is_empty() {
+                true => end,
+                false => end.min(now + ARRIVING_POLL),
+            };
+            match listed.recv_deadline(wake) {
+                Ok(Ok(Some(info))) if !info.locations.is_empty() => {
+                    (left, came) = (left - 1, came + 1);
+                }
+                // Deleted first, refused, or its shard died: it is not there.
+                Ok(_) | Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+                // Every subscription answered: only the unasked ones are left to look for.
+                Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
+                    if unasked.is_empty() {
+                        return Some(came);
+                    }
+                    std::thread::sleep(wake.saturating_duration_since(std::time::Instant::now()));
+                }
+            }
+            let before = unasked.len();
+            unasked.retain(|s| !there(s));
+            (left, came) = (
+                left - (before - unasked.len()),
+                came + (before - unasked.len()),
+            );
         }
     }
 
