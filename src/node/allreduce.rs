@@ -1200,12 +1200,18 @@ impl Node {
         if missing.is_empty() {
             return None;
         }
+        // Each answer with the index of its input in `missing`.
         let (tx, listed) = crossbeam_channel::unbounded();
-        let mut unasked: Vec<&ObjectId> = missing
-            .iter()
-            .copied()
-            .filter(|s| self.inner.dir.subscribe_into(s, tx.clone()).is_err())
-            .collect();
+        let mut unasked: Vec<&ObjectId> = Vec::new();
+        for (k, s) in missing.iter().enumerate() {
+            let tx = tx.clone();
+            let on_reply = Box::new(move |r: Result<crate::protocol::Reply>| {
+                let _ = tx.try_send((k, r));
+            });
+            if self.inner.dir.subscribe_then(s, on_reply).is_err() {
+                unasked.push(s);
+            }
+        }
         drop(tx);
         let (mut left, mut came) = (missing.len(), 0);
         loop {
@@ -1221,12 +1227,18 @@ impl Node {
                 true => end,
                 false => end.min(now + ARRIVING_POLL),
             };
+            use crate::protocol::Reply;
             match listed.recv_deadline(wake) {
-                Ok(Ok(Some(info))) if !info.locations.is_empty() => {
+                Ok((_, Ok(Reply::Info(Some(i)) | Reply::InfoInline(i, _))))
+                    if !i.locations.is_empty() =>
+                {
                     (left, came) = (left - 1, came + 1);
                 }
-                // Deleted first, refused, or its shard died: it is not there.
-                Ok(_) | Err(crossbeam_channel::RecvTimeoutError::Timeout) => {}
+                // Deleted first: not there (as a look would find).
+                Ok((_, Ok(Reply::Info(_)))) | Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                }
+                // Refused, or its shard died: looked for instead.
+                Ok((k, _)) => unasked.push(missing[k]),
                 // Every subscription answered: only the unasked ones are left to look for.
                 Err(crossbeam_channel::RecvTimeoutError::Disconnected) => {
                     if unasked.is_empty() {
