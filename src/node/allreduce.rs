@@ -1183,8 +1183,8 @@ impl Node {
     /// `window`. The directory says when each missing input is listed (a subscription
     /// each, answered as its first copy is published); one it cannot be asked about is
     /// looked for every [`ARRIVING_POLL`]. Until the twenty-third session every missing
-    /// input was looked for every 2 ms, which a loaded host stretched to 6 ms: the plan of a
-    /// 16 MiB allreduce went out 1.2 ms after its last input was listed.
+    /// input was looked for every 2 ms (a lookup each; a loaded host stretched the 2 ms to
+    /// 6), with no gain measured since at 16 MiB (README, twenty-third session).
     fn inputs_arriving(
         &self,
         sources: &[ObjectId],
