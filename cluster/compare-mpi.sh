@@ -5,7 +5,7 @@
 #                          [--nodes 8] [--rate 1gbit] [--phalanx-bin target/release/phalanx]
 #                          [--out FILE] [--collectives broadcast,reduce,allreduce,gather]
 #                          [--nice N] [--timeout S] [--wait-quiet PCT] [--skip-mpi] [--skip-phalanx]
-#                          [--interval MS]
+#                          [--interval MS] [--inputs put|written]
 #
 # 1. Hosts: reuses the namespaces phx-0..phx-(N-1) of cluster/netns.sh when they exist and
 #    nothing runs on them (else refuses); otherwise makes them (netns.sh up N --rate R) and
@@ -60,6 +60,10 @@
 # --arrival-interval-ms); the table then compares the time from the last arrival to the last
 # rank done ("after last": the iteration's time minus (N-1) x MS), and the default output
 # file is compare-mpi-N-RATE-interval-MSms.jsonl.
+# --inputs put|written: how Phalanx's inputs of reduce, allreduce and gather come to be in
+# their ranks' stores (phalanx bench --inputs): put when due, inside the timing (default), or
+# written in place before the barrier and sealed when due, as Open MPI's are in their buffers
+# before its barrier. Written, the default output file ends in -written.jsonl.
 # --nice N runs both sides under nice -n N (default 0; negative values put the measurement ahead
 # of other work on a shared machine). Needs root (namespaces). Traffic stays on loopback and on
 # the emulated subnet: the agent refuses any host outside it.
@@ -105,7 +109,7 @@ say() { echo "compare-mpi.sh: $*" >&2; }
 
 sizes=1K,64K,1M,16M,64M iters="" warmup="" nodes=8 rate=1gbit bin=$ROOT/target/release/phalanx
 out="" colls=broadcast,reduce,allreduce,gather nice_n=0 run_timeout=600 skip_mpi=0 skip_phalanx=0
-quiet_pct=0 interval=0
+quiet_pct=0 interval=0 inputs=put
 while [ $# -gt 0 ]; do
     case $1 in
     --sizes) sizes=${2:?}; shift 2 ;;
@@ -121,8 +125,9 @@ while [ $# -gt 0 ]; do
     --wait-quiet) quiet_pct=${2:?}; shift 2 ;;
     --skip-mpi) skip_mpi=1; shift ;;
     --interval) interval=${2:?}; shift 2 ;;
+    --inputs) inputs=${2:?}; shift 2 ;;
     --skip-phalanx) skip_phalanx=1; shift ;;
-    -h | --help) sed -n '2,53p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,/^set -euo pipefail/{/^#/p}' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
     esac
 done
@@ -131,6 +136,7 @@ if ! [[ $nodes =~ ^[0-9]+$ ]] || [ "$nodes" -lt 2 ] || [ "$nodes" -gt 200 ]; the
 [[ $nice_n =~ ^-?[0-9]+$ ]] || die "--nice takes a number"
 [[ $quiet_pct =~ ^[0-9]+$ ]] || die "--wait-quiet takes a percentage"
 if ! [[ $interval =~ ^[0-9]+$ ]] || [ "$interval" -gt 10000 ]; then die "--interval takes milliseconds (0..10000)"; fi
+case $inputs in put | written) ;; *) die "--inputs takes put or written" ;; esac
 if ! [[ $run_timeout =~ ^[0-9]+$ ]] || [ "$run_timeout" -lt 10 ]; then die "--timeout takes seconds (>= 10)"; fi
 [ "$(id -u)" = 0 ] || die "must run as root (network namespaces)"
 IFS=, read -r -a coll_list <<<"$colls"
@@ -177,10 +183,12 @@ if [ -n "$warmup" ]; then per_size warm_l "$warmup" 0; else
     done
 fi
 
+written=""
+[ "$inputs" = put ] || written=-written
 if [ "$interval" = 0 ]; then
-    out=${out:-$HERE/results/compare-mpi-$nodes-$rate.jsonl}
+    out=${out:-$HERE/results/compare-mpi-$nodes-$rate$written.jsonl}
 else
-    out=${out:-$HERE/results/compare-mpi-$nodes-$rate-interval-${interval}ms.jsonl}
+    out=${out:-$HERE/results/compare-mpi-$nodes-$rate-interval-${interval}ms$written.jsonl}
 fi
 raw=${out%.jsonl}-raw.jsonl
 [ "$raw" != "$out" ] || raw=$out.raw.jsonl
@@ -426,12 +434,12 @@ if [ $skip_phalanx = 0 ]; then
         wait_quiet
         read -r -a before <<<"$(link_bytes)"
         t0=$SECONDS
-        note "load $(load)$others; cluster/run.sh --timeout $run_timeout $config -- phalanx bench $colls --config $config --size $gs --iters $gi --warmup $gw --arrival-interval-ms $interval --json"
+        note "load $(load)$others; cluster/run.sh --timeout $run_timeout $config -- phalanx bench $colls --config $config --size $gs --iters $gi --warmup $gw --arrival-interval-ms $interval --inputs $inputs --json"
         run_nice=()
         [ "$nice_n" = 0 ] || run_nice=(--nice "$nice_n")
         bounded "$log" "$HERE/run.sh" --timeout "$run_timeout" "${run_nice[@]}" "$config" -- \
             "$bin" bench "$colls" --config "$config" --size "$gs" --iters "$gi" --warmup "$gw" \
-            --arrival-interval-ms "$interval" --json || rc=$?
+            --arrival-interval-ms "$interval" --inputs "$inputs" --json || rc=$?
         read -r -a after <<<"$(link_bytes)"
         if [ $rc != 0 ]; then
             say "phalanx bench --size $gs: failed (status $rc); last lines:"

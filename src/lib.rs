@@ -30,7 +30,7 @@ pub use config::{
 pub use error::{Error, Result};
 pub use fault::{FaultAction, FaultPlan};
 pub use id::ObjectId;
-pub use node::{allreduce, halving, Node, ServeRecord, TransferRecord};
+pub use node::{allreduce, halving, Node, ObjectWriter, ServeRecord, TransferRecord};
 pub use ops::{DType, ReduceOp};
 /// The verbs transport, its run-time loaded libibverbs binding and `phalanx info`'s survey.
 #[cfg(feature = "rdma")]

@@ -86,6 +86,10 @@ struct BenchArgs {
     /// (root), or spread by hashing their names (hash).
     #[arg(long, value_enum, default_value = "root")]
     placement: Placement,
+    /// Reduce, allreduce, gather: each rank puts its input when it is due (put), or writes
+    /// it into its store in place before the barrier and seals it when it is due (written).
+    #[arg(long, value_enum, default_value = "put")]
+    inputs: bench::Inputs,
     /// Rank k's input becomes ready k * this many milliseconds late (reduce, allreduce,
     /// gather).
     #[arg(long, default_value_t = 0)]
@@ -332,6 +336,7 @@ fn bench_cmd(a: BenchArgs) -> Result<()> {
             driver: a.driver,
             degree: a.degree,
             placement: a.placement,
+            inputs: a.inputs,
             trace: a.trace,
         })
         .collect();

@@ -1,7 +1,8 @@
 //! `phalanx bench --driver`: rank 0 coordinates a reduce or an allreduce holding no input of
 //! its own (a driver, as in a task system). The allreduce is sized from the directory and
 //! partitioned like one whose coordinator holds an input, every rank's result is checked
-//! against the inputs of ranks 1.., and the flag is refused where it means nothing.
+//! against the inputs of ranks 1.., and the flag is refused where it means nothing. Also
+//! `--inputs written` (inputs in the stores before the barrier).
 
 use std::process::Command;
 
@@ -68,4 +69,37 @@ fn the_driver_flag_is_refused_where_it_means_nothing() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--driver"), "{stderr}");
+}
+
+/// `--inputs written`: every rank writes its input into its store before the barrier and
+/// seals it when it is due; the results are checked by the bench as for put inputs (it fails
+/// otherwise), with arrivals too, and the records say how the inputs came.
+#[test]
+fn inputs_written_before_the_barrier_give_checked_results() {
+    for interval in ["0", "20"] {
+        let out = phalanx()
+            .args(["bench", "allreduce,reduce,gather", "--local", "3"])
+            .args(["--inputs", "written", "--arrival-interval-ms", interval])
+            .args([
+                "--size",
+                "1K,256K,4M",
+                "--iters",
+                "2",
+                "--warmup",
+                "0",
+                "--json",
+            ])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for collective in ["allreduce", "reduce", "gather"] {
+            let r = record(&stdout, collective);
+            assert!(r.contains("\"inputs\":\"written\""), "{r}");
+        }
+    }
 }

@@ -1,7 +1,8 @@
 //! A node: store, directory shard, transfer engine, reduce subsystem and transport tied
 //! together, and the public API. `start.rs` wires the subsystems and stops them,
 //! `dispatch.rs` routes transport events and messages to them by family, `collectives.rs` is
-//! the reduce/allreduce/gather API. Each subsystem owns its state; the node only holds them.
+//! the reduce/allreduce/gather API, `writer.rs` objects written in place. Each subsystem owns
+//! its state; the node only holds them.
 
 pub mod allreduce;
 mod collectives;
@@ -9,6 +10,7 @@ mod dispatch;
 mod gossip;
 pub mod halving;
 mod start;
+mod writer;
 
 use crate::config::{NodeConfig, INLINE_LIMIT};
 use crate::directory::{Assignment, DirClient, Shard};
@@ -29,6 +31,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 pub use crate::transfer::{ServeRecord, TransferRecord};
+pub use writer::ObjectWriter;
 
 /// Extra fetches a `get` makes when the copy it reads is dropped under it.
 const FETCH_ATTEMPTS: u32 = 3;

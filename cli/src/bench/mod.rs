@@ -50,6 +50,20 @@ pub enum Placement {
     Hash,
 }
 
+/// How the many-to-one collectives' inputs come to be in their ranks' stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Inputs {
+    /// Each rank puts its input (`Node::put`, a copy into its store) when it is due, inside
+    /// the timing: the input is ready when it is put.
+    Put,
+    /// Each rank writes its input into its store before the barrier (`Node::create`, in
+    /// place, as a task that computes its output there) and seals it when it is due: as
+    /// Open MPI's inputs are in their buffers before its barrier. Objects under 64 KiB,
+    /// whose bytes travel with their announcement, are put as with `put`.
+    Written,
+}
+
 /// Reduce tree degree for the benchmark.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Degree {
@@ -90,6 +104,7 @@ pub struct BenchSpec {
     pub driver: bool,
     pub degree: Degree,
     pub placement: Placement,
+    pub inputs: Inputs,
     /// Record and print the hops of the last iteration of every size.
     pub trace: bool,
 }
@@ -118,6 +133,9 @@ pub struct BenchRecord {
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub driver: bool,
     pub placement: Placement,
+    /// Reduce, allreduce, gather: written in place before the barrier (`--inputs written`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inputs: Option<Inputs>,
     /// Reduce: the degree used (of the median run).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub degree: Option<usize>,
@@ -184,7 +202,12 @@ impl BenchRecord {
             self.nodes,
             self.first
                 .map_or(String::new(), |k| format!(", the first {k} inputs"))
-                + if self.driver { ", rank 0 a driver" } else { "" },
+                + if self.driver { ", rank 0 a driver" } else { "" }
+                + if self.inputs == Some(Inputs::Written) {
+                    ", inputs written before the barrier"
+                } else {
+                    ""
+                },
             self.arrival_interval_ms
                 .map_or(String::new(), |x| format!(", arrival interval {x} ms")),
             "size (B)",
@@ -297,6 +320,7 @@ pub fn run_rank(
                 first: spec.first,
                 driver: spec.driver,
                 placement: spec.placement,
+                inputs: (asynchronous && spec.inputs == Inputs::Written).then_some(spec.inputs),
                 degree,
                 partitions,
                 after_last_ready_s: (!after.is_empty()).then(|| median(&mut after)),

@@ -3,10 +3,11 @@
 //! are checked outside the timed part.
 
 use super::sync::{now_ns, RankSync, Stamp};
-use super::{Algo, BenchSpec, Collective, Degree, Placement};
+use super::{Algo, BenchSpec, Collective, Degree, Inputs, Placement};
 use anyhow::{bail, Context, Result};
+use phalanx::config::INLINE_LIMIT;
 use phalanx::ops::{combine, DType, ReduceOp};
-use phalanx::{Node, ObjectId, ObjectView, ReduceOptions};
+use phalanx::{Node, ObjectId, ObjectView, ObjectWriter, ReduceOptions};
 use std::time::Duration;
 
 /// What rank 0 learns from one iteration.
@@ -190,18 +191,37 @@ impl<'a> Round<'a> {
         let target = self.name(it, "out", 0);
         // Rank k's input is ready k intervals after the start.
         let arrive = || std::thread::sleep(interval * node.id());
-        let put_input = || -> Result<u64> {
-            arrive();
-            node.put(own(), &self.payload)?;
+        // `--inputs written`: the input is in this rank's store before the barrier, sealed
+        // when it is due (small ones, whose bytes travel with their announcement, are put).
+        let holds = node.id() >= first_rank;
+        let mut writer = match spec.inputs == Inputs::Written && self.size >= INLINE_LIMIT {
+            true if holds => {
+                let mut w = node.create(own(), self.size)?;
+                w.write(&self.payload)?;
+                Some(w)
+            }
+            _ => None,
+        };
+        let hand_in = |w: Option<ObjectWriter>| -> Result<u64> {
+            match w {
+                Some(w) => w.seal()?,
+                None => node.put(own(), &self.payload)?,
+            }
             bench_hop(node.id(), "bench: put returned");
             Ok(now_ns())
         };
         let released = self.barrier()?;
         if node.id() != 0 {
             let done = if spec.collective == Collective::Allreduce {
-                // A participant hands in its input and reads the result in one call.
                 arrive();
-                let v = node.allreduce_join(target, own(), &self.payload)?;
+                // A participant hands in its input and reads the result in one call.
+                let v = match writer.take() {
+                    Some(w) => {
+                        w.seal()?;
+                        node.allreduce_read(target, self.size)?
+                    }
+                    None => node.allreduce_join(target, own(), &self.payload)?,
+                };
                 let done = now_ns();
                 // Of a subset, only rank 0 knows which inputs were used: it checks.
                 if num == holders {
@@ -209,7 +229,8 @@ impl<'a> Round<'a> {
                 }
                 done
             } else {
-                put_input()?
+                arrive();
+                hand_in(writer.take())?
             };
             self.finish(released, Some(done))?;
             return Ok(None);
@@ -219,7 +240,7 @@ impl<'a> Round<'a> {
         // has none: it learns the size from the directory.
         let put_done = match spec.driver {
             true => now_ns(),
-            false => put_input()?,
+            false => hand_in(writer.take())?,
         };
         let (done, (degree, partitions), result, used) =
             self.combine_at_root(&inputs, &target, num)?;

@@ -1,0 +1,174 @@
+//! Objects written in place ([`Node::create`]): the caller writes an object's bytes straight
+//! into this node's store, where readers will read them, instead of handing a buffer to
+//! [`Node::put`], which copies it in. A task that computes its output there saves that copy
+//! (1 ms for 16 MiB on this machine, as long as 16 MiB takes on a 100 Gbit/s link). The
+//! object is announced complete when it is sealed ([`ObjectWriter::seal`]); announced partial
+//! before that ([`ObjectWriter::announce`]), it streams to its readers as it is written, as a
+//! put's does. A writer dropped unsealed takes its copy, and any announcement, back.
+
+use super::Node;
+use crate::config::INLINE_LIMIT;
+use crate::store::CopyRef;
+use crate::{Error, ObjectId, Result};
+
+/// An object being written in place; see the module.
+pub struct ObjectWriter {
+    node: Node,
+    id: ObjectId,
+    size: u64,
+    body: Body,
+    /// Announced to the directory as a partial copy.
+    announced: bool,
+    /// Sealed (or given up by `seal`): nothing to take back.
+    done: bool,
+}
+
+/// Where the bytes go.
+enum Body {
+    /// The object's copy in the store (objects of `INLINE_LIMIT` bytes and more).
+    Store(CopyRef),
+    /// A small object's bytes, which travel to the directory with its announcement at the
+    /// seal, as a small put's do.
+    Small(Vec<u8>),
+}
+
+impl Node {
+    /// Starts an object of `size` bytes written in place in this node's store (see the
+    /// module). Nothing is announced until [`ObjectWriter::announce`] or
+    /// [`ObjectWriter::seal`]; `AlreadyExists` if this node holds `id` already,
+    /// `OutOfMemory` if the store has no room.
+    pub fn create(&self, id: impl Into<ObjectId>, size: u64) -> Result<ObjectWriter> {
+        let id = id.into();
+        let body = match size < INLINE_LIMIT {
+            true => Body::Small(Vec::with_capacity(size as usize)),
+            false => {
+                let (copy, evicted) = self.inner.store.create(&id, size, true)?;
+                self.inner.dir.withdraw(&evicted);
+                Body::Store(copy)
+            }
+        };
+        Ok(ObjectWriter {
+            node: self.clone(),
+            id,
+            size,
+            body,
+            announced: false,
+            done: false,
+        })
+    }
+}
+
+impl ObjectWriter {
+    pub fn id(&self) -> &ObjectId {
+        &self.id
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Bytes written so far (from the start, in order).
+    pub fn written(&self) -> u64 {
+        match &self.body {
+            Body::Store(c) => c.watermark(),
+            Body::Small(v) => v.len() as u64,
+        }
+    }
+
+    /// Announces the object as a partial copy here: its readers start now and are sent its
+    /// bytes as they are written. A small object is announced whole at the seal instead
+    /// (its bytes travel with the announcement): nothing to do.
+    pub fn announce(&mut self) -> Result<()> {
+        if let (Body::Store(_), false) = (&self.body, self.announced) {
+            self.node.inner.dir.publish(&self.id, self.size, false)?;
+            self.announced = true;
+        }
+        Ok(())
+    }
+
+    /// Appends `data` (copied in, in the node's `put_step` pieces, each passed on at once
+    /// to readers streaming the object).
+    pub fn write(&mut self, data: &[u8]) -> Result<()> {
+        self.check_room(data.len() as u64)?;
+        match &mut self.body {
+            Body::Store(c) => {
+                let step = self.node.inner.cfg.put_step.max(4096) as usize;
+                for piece in data.chunks(step) {
+                    c.append(piece)?;
+                    self.node.inner.transfers.landed(c);
+                }
+            }
+            Body::Small(v) => v.extend_from_slice(data),
+        }
+        Ok(())
+    }
+
+    /// Appends `len` bytes that `f` writes in place (no copy): `f` gets exactly those
+    /// bytes of the object (their previous contents unspecified), and they are the
+    /// object's once it returns.
+    pub fn fill_with(&mut self, len: u64, f: impl FnOnce(&mut [u8])) -> Result<()> {
+        self.check_room(len)?;
+        match &mut self.body {
+            Body::Store(c) => {
+                c.fill_with(len, f)?;
+                self.node.inner.transfers.landed(c);
+            }
+            Body::Small(v) => {
+                let at = v.len();
+                v.resize(at + len as usize, 0);
+                f(&mut v[at..]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Announces the object complete. Every byte must be written (`InvalidArgument`
+    /// otherwise, and the object is taken back); `NotFound` if it was deleted meanwhile.
+    pub fn seal(mut self) -> Result<()> {
+        let written = self.written();
+        if written != self.size {
+            return Err(Error::InvalidArgument(format!(
+                "{} sealed with {written} of its {} bytes written",
+                self.id, self.size
+            )));
+        }
+        self.done = true;
+        let (node, id) = (&self.node, &self.id);
+        match &self.body {
+            Body::Small(v) => node.put_small(id, v, || node.inner.dir.put_inline(id, v)),
+            // Deleted while it was written: announced complete now, the entry would come
+            // back with a copy that is gone.
+            Body::Store(c) if c.is_detached() => Err(Error::NotFound(id.clone())),
+            Body::Store(_) => node.inner.dir.publish(id, self.size, true),
+        }
+    }
+
+    /// `InvalidArgument` if `len` more bytes do not fit.
+    fn check_room(&self, len: u64) -> Result<()> {
+        match self.written().checked_add(len) {
+            Some(end) if end <= self.size => Ok(()),
+            _ => Err(Error::InvalidArgument(format!(
+                "{} bytes more at {} of {}, which has {}",
+                len,
+                self.written(),
+                self.id,
+                self.size
+            ))),
+        }
+    }
+}
+
+impl Drop for ObjectWriter {
+    /// Unsealed (or sealed short): the copy is dropped, and its announcement withdrawn.
+    fn drop(&mut self) {
+        if self.done && self.written() == self.size {
+            return;
+        }
+        if let Body::Store(c) = &self.body {
+            c.fail();
+            if self.announced {
+                self.node.inner.dir.withdraw(std::slice::from_ref(&self.id));
+            }
+        }
+    }
+}
