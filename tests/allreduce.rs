@@ -896,6 +896,51 @@ fn a_reader_that_comes_after_the_coordinator_died_is_told_promptly() {
     assert!(took < Duration::from_secs(15), "told after {took:?}");
 }
 
+/// What [`read_with_and_without_an_input`] returns: the coordinator's result and partition
+/// count; the participant's copy and time; the reader without an input's copy and time.
+type ThreeReads = ((Vec<u8>, usize), (Vec<u8>, Duration), (Vec<u8>, Duration));
+
+/// Node 0 coordinates the f32 sum of `sources` into `target` (`size` bytes) while node 1, a
+/// participant, and node 4, which holds no input, read it; `late` starts as the allreduce
+/// does (inputs still to come) and is joined after it. Every copy is checked against
+/// `inputs`' reference, and the partition count is more than one.
+fn read_with_and_without_an_input(
+    c: &LocalCluster,
+    (inputs, sources): (&[Vec<u8>], &[ObjectId]),
+    (target, size): (&ObjectId, u64),
+    late: impl FnOnce() -> Option<std::thread::JoinHandle<()>>,
+) -> ThreeReads {
+    let started = Instant::now();
+    let (mine, read, pure) = std::thread::scope(|s| {
+        let read = |k: usize| {
+            let (n, t) = (c.node(k).clone(), target.clone());
+            s.spawn(move || {
+                let copy = n.allreduce_read(t, size).map(|v| v.to_vec());
+                (copy, started.elapsed())
+            })
+        };
+        let (participant, pure) = (read(1), read(4));
+        let late = late();
+        let opts = ReduceOptions::default();
+        let mine = c
+            .node(0)
+            .allreduce(target.clone(), sources, ReduceOp::Sum, DType::F32, &opts);
+        if let Some(h) = late {
+            h.join().unwrap();
+        }
+        let mine = mine.map(|(v, o)| (v.to_vec(), o.partitions));
+        (mine, participant.join().unwrap(), pure.join().unwrap())
+    });
+    let want = reference(inputs, ReduceOp::Sum, DType::F32);
+    let (result, parts) = mine.expect("coordinator");
+    assert!(parts > 1 && result == want, "{parts} partitions");
+    let read = (read.0.expect("participant"), read.1);
+    assert!(read.0 == want, "the participant's copy differs");
+    let pure = (pure.0.expect("reader without an input"), pure.1);
+    assert!(pure.0 == want, "its copy differs");
+    ((result, parts), read, pure)
+}
+
 /// A reader that holds no input has no place in the partitions' trees, and no allgather hint
 /// comes for it: it reads each partition where the directory says once the partition is
 /// listed and no hint came, not after the whole hint wait (set to 20 s here; 200 ms by
@@ -910,37 +955,8 @@ fn a_reader_without_an_input_reads_the_partitions_without_waiting_for_hints() {
     let c = LocalCluster::start(5, config, tcp()).unwrap();
     let (inputs, sources) = put_inputs(&c, "nin", &[0, 1, 2, 3], size, DType::F32);
     let target = ObjectId::new("nin/out");
-    let started = Instant::now();
-    let (mine, read, pure) = std::thread::scope(|s| {
-        let read = |k: usize| {
-            let (n, t) = (c.node(k).clone(), target.clone());
-            s.spawn(move || {
-                (
-                    n.allreduce_read(t, size).map(|v| v.to_vec()),
-                    started.elapsed(),
-                )
-            })
-        };
-        let (participant, pure) = (read(1), read(4));
-        let kind = (ReduceOp::Sum, DType::F32);
-        let opts = ReduceOptions::default();
-        let mine = c
-            .node(0)
-            .allreduce(target.clone(), &sources, kind.0, kind.1, &opts);
-        let mine = mine.map(|(v, o)| (v.to_vec(), o.partitions));
-        (mine, participant.join().unwrap(), pure.join().unwrap())
-    });
-    let want = reference(&inputs, ReduceOp::Sum, DType::F32);
-    let (result, parts) = mine.expect("coordinator");
-    assert!(parts > 1 && result == want, "{parts} partitions");
-    assert!(
-        read.0.expect("participant") == want,
-        "the participant's copy differs"
-    );
-    assert!(
-        pure.0.expect("reader without an input") == want,
-        "its copy differs"
-    );
+    let what = (&inputs[..], &sources[..]);
+    let ((_, parts), _, pure) = read_with_and_without_an_input(&c, what, (&target, size), || None);
     assert!(pure.1 < Duration::from_secs(10), "took {:?}", pure.1);
     assert_eq!(c.node(4).partitions_read_unhinted(), parts as u64);
 }
@@ -963,38 +979,9 @@ fn a_reader_without_an_input_is_told_when_late_trees_are_placed() {
     }
     let order = [(3, Duration::from_millis(60))];
     let target = ObjectId::new("nlate/out");
-    let started = Instant::now();
-    let (mine, read, pure) = std::thread::scope(|s| {
-        let read = |k: usize| {
-            let (n, t) = (c.node(k).clone(), target.clone());
-            s.spawn(move || {
-                (
-                    n.allreduce_read(t, size).map(|v| v.to_vec()),
-                    started.elapsed(),
-                )
-            })
-        };
-        let (participant, pure) = (read(1), read(4));
-        let putter = put_later(&c, &inputs, &sources, &order, false, None);
-        let opts = ReduceOptions::default();
-        let mine = c
-            .node(0)
-            .allreduce(target.clone(), &sources, ReduceOp::Sum, DType::F32, &opts);
-        putter.join().unwrap();
-        let mine = mine.map(|(v, o)| (v.to_vec(), o.partitions));
-        (mine, participant.join().unwrap(), pure.join().unwrap())
-    });
-    let want = reference(&inputs, ReduceOp::Sum, DType::F32);
-    let (result, parts) = mine.expect("coordinator");
-    assert!(parts > 1 && result == want, "{parts} partitions");
-    assert!(
-        read.0.expect("participant") == want,
-        "the participant's copy differs"
-    );
-    assert!(
-        pure.0.expect("reader without an input") == want,
-        "its copy differs"
-    );
+    let late = || Some(put_later(&c, &inputs, &sources, &order, false, None));
+    let what = (&inputs[..], &sources[..]);
+    let ((_, parts), read, pure) = read_with_and_without_an_input(&c, what, (&target, size), late);
     assert_eq!(
         c.node(4).partitions_read_unhinted(),
         parts as u64,

@@ -12,6 +12,18 @@ fn phalanx() -> Command {
     c
 }
 
+/// The standard output of `phalanx bench ARGS`, which must succeed.
+fn bench(args: &[&str]) -> String {
+    let out = phalanx().arg("bench").args(args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 /// The JSON record of `collective` in a bench's standard output.
 fn record<'a>(stdout: &'a str, collective: &str) -> &'a str {
     let tag = format!("\"collective\":\"{collective}\"");
@@ -23,23 +35,19 @@ fn record<'a>(stdout: &'a str, collective: &str) -> &'a str {
 
 #[test]
 fn a_drivers_allreduce_is_partitioned_and_its_reduce_and_gather_checked() {
-    let out = phalanx()
-        .args([
-            "bench",
-            "allreduce,reduce,gather",
-            "--local",
-            "3",
-            "--driver",
-        ])
-        .args(["--size", "4M", "--iters", "2", "--warmup", "0", "--json"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = bench(&[
+        "allreduce,reduce,gather",
+        "--local",
+        "3",
+        "--driver",
+        "--size",
+        "4M",
+        "--iters",
+        "2",
+        "--warmup",
+        "0",
+        "--json",
+    ]);
     let allreduce = record(&stdout, "allreduce");
     assert!(allreduce.contains("\"driver\":true"), "{allreduce}");
     // Two inputs (ranks 1 and 2), one partition each: sized from the directory.
@@ -77,26 +85,22 @@ fn the_driver_flag_is_refused_where_it_means_nothing() {
 #[test]
 fn inputs_written_before_the_barrier_give_checked_results() {
     for interval in ["0", "20"] {
-        let out = phalanx()
-            .args(["bench", "allreduce,reduce,gather", "--local", "3"])
-            .args(["--inputs", "written", "--arrival-interval-ms", interval])
-            .args([
-                "--size",
-                "1K,256K,4M",
-                "--iters",
-                "2",
-                "--warmup",
-                "0",
-                "--json",
-            ])
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let stdout = bench(&[
+            "allreduce,reduce,gather",
+            "--local",
+            "3",
+            "--inputs",
+            "written",
+            "--arrival-interval-ms",
+            interval,
+            "--size",
+            "1K,256K,4M",
+            "--iters",
+            "2",
+            "--warmup",
+            "0",
+            "--json",
+        ]);
         for collective in ["allreduce", "reduce", "gather"] {
             let r = record(&stdout, collective);
             assert!(r.contains("\"inputs\":\"written\""), "{r}");
