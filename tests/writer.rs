@@ -135,3 +135,20 @@ fn a_writer_refuses_overflow_and_takes_back_an_unfinished_object() {
     w.seal().unwrap();
     assert_eq!(c.node(1).get("w/dropped").unwrap(), vec![5u8; 8]);
 }
+
+/// A writer may be handed to the thread that computes the object.
+#[test]
+fn a_writer_can_move_to_another_thread() {
+    fn sendable<T: Send>(_: &T) {}
+    let c = cluster(1);
+    let mut w = c.node(0).create("w/moved", 1 << 20).unwrap();
+    sendable(&w);
+    let w = std::thread::spawn(move || {
+        w.fill_with(1 << 20, |b| b.fill(9)).unwrap();
+        w
+    })
+    .join()
+    .unwrap();
+    w.seal().unwrap();
+    assert!(c.node(0).get("w/moved").unwrap().iter().all(|&b| b == 9));
+}
