@@ -242,11 +242,16 @@ fn a_rank_with_no_room_for_the_result_withdraws_its_listing() {
     assert!(c.node(full).local_copy(target.clone()).is_none());
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
-        let info = c.node(1).locate(target.clone()).unwrap().expect("listed");
-        let mut listed: Vec<u32> = info.locations.iter().map(|l| l.node).collect();
-        listed.sort_unstable();
         // The run's listing (the coordinator's own copy too) is sent without waiting and may
-        // land after the allreduce returned: awaited like the withdraw.
+        // land after the allreduce returned, on a loaded host after the first look (no entry
+        // yet): awaited like the withdraw.
+        let info = c.node(1).locate(target.clone()).unwrap();
+        let mut listed: Vec<u32> = info
+            .iter()
+            .flat_map(|i| &i.locations)
+            .map(|l| l.node)
+            .collect();
+        listed.sort_unstable();
         if listed == [0, 1, 2] {
             break;
         }
