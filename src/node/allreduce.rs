@@ -1319,9 +1319,7 @@ impl Node {
         loop {
             let now = std::time::Instant::now();
             if now >= end {
-                let unhinted = &self.inner.unhinted_parts;
-                unhinted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                return None;
+                return self.unhinted();
             }
             if let Some(hint) = reducer.gather_hint(id, (end - now).min(HINT_SLICE)) {
                 return Some(hint);
@@ -1331,6 +1329,14 @@ impl Node {
                 end = until.min(std::time::Instant::now() + UNPLACED_GRACE);
             }
         }
+    }
+
+    /// No hint for a partition whose tree is placed: counted
+    /// ([`Node::partitions_read_unhinted`]), and the directory is to say where to read it.
+    fn unhinted(&self) -> Option<GatherFrom> {
+        let count = &self.inner.unhinted_parts;
+        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        None
     }
 
     /// Asks the directory to say when every partition tree of the allreduce into `target`
@@ -1376,12 +1382,8 @@ impl Node {
             let kicks = hints.kicks();
             if let Some(&at) = placed.get() {
                 let now = std::time::Instant::now();
-                let hint = hints.take(id, (at + UNPLACED_GRACE).saturating_duration_since(now));
-                if hint.is_none() {
-                    let unhinted = &self.inner.unhinted_parts;
-                    unhinted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                }
-                return hint;
+                let wait = (at + UNPLACED_GRACE).saturating_duration_since(now);
+                return hints.take(id, wait).or_else(|| self.unhinted());
             }
             if let Some(hint) = hints.take_unless_kicked(id, PLAN_STALL, kicks) {
                 return Some(hint);

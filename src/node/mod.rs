@@ -117,26 +117,17 @@ impl Node {
         if size < INLINE_LIMIT {
             return self.put_small(&id, data, || inner.dir.put_inline(&id, data));
         }
-        let (copy, evicted) = inner.store.create(&id, size, true)?;
-        inner.dir.withdraw(&evicted);
-        let step = inner.cfg.put_step.max(4096);
+        // Written in place from `data` (`writer.rs`): copied in a step at a time, each passed
+        // on to receivers that pull it already (see `transfer/serve.rs`), then sealed.
+        let mut w = self.create(id, size)?;
         // Published partial first only when the copy-in takes more than one step: readers
         // then stream it while it is written. A single step is done before a reader could
         // act on the partial entry, so one message announces it complete.
-        if size > step {
-            inner.dir.publish(&id, size, false)?;
+        if size > inner.cfg.put_step.max(4096) {
+            w.announce()?;
         }
-        for piece in data.chunks(step as usize) {
-            copy.append(piece)?;
-            // On to receivers that pull it already (see `transfer/serve.rs`).
-            inner.transfers.landed(&copy);
-        }
-        // Deleted while it was written: announced complete now, the entry would come back
-        // with a copy that is gone.
-        if copy.is_detached() {
-            return Err(Error::NotFound(id));
-        }
-        inner.dir.publish(&id, size, true)
+        w.write(data)?;
+        w.seal()
     }
 
     /// Stores a small object's local copy (pinned, as every put's) and sends its bytes to

@@ -87,7 +87,7 @@ impl ObjectWriter {
     }
 
     /// Appends `data` (copied in, in the node's `put_step` pieces, each passed on at once
-    /// to readers streaming the object).
+    /// to readers streaming the object): [`Node::put`]'s copy-in.
     pub fn write(&mut self, data: &[u8]) -> Result<()> {
         self.check_room(data.len() as u64)?;
         match &mut self.body {
