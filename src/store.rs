@@ -659,6 +659,45 @@ impl CopyRef {
         Ok(())
     }
 
+    /// The copy's bytes from the watermark to its end, taken for its filler to write in
+    /// place past this call (the Python binding exports them as a writable buffer), and
+    /// then [`CopyRef::commit`]: where they start and how many. Nobody else writes them
+    /// (no copy is made within them any more) and nobody reads them before the commit. The
+    /// address stays valid while a reference to this copy lives.
+    pub fn unfilled(&self) -> Result<(std::ptr::NonNull<u8>, u64)> {
+        let rest = {
+            let st = self.store.lock();
+            let c = &st.copies[&self.key];
+            c.size - c.watermark
+        };
+        let (off, wm) = self.next_to_fill(rest, "fill in place")?;
+        // SAFETY: in bounds (checked by next_to_fill); only the address is taken here.
+        let bytes = unsafe { self.store.arena.slice_mut(off + wm, rest) };
+        let at = std::ptr::NonNull::new(bytes.as_mut_ptr()).expect("arena addresses are not null");
+        Ok((at, rest))
+    }
+
+    /// Moves the watermark `len` bytes on, over bytes taken with [`CopyRef::unfilled`] and
+    /// written in place: they are the copy's from now on, and readers streaming it are
+    /// passed them.
+    pub fn commit(&self, len: u64) -> Result<()> {
+        let wm = {
+            let st = self.store.lock();
+            let c = &st.copies[&self.key];
+            match c.watermark.checked_add(len) {
+                Some(end) if end <= c.claimed.min(c.size) => end,
+                _ => {
+                    return Err(Error::InvalidArgument(format!(
+                        "commit of {len} bytes at {} of {}: not taken to fill in place",
+                        c.watermark, c.id
+                    )))
+                }
+            }
+        };
+        self.advance_to(wm);
+        Ok(())
+    }
+
     /// Moves the watermark over `inner`, a complete copy within this one that starts at the
     /// watermark: its bytes are this copy's there (the filler's path for a part pulled into
     /// its place, [`Store::create_within`]).

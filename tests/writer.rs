@@ -152,3 +152,52 @@ fn a_writer_can_move_to_another_thread() {
     w.seal().unwrap();
     assert!(c.node(0).get("w/moved").unwrap().iter().all(|&b| b == 9));
 }
+
+/// Written through the address of its unwritten bytes (as the Python binding's writable
+/// buffer does), committed in two steps while a reader streams it, and sealed: the reader,
+/// and a reader after the seal, get every byte. A small object the same way. Bytes not
+/// taken first cannot be committed, nor more than the object has.
+#[test]
+fn an_object_filled_through_its_unwritten_bytes_reads_like_a_put_one() {
+    let c = cluster(2);
+    for (len, seed) in [(3 << 20, 11u8), (1000, 12)] {
+        let want = pattern(len, seed);
+        let id = format!("w/unwritten/{len}");
+        let mut w = c.node(0).create(id.as_str(), len as u64).unwrap();
+        w.announce().unwrap();
+        let streaming = {
+            let (n, id) = (c.node(1).clone(), id.clone());
+            std::thread::spawn(move || n.get(id.as_str()))
+        };
+        let (at, rest) = w.unwritten().unwrap();
+        assert_eq!(rest, len as u64);
+        // SAFETY: `unwritten` gave `rest` bytes at `at`, written only here and read by nobody
+        // until committed; the writer (which keeps them allocated) outlives this slice.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(at.as_ptr(), rest as usize) };
+        let half = len / 2;
+        bytes[..half].copy_from_slice(&want[..half]);
+        w.commit(half as u64).unwrap();
+        assert_eq!(w.written(), half as u64);
+        bytes[half..].copy_from_slice(&want[half..]);
+        assert!(matches!(
+            w.commit(len as u64),
+            Err(Error::InvalidArgument(_))
+        ));
+        w.commit((len - half) as u64).unwrap();
+        w.seal().unwrap();
+        let got = streaming.join().unwrap().unwrap();
+        assert!(got == want, "{len} bytes, read while written");
+        assert!(c.node(1).get(id.as_str()).unwrap() == want, "{len} bytes");
+    }
+    // A copy in the store: bytes not taken with `unwritten` are not committed.
+    let mut w = c.node(0).create("w/untaken", 1 << 20).unwrap();
+    w.write(&[1; 4096]).unwrap();
+    assert!(matches!(w.commit(4096), Err(Error::InvalidArgument(_))));
+    assert_eq!(w.written(), 4096);
+    // A name this node holds is refused at the start, small or not.
+    c.node(0).put("w/held", b"abc").unwrap();
+    for size in [3, 1 << 20] {
+        let again = c.node(0).create("w/held", size);
+        assert!(matches!(again, Err(Error::AlreadyExists(_))), "{size}");
+    }
+}

@@ -3,6 +3,7 @@
 //!
 //! Files: `node.rs` the Node and its calls, `cluster.rs` local clusters, `reduce.rs` reduce
 //! options, outcome and handles, `buffer.rs` zero-copy views out and borrowed buffers in,
+//! `writer.rs` objects written in place,
 //! `blocking.rs` GIL-free interruptible waits, `bench.rs` the Rust side of the overhead benchmark, `errors.rs` the exception classes.
 
 mod bench;
@@ -12,6 +13,7 @@ mod cluster;
 mod errors;
 mod node;
 mod reduce;
+mod writer;
 
 use pyo3::prelude::*;
 
@@ -20,6 +22,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<node::Node>()?;
     m.add_class::<cluster::PyLocalCluster>()?;
     m.add_class::<buffer::ObjectBuffer>()?;
+    m.add_class::<writer::ObjectWriter>()?;
     m.add_class::<reduce::ReduceResult>()?;
     m.add_class::<reduce::ReduceHandle>()?;
     m.add_class::<reduce::Claims>()?;

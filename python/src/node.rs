@@ -4,6 +4,7 @@ use crate::blocking;
 use crate::buffer::{Borrowed, ObjectBuffer};
 use crate::errors::{self, to_py};
 use crate::reduce::{self, Claims, ReduceHandle, ReduceResult};
+use crate::writer::ObjectWriter;
 use phalanx::store::CopyStatus;
 use phalanx::{ClusterConfig, ObjectId, ObjectView};
 use pyo3::prelude::*;
@@ -160,6 +161,18 @@ impl Node {
         let bytes = b.bytes();
         let node = &self.node;
         py.detach(|| node.put(name, bytes)).map_err(to_py)
+    }
+
+    /// Starts an object of `size` bytes written in place in this node's arena, where its
+    /// readers will read it: `np.frombuffer(writer, dtype)` is a writable array over its
+    /// bytes (no copy, where `put` copies its argument in). Fill it, drop every view of it,
+    /// and `seal` the writer (or use it as a context manager: sealed on exit, aborted on an
+    /// exception). `write(data)` copies bytes in instead; `announce()` and `commit(n)`
+    /// stream the object to readers while it is written. Raises `AlreadyExists` if this
+    /// node holds `name` already, `OutOfMemory` if the arena has no room.
+    fn create(&self, name: &str, size: u64) -> PyResult<ObjectWriter> {
+        let w = self.node.create(name, size).map_err(to_py)?;
+        Ok(ObjectWriter::new(name.to_owned(), size, w))
     }
 
     /// The object's bytes as a read-only memoryview, waiting for the object to be put. A

@@ -27,9 +27,10 @@ pub struct ObjectWriter {
 enum Body {
     /// The object's copy in the store (objects of `INLINE_LIMIT` bytes and more).
     Store(CopyRef),
-    /// A small object's bytes, which travel to the directory with its announcement at the
-    /// seal, as a small put's do.
-    Small(Vec<u8>),
+    /// A small object's bytes (all `size` of them, zeroed at the start) and how many are
+    /// written, which travel to the directory with its announcement at the seal, as a small
+    /// put's do.
+    Small { bytes: Vec<u8>, filled: usize },
 }
 
 impl Node {
@@ -40,7 +41,15 @@ impl Node {
     pub fn create(&self, id: impl Into<ObjectId>, size: u64) -> Result<ObjectWriter> {
         let id = id.into();
         let body = match size < INLINE_LIMIT {
-            true => Body::Small(Vec::with_capacity(size as usize)),
+            // Its copy is made at the seal (as a small put's): one here already is refused
+            // now all the same, as for a large object.
+            true if self.inner.store.lookup(&id).is_some() => {
+                return Err(Error::AlreadyExists(id));
+            }
+            true => Body::Small {
+                bytes: vec![0; size as usize],
+                filled: 0,
+            },
             false => {
                 let (copy, evicted) = self.inner.store.create(&id, size, true)?;
                 self.inner.dir.withdraw(&evicted);
@@ -71,7 +80,7 @@ impl ObjectWriter {
     pub fn written(&self) -> u64 {
         match &self.body {
             Body::Store(c) => c.watermark(),
-            Body::Small(v) => v.len() as u64,
+            Body::Small { filled, .. } => *filled as u64,
         }
     }
 
@@ -98,7 +107,10 @@ impl ObjectWriter {
                     self.node.inner.transfers.landed(c);
                 }
             }
-            Body::Small(v) => v.extend_from_slice(data),
+            Body::Small { bytes, filled } => {
+                bytes[*filled..*filled + data.len()].copy_from_slice(data);
+                *filled += data.len();
+            }
         }
         Ok(())
     }
@@ -113,11 +125,45 @@ impl ObjectWriter {
                 c.fill_with(len, f)?;
                 self.node.inner.transfers.landed(c);
             }
-            Body::Small(v) => {
-                let at = v.len();
-                v.resize(at + len as usize, 0);
-                f(&mut v[at..]);
+            Body::Small { bytes, filled } => {
+                let at = *filled;
+                f(&mut bytes[at..at + len as usize]);
+                *filled += len as usize;
             }
+        }
+        Ok(())
+    }
+
+    /// The object's bytes not written yet, `[written, size)`: where they start and how
+    /// many, for a caller that writes them in place through that address after this call
+    /// (the Python binding exports them as a writable buffer), then says how many it wrote
+    /// with [`ObjectWriter::commit`]. Nothing else writes them and nobody reads them before
+    /// the commit; the address stays valid while the writer lives (also if the object is
+    /// deleted meanwhile), and until a [`ObjectWriter::write`], `fill_with` or `commit`,
+    /// which may take those bytes.
+    pub fn unwritten(&mut self) -> Result<(std::ptr::NonNull<u8>, u64)> {
+        match &mut self.body {
+            Body::Store(c) => c.unfilled(),
+            Body::Small { bytes, filled } => {
+                let rest = &mut bytes[*filled..];
+                let at = std::ptr::NonNull::new(rest.as_mut_ptr())
+                    .unwrap_or(std::ptr::NonNull::dangling());
+                Ok((at, rest.len() as u64))
+            }
+        }
+    }
+
+    /// `len` more bytes written, in place, through [`ObjectWriter::unwritten`]'s address:
+    /// passed on to the object's readers streaming it, as `write`'s are.
+    /// `InvalidArgument` if they were not taken with `unwritten` or do not fit.
+    pub fn commit(&mut self, len: u64) -> Result<()> {
+        self.check_room(len)?;
+        match &mut self.body {
+            Body::Store(c) => {
+                c.commit(len)?;
+                self.node.inner.transfers.landed(c);
+            }
+            Body::Small { filled, .. } => *filled += len as usize,
         }
         Ok(())
     }
@@ -135,7 +181,9 @@ impl ObjectWriter {
         self.done = true;
         let (node, id) = (&self.node, &self.id);
         match &self.body {
-            Body::Small(v) => node.put_small(id, v, || node.inner.dir.put_inline(id, v)),
+            Body::Small { bytes: v, .. } => {
+                node.put_small(id, v, || node.inner.dir.put_inline(id, v))
+            }
             // Deleted while it was written: announced complete now, the entry would come
             // back with a copy that is gone.
             Body::Store(c) if c.is_detached() => Err(Error::NotFound(id.clone())),
