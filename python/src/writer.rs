@@ -67,7 +67,10 @@ impl ObjectWriter {
         flags: c_int,
     ) -> PyResult<()> {
         let (at, len) = {
-            let mut me = slf.borrow_mut();
+            // Busy (another thread in `seal` or `write`, the GIL released): refused.
+            let mut me = slf
+                .try_borrow_mut()
+                .map_err(|_| PyBufferError::new_err("the writer is busy in another thread"))?;
             let name = me.name.clone();
             let w = me.writer.as_mut().ok_or_else(|| {
                 PyBufferError::new_err(format!("{name} is sealed or aborted: nothing to write"))
