@@ -671,7 +671,8 @@ impl CopyRef {
             c.size - c.watermark
         };
         let (off, wm) = self.next_to_fill(rest, "fill in place")?;
-        // SAFETY: in bounds (checked by next_to_fill); only the address is taken here.
+        // SAFETY: in bounds (checked by next_to_fill), and just taken for this copy's single
+        // filler: nobody else writes or reads these bytes; only their address leaves here.
         let bytes = unsafe { self.store.arena.slice_mut(off + wm, rest) };
         let at = std::ptr::NonNull::new(bytes.as_mut_ptr()).expect("arena addresses are not null");
         Ok((at, rest))

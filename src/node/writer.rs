@@ -155,7 +155,8 @@ impl ObjectWriter {
 
     /// `len` more bytes written, in place, through [`ObjectWriter::unwritten`]'s address:
     /// passed on to the object's readers streaming it, as `write`'s are.
-    /// `InvalidArgument` if they were not taken with `unwritten` or do not fit.
+    /// `InvalidArgument` if they do not fit, or (a copy in the store) were not taken with
+    /// `unwritten`; a small object's bytes are zeros until written.
     pub fn commit(&mut self, len: u64) -> Result<()> {
         self.check_room(len)?;
         match &mut self.body {
