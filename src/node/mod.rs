@@ -123,7 +123,7 @@ impl Node {
         // Published partial first only when the copy-in takes more than one step: readers
         // then stream it while it is written. A single step is done before a reader could
         // act on the partial entry, so one message announces it complete.
-        if size > inner.cfg.put_step.max(4096) {
+        if size > self.put_step() {
             w.announce()?;
         }
         w.write(data)?;

@@ -67,6 +67,14 @@ impl Node {
     }
 }
 
+impl Node {
+    /// The bytes a copy-in takes at a time (`put_step`, at least 4 KiB): each piece is passed
+    /// on to readers streaming the object as soon as it is in.
+    pub(super) fn put_step(&self) -> u64 {
+        self.inner.cfg.put_step.max(4096)
+    }
+}
+
 impl ObjectWriter {
     pub fn id(&self) -> &ObjectId {
         &self.id
@@ -101,7 +109,7 @@ impl ObjectWriter {
         self.check_room(data.len() as u64)?;
         match &mut self.body {
             Body::Store(c) => {
-                let step = self.node.inner.cfg.put_step.max(4096) as usize;
+                let step = self.node.put_step() as usize;
                 for piece in data.chunks(step) {
                     c.append(piece)?;
                     self.node.inner.transfers.landed(c);
